@@ -1,0 +1,32 @@
+# Two entry points that do all their own set-up on a fresh machine:
+#   make run   — create the virtualenv if needed, install corral, start `corral up`
+#   make test  — the same set-up, then the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/corral up $(ARGS)
+
+test: $(STAMP)
+	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/corral bench bus
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

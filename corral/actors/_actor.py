@@ -1,0 +1,154 @@
+"""The actor runtime: typed handlers, request/reply, periodic tasks, orderly stop.
+
+An actor is a class with handlers registered per message type::
+
+    class Echo(Actor):
+        @handles(Ping)
+        async def ping(self, msg: Ping, incoming: Incoming) -> Pong:
+            return Pong(text=msg.text)
+
+Messages are handled one at a time in arrival order (like a gen_server); a handler that
+starts long work spawns it into :attr:`Actor.nursery` and answers later with
+``self.peer.reply``. A handler's return value is the reply (sent if the sender asked for
+one). A durable message is acked after its handler returns and nacked (retried, then
+dead-lettered) if it raises. :class:`~corral.bus.InspectRequest` is answered with
+:meth:`Actor.snapshot` for every actor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import trio
+
+from ..bus import ErrorReply, Incoming, InspectReply, InspectRequest, Message, Peer, Stop
+from ..instance import Instance
+
+log = logging.getLogger("corral.actors")
+
+M = TypeVar("M", bound=Message)
+Handler = Callable[[Any, Any, Incoming], Awaitable[Message | None]]
+
+
+def handles(*types: type[Message]) -> Callable[[Handler], Handler]:
+    """Mark a method as the handler of the given message types."""
+
+    def mark(fn: Handler) -> Handler:
+        fn.__corral_handles__ = types  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def every(seconds: float) -> Callable[[Callable[[Any], Awaitable[None]]], Any]:
+    """Mark a method to run periodically while the actor runs."""
+
+    def mark(fn: Callable[[Any], Awaitable[None]]) -> Any:
+        fn.__corral_every__ = seconds  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+@dataclass(frozen=True, slots=True)
+class ActorContext:
+    """What an actor is given at start."""
+
+    name: str
+    state_dir: Path
+    options: dict[str, Any]
+
+    @property
+    def data_dir(self) -> Path:
+        """This actor's own durable directory (created on first use)."""
+        path = Instance(self.state_dir).actor_dir(self.name)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+
+class Actor:
+    """Base of every actor. Override :meth:`setup`, :meth:`terminate`, :meth:`snapshot`."""
+
+    _handlers: ClassVar[dict[type[Message], str]]
+    _periodic: ClassVar[list[tuple[str, float]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        handlers: dict[type[Message], str] = {}
+        periodic: list[tuple[str, float]] = []
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                for t in getattr(value, "__corral_handles__", ()):
+                    handlers[t] = attr
+                if hasattr(value, "__corral_every__"):
+                    periodic.append((attr, value.__corral_every__))
+        cls._handlers = handlers
+        cls._periodic = periodic
+
+    def __init__(self, ctx: ActorContext, peer: Peer) -> None:
+        self.ctx = ctx
+        self.peer = peer
+        self.nursery: trio.Nursery | None = None
+        self.handled = 0
+
+    async def setup(self) -> None:
+        """Called once before the first message."""
+
+    async def terminate(self) -> None:
+        """Called once on an orderly stop (SIGTERM or Stop), after the last message."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """State for inspection (``corral status``, tests). Must be JSON-friendly."""
+        return {"handled": self.handled}
+
+    async def serve(self) -> None:
+        """Handle messages until the inbox closes, a Stop arrives, or the task is cancelled."""
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            for attr, seconds in self._periodic:
+                nursery.start_soon(self._periodically, getattr(self, attr), seconds)
+            await self.setup()
+            async for incoming in self.peer.inbox:
+                if isinstance(incoming.msg, Stop):
+                    break
+                await self._handle(incoming)
+            nursery.cancel_scope.cancel()
+
+    async def _periodically(self, fn: Callable[[], Awaitable[None]], seconds: float) -> None:
+        while True:
+            await trio.sleep(seconds)
+            try:
+                await fn()
+            except Exception:
+                log.exception("%s: periodic task %s failed", self.ctx.name, fn.__name__)
+
+    async def _handle(self, incoming: Incoming) -> None:
+        msg = incoming.msg
+        if isinstance(msg, InspectRequest):
+            await self.peer.reply(incoming, InspectReply(name=self.ctx.name, state=self.snapshot()))
+            return
+        attr = self._handlers.get(type(msg))
+        if attr is None:
+            error = f"{self.ctx.name} does not handle {incoming.env.type!r}"
+            log.warning("%s", error)
+            await self.peer.reply(incoming, ErrorReply(code="unhandled", message=error))
+            self.peer.ack(incoming)
+            return
+        try:
+            result = await getattr(self, attr)(msg, incoming)
+        except Exception as exc:
+            log.exception("%s: handler %s failed on %s", self.ctx.name, attr, incoming.env.id)
+            await self.peer.nack(incoming, f"{type(exc).__name__}: {exc}")
+            await self.peer.reply(
+                incoming,
+                ErrorReply(code="handler_error", message="the actor failed to handle the request"),
+            )
+            return
+        self.handled += 1
+        if result is not None:
+            await self.peer.reply(incoming, result)
+        self.peer.ack(incoming)

@@ -1,0 +1,91 @@
+"""The first code a child actor process runs: ``python -m corral.actors._entry``.
+
+The parent passes everything in the ``CORRAL_CHILD`` environment variable (JSON): the
+actor's name and ``module:Class``, the bus endpoint, the state dir, the actor's options and
+the bus/liveness settings. The child arranges to die with its parent, connects to the bus
+with its own zmq context, and serves until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from .. import logs
+from ..bus import open_peer
+from ..config import BusSettings, LivenessSettings
+from ._actor import Actor, ActorContext
+
+log = logging.getLogger("corral.actors.entry")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL us when the parent dies; exit now if it already has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(70)
+
+
+def load_target(target: str) -> type[Actor]:
+    """Import ``module:Class``."""
+    module_name, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise TypeError(f"{target} is not an Actor")
+    return cls
+
+
+async def serve_actor(cls: type[Actor], spec: dict[str, Any]) -> None:
+    """Connect to the bus and run the actor until SIGTERM/SIGINT or a Stop message."""
+    bus = msgspec.convert(spec["bus"], BusSettings)
+    liveness = msgspec.convert(spec["liveness"], LivenessSettings)
+    ctx = ActorContext(
+        name=spec["name"], state_dir=Path(spec["state_dir"]), options=spec.get("options", {})
+    )
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_peer(spec["name"], spec["endpoint"], bus=bus, liveness=liveness) as peer:
+            actor = cls(ctx, peer)
+            async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.info("%s: stopping on %s", ctx.name, signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(stop_on_signal)
+                try:
+                    await actor.serve()
+                finally:
+                    nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True), trio.move_on_after(2):
+                        await actor.terminate()
+
+
+def main() -> None:
+    """Entry point of a child actor process."""
+    spec = json.loads(os.environ["CORRAL_CHILD"])
+    die_with_parent(int(spec["parent_pid"]))
+    logs.setup(spec["name"])
+    try:
+        cls = load_target(spec["target"])
+    except Exception:
+        log.exception("cannot load actor %s", spec["target"])
+        sys.exit(78)
+    trio.run(serve_actor, cls, spec)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``corral bench NAME --json``: each module exposes ``run(params) -> dict``."""

@@ -1,0 +1,115 @@
+"""Processes the bus benchmark starts: ``python -m corral.bench._bus_roles ROLE ...``.
+
+Roles:
+    push ENDPOINT N SIZE          raw blocking pyzmq PUSH of N frames (the baseline sender)
+    broker ENDPOINT DIR           a broker with its durable log in DIR
+    stream ENDPOINT N BATCH       peer ``bench-tx`` sends N stream messages in batches
+    durable ENDPOINT N TASKS      peer ``bench-tx`` sends N durable messages from TASKS tasks
+    echo ENDPOINT                 peer ``bench-echo`` answers every request
+Each role prints ``ready`` when connected and runs until it is done or its stdin closes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import trio
+import zmq
+
+from ..actors.echo import EchoCount, EchoPing
+from ..bus import Broker, open_peer
+from ..config import BusSettings
+
+
+def push(endpoint: str, n: int, size: int) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, 20_000)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.connect(endpoint)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    frame = b"x" * size
+    for _ in range(n):
+        sock.send(frame)
+    sock.close()
+    ctx.term()
+
+
+async def _wait_stdin_closed() -> None:
+    stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
+    while await stdin.receive_some(1024):
+        pass
+
+
+async def broker(endpoint: str, directory: str) -> None:
+    b = Broker([endpoint], Path(directory) / "mb.log", BusSettings(), ctx=zmq.Context())
+    for name in ("bench-rx", "bench-echo"):
+        b.register(name)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.run)
+        print("ready", flush=True)
+        await _wait_stdin_closed()
+        print(f"commits {b.stats['commits']}", flush=True)
+        nursery.cancel_scope.cancel()
+
+
+async def stream(endpoint: str, n: int, batch: int) -> None:
+    async with open_peer("bench-tx", endpoint) as peer:
+        print("ready", flush=True)
+        await trio.to_thread.run_sync(sys.stdin.readline)
+        for start in range(0, n, batch):
+            await peer.cast_many(
+                "bench-rx", [EchoCount(n=i) for i in range(start, min(n, start + batch))]
+            )
+        await _wait_stdin_closed()
+
+
+async def durable(endpoint: str, n: int, tasks: int) -> None:
+    async with open_peer("bench-tx", endpoint) as peer:
+        print("ready", flush=True)
+        await trio.to_thread.run_sync(sys.stdin.readline)
+
+        async def sender(count: int) -> None:
+            for i in range(count):
+                await peer.cast("bench-rx", EchoCount(n=i), durable=True, timeout=60)
+
+        async with trio.open_nursery() as nursery:
+            for t in range(tasks):
+                nursery.start_soon(sender, n // tasks + (t < n % tasks))
+        await _wait_stdin_closed()
+
+
+async def echo(endpoint: str) -> None:
+    async with open_peer("bench-echo", endpoint) as peer, trio.open_nursery() as nursery:
+        print("ready", flush=True)
+
+        async def serve() -> None:
+            async for incoming in peer.inbox:
+                if isinstance(incoming.msg, EchoPing):
+                    await peer.reply(incoming, incoming.msg)
+
+        nursery.start_soon(serve)
+        await _wait_stdin_closed()
+        nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str]) -> None:
+    role, endpoint, *rest = argv
+    if role == "push":
+        push(endpoint, int(rest[0]), int(rest[1]))
+    elif role == "broker":
+        trio.run(broker, endpoint, rest[0])
+    elif role == "stream":
+        trio.run(stream, endpoint, int(rest[0]), int(rest[1]))
+    elif role == "durable":
+        trio.run(durable, endpoint, int(rest[0]), int(rest[1]))
+    elif role == "echo":
+        trio.run(echo, endpoint)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,29 @@
+"""The bus: msgspec messages over ZeroMQ, a broker, and durable mailboxes."""
+
+from ._broker import Broker as Broker
+from ._codec import BodyDecoder as BodyDecoder
+from ._codec import decode_envelope as decode_envelope
+from ._codec import encode_body as encode_body
+from ._codec import encode_envelope as encode_envelope
+from ._dedup import Dedup as Dedup
+from ._messages import BROKER as BROKER
+from ._messages import Accepted as Accepted
+from ._messages import Ack as Ack
+from ._messages import Envelope as Envelope
+from ._messages import ErrorReply as ErrorReply
+from ._messages import Heartbeat as Heartbeat
+from ._messages import Hello as Hello
+from ._messages import InspectReply as InspectReply
+from ._messages import InspectRequest as InspectRequest
+from ._messages import Message as Message
+from ._messages import Nack as Nack
+from ._messages import Reject as Reject
+from ._messages import Stop as Stop
+from ._messages import new_id as new_id
+from ._messages import registry as registry
+from ._messages import tag_of as tag_of
+from ._peer import Incoming as Incoming
+from ._peer import Peer as Peer
+from ._peer import open_peer as open_peer
+from ._socket import Socket as Socket
+from ._socket import configure as configure

@@ -1,0 +1,603 @@
+"""The broker: one ZeroMQ ROUTER that routes every message and keeps durable mailboxes.
+
+Peers (actors, harness workers) are DEALERs whose identity is their address. The broker
+decodes only envelopes, never the bodies it forwards, except a durable message's body, which
+is validated before it is made durable.
+
+Stream messages go straight through; if the recipient is unknown or gone the sender gets an
+:class:`~corral.bus.ErrorReply` (``unreachable``) — never a silent drop. Durable messages
+are appended to the :mod:`mailbox log <corral.bus._log>` and fsynced by a group commit
+before the sender's send is acknowledged (:class:`~corral.bus.Accepted`); they stay in the
+recipient's mailbox until it acks them, are redelivered to a restarted recipient, and are
+dead-lettered after ``max_attempts`` deliveries.
+
+Handles (from peers, addressed to ``broker``): Hello, Heartbeat, Ack, Nack, Reject.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+import zmq
+
+from .._exceptions import BusClosed, ProtocolError
+from ..config import BusSettings
+from ._codec import BodyDecoder, decode_envelope, encode_body, encode_envelope
+from ._log import (
+    Acked,
+    Attempted,
+    DeadLettered,
+    LogRecord,
+    MailboxLog,
+    Parked,
+    Put,
+    Unparked,
+    frame_record,
+)
+from ._mailbox import DeadLetter, Entry, Mailbox
+from ._messages import (
+    BROKER,
+    Accepted,
+    Ack,
+    Envelope,
+    ErrorReply,
+    Heartbeat,
+    Hello,
+    Message,
+    Nack,
+    Reject,
+    new_id,
+)
+from ._socket import Socket, configure
+
+log = logging.getLogger("corral.bus.broker")
+
+_DEAD_FRAME_KEEP = 64 * 1024
+
+
+@dataclass(slots=True)
+class PeerState:
+    """What the broker knows of one connected (or once connected) peer."""
+
+    name: str
+    ident: bytes
+    pid: int = 0
+    incarnation: str | None = None
+    connected: bool = False
+    last_seen: float = 0.0
+    backlog: deque[list[bytes]] = field(default_factory=deque)
+
+
+class Broker:
+    """The bus broker. Create it, then ``await nursery.start(broker.run)``.
+
+    Args:
+        endpoints: addresses to bind (``ipc://...``, ``tcp://...``, ``inproc://...``).
+        log_path: the durable mailbox log.
+        settings: limits from ``[bus]`` in corral.toml.
+        ctx: the process's zmq context (one per process, never inherited by fork).
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        log_path: Path,
+        settings: BusSettings,
+        *,
+        ctx: zmq.Context,
+    ) -> None:
+        self.endpoints = endpoints
+        self.settings = settings
+        self._ctx = ctx
+        self._log = MailboxLog(log_path)
+        self._socket: Socket | None = None
+        self._bodies = BodyDecoder()
+        self._peers: dict[str, PeerState] = {}
+        self._mailboxes: dict[str, Mailbox] = {}
+        self._known: set[str] = set()
+        self._dead: deque[DeadLetter] = deque(maxlen=settings.max_dead_letters)
+        self._pending: list[tuple[bytes, Entry | None]] = []
+        self._commit_wanted = trio.Event()
+        self._flush_wanted = trio.Event()
+        self._blocked: set[str] = set()
+        self._io_limiter = trio.CapacityLimiter(1)
+        self._live_bytes = 0
+        #: Called with a peer's name when it says hello (the supervisor marks it running).
+        self.on_hello: Callable[[str, int], None] | None = None
+        #: Gives the last exit of an actor, for dead-letter errors.
+        self.exit_reason: Callable[[str], str | None] = lambda name: None
+        self.stats = {"routed": 0, "durable": 0, "commits": 0, "compactions": 0}
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Recover the log, bind, and serve until cancelled."""
+        records = await trio.to_thread.run_sync(self._log.open, limiter=self._io_limiter)
+        self._recover(records)
+        sock = self._ctx.socket(zmq.ROUTER)
+        configure(sock, hwm=self.settings.hwm, linger_ms=self.settings.linger_ms)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes * 4)
+        for endpoint in self.endpoints:
+            sock.bind(endpoint)
+        self._socket = Socket(sock)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._commit_loop)
+                nursery.start_soon(self._flush_loop)
+                task_status.started()
+                await self._receive_loop()
+        finally:
+            self._socket.close(self.settings.linger_ms)
+            with trio.CancelScope(shield=True):
+                await self._commit_once()
+            self._log.close()
+
+    def _recover(self, records: list[LogRecord]) -> None:
+        entries: dict[str, Entry] = {}
+        for record in records:
+            if isinstance(record, Put):
+                try:
+                    env = decode_envelope(record.frame)
+                except ProtocolError:
+                    continue
+                entries[record.id] = _entry_of(env, record.frame)
+            elif isinstance(record, Acked):
+                for mid in record.ids:
+                    entries.pop(mid, None)
+            elif isinstance(record, Attempted):
+                if record.id in entries:
+                    entries[record.id].attempt = record.attempt
+            elif isinstance(record, DeadLettered):
+                entries.pop(record.id, None)
+                self._dead.append(
+                    DeadLetter(
+                        record.id,
+                        record.actor,
+                        record.type,
+                        record.attempts,
+                        record.error,
+                        record.at,
+                    )
+                )
+                self.mailbox(record.actor).dead_letters += 1
+            elif isinstance(record, Parked):
+                if record.id in entries:
+                    entries[record.id].owner = record.owner
+            elif isinstance(record, Unparked):
+                entries.pop(record.id, None)
+        for entry in entries.values():
+            box = self.mailbox(entry.recipient)
+            self._known.add(entry.recipient)
+            if entry.owner is not None:
+                box.parked[entry.id] = entry
+            else:
+                box.queued.append(entry)
+            self._live_bytes += len(entry.frame)
+        if entries:
+            log.info("recovered %d durable messages from %s", len(entries), self._log.path)
+
+    # --- registry and inspection -----------------------------------------------------------
+
+    def register(self, name: str) -> None:
+        """Declare an actor name: durable messages to it are kept even while it is down."""
+        self._known.add(name)
+        self.mailbox(name)
+
+    def mailbox(self, name: str) -> Mailbox:
+        """The mailbox of ``name`` (created empty if needed)."""
+        box = self._mailboxes.get(name)
+        if box is None:
+            box = self._mailboxes[name] = Mailbox(name)
+        return box
+
+    def last_seen(self, name: str) -> float | None:
+        """Monotonic time of the last traffic from ``name``, or None if never seen."""
+        peer = self._peers.get(name)
+        return peer.last_seen if peer and peer.last_seen else None
+
+    def peer_pid(self, name: str) -> int | None:
+        """The pid a peer announced in its hello."""
+        peer = self._peers.get(name)
+        return peer.pid if peer else None
+
+    def mailboxes(self, actor: str | None = None, *, peek: int = 0) -> list[dict[str, Any]]:
+        """Rows for ``corral mailboxes``."""
+        names = [actor] if actor else sorted(self._mailboxes)
+        return [self._mailboxes[n].statistics(peek=peek) for n in names if n in self._mailboxes]
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """Rows for ``corral dead-letters``, oldest first."""
+        return [d.to_json() for d in self._dead]
+
+    def peer_down(self, name: str) -> None:
+        """The supervisor saw ``name``'s process exit: take back what it had in flight."""
+        peer = self._peers.get(name)
+        if peer is not None:
+            peer.connected = False
+            peer.incarnation = None
+        box = self._mailboxes.get(name)
+        if box is not None:
+            self._requeue(box, incarnation=None)
+
+    # --- receiving -------------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        assert self._socket is not None
+        while True:
+            try:
+                batch = await self._socket.receive_batch(512)
+            except BusClosed:
+                return
+            now = time.monotonic()
+            for frames in batch:
+                self._on_frames(frames, now)
+
+    def _on_frames(self, frames: list[bytes], now: float) -> None:
+        ident = frames[0]
+        name = ident.decode("utf-8", "replace")
+        peer = self._peers.get(name)
+        if peer is None:
+            peer = self._peers[name] = PeerState(name=name, ident=ident)
+        peer.last_seen = now
+        # Whoever just sent can be answered, hello or not.
+        peer.connected = True
+        if len(frames) != 2:
+            self._dead_letter_raw(name, b"".join(frames[1:]), "expected exactly one frame")
+            return
+        frame = frames[1]
+        if len(frame) > self.settings.max_message_bytes:
+            self._refuse_oversized(name, frame)
+            return
+        try:
+            env = decode_envelope(frame)
+        except ProtocolError as exc:
+            self._dead_letter_raw(name, frame, str(exc))
+            return
+        if env.sender != name:
+            self._dead_letter_env(env, frame, f"sender {env.sender!r} is not the peer {name!r}")
+            return
+        if env.recipient == BROKER:
+            self._on_control(peer, env)
+            return
+        if not self._bodies.knows(env.type):
+            self._dead_letter_env(env, frame, f"unknown message type {env.type!r}")
+            return
+        if env.durability == "durable":
+            self._on_durable(env, frame)
+        else:
+            self._on_stream(env, frame)
+
+    def _on_control(self, peer: PeerState, env: Envelope) -> None:
+        try:
+            msg = self._bodies.decode(env)
+        except ProtocolError as exc:
+            self._dead_letter_env(env, b"", str(exc))
+            return
+        if isinstance(msg, Heartbeat):
+            return
+        if isinstance(msg, Ack):
+            box = self._mailboxes.get(peer.name)
+            if box is None:
+                return
+            done = []
+            for mid in msg.ids:
+                entry = box.in_flight.pop(mid, None)
+                if entry is not None:
+                    done.append(mid)
+                    self._live_bytes -= len(entry.frame)
+            if done:
+                self._append(Acked(ids=done))
+                self._pump(box)
+        elif isinstance(msg, Hello):
+            self._on_hello(peer, msg)
+        elif isinstance(msg, Nack):
+            self._on_nack(peer, msg)
+        elif isinstance(msg, Reject):
+            self._on_reject(peer, msg)
+        else:
+            self._dead_letter_env(env, b"", f"the broker does not handle {env.type!r}")
+
+    def _on_hello(self, peer: PeerState, msg: Hello) -> None:
+        restarted = peer.incarnation is not None and peer.incarnation != msg.incarnation
+        peer.pid = msg.pid
+        peer.incarnation = msg.incarnation
+        peer.connected = True
+        self._known.add(peer.name)
+        box = self.mailbox(peer.name)
+        if restarted or box.in_flight:
+            self._requeue(box, incarnation=msg.incarnation)
+        log.debug("hello from %s pid=%d restarted=%s", peer.name, msg.pid, restarted)
+        if self.on_hello is not None:
+            self.on_hello(peer.name, msg.pid)
+        self._pump(box)
+
+    def _requeue(self, box: Mailbox, *, incarnation: str | None) -> None:
+        # Actors handle messages in delivery order, so only the oldest unacked one can have
+        # been in the handler when the recipient died; the rest merely sat in its inbox.
+        # Counting the attempt against that one alone is what finds a poison message
+        # without dead-lettering the innocent ones queued behind it.
+        stale = box.requeue_from(incarnation)
+        box.redelivered += len(stale)
+        if stale:
+            self._retry_or_bury(box, stale[0], self._restart_error(box.name))
+
+    def _restart_error(self, name: str) -> str:
+        reason = self.exit_reason(name)
+        return f"recipient {name!r} stopped while handling it" + (f" ({reason})" if reason else "")
+
+    def _retry_or_bury(self, box: Mailbox, entry: Entry, error: str) -> None:
+        """Count a failed delivery; past ``max_attempts`` the entry is dead-lettered."""
+        if entry.attempt >= self.settings.max_attempts:
+            with contextlib.suppress(ValueError):
+                box.queued.remove(entry)
+            self._bury(entry, f"{error}; gave up after {entry.attempt} attempts")
+            return
+        entry.attempt += 1
+        self._append(Attempted(id=entry.id, attempt=entry.attempt))
+
+    def _on_nack(self, peer: PeerState, msg: Nack) -> None:
+        box = self._mailboxes.get(peer.name)
+        entry = box.in_flight.pop(msg.id, None) if box else None
+        if box is None or entry is None:
+            return
+        entry.delivered_to = None
+        box.queued.appendleft(entry)
+        box.redelivered += 1
+        self._retry_or_bury(box, entry, msg.error)
+        self._pump(box)
+
+    def _on_reject(self, peer: PeerState, msg: Reject) -> None:
+        box = self._mailboxes.get(peer.name)
+        entry = box.in_flight.pop(msg.id, None) if box else None
+        if entry is not None:
+            self._bury(entry, msg.error)
+            if box is not None:
+                self._pump(box)
+        else:
+            self._record_dead(msg.id, peer.name, "?", 1, msg.error, b"")
+
+    # --- routing ---------------------------------------------------------------------------
+
+    def _on_stream(self, env: Envelope, frame: bytes) -> None:
+        peer = self._peers.get(env.recipient)
+        if peer is None or not peer.connected:
+            self._error_reply(env, "unreachable", f"no running peer named {env.recipient!r}")
+            return
+        if not self._send(peer, frame) and env.wants_reply:
+            self._error_reply(env, "unreachable", f"peer {env.recipient!r} is overloaded")
+        self.stats["routed"] += 1
+
+    def _on_durable(self, env: Envelope, frame: bytes) -> None:
+        if env.recipient not in self._known:
+            self._error_reply(env, "unreachable", f"no actor named {env.recipient!r}")
+            return
+        try:
+            self._bodies.decode(env)
+        except ProtocolError as exc:
+            self._dead_letter_env(env, frame, str(exc))
+            return
+        entry = _entry_of(env, frame)
+        self._pending.append(
+            (frame_record(Put(id=env.id, recipient=env.recipient, frame=frame)), entry)
+        )
+        self._commit_wanted.set()
+
+    def _send(self, peer: PeerState, frame: bytes) -> bool:
+        """Send (or backlog) one frame to a peer. False if it had to be refused."""
+        if peer.backlog:
+            if len(peer.backlog) >= self.settings.max_backlog:
+                return False
+            peer.backlog.append([peer.ident, frame])
+            return True
+        return self._send_now(peer, [peer.ident, frame], backlog=True)
+
+    def _send_now(self, peer: PeerState, frames: list[bytes], *, backlog: bool) -> bool:
+        assert self._socket is not None
+        try:
+            self._socket.send_nowait(frames)
+        except trio.WouldBlock:
+            if not backlog:
+                return False
+            peer.backlog.append(frames)
+            self._blocked.add(peer.name)
+            self._flush_wanted.set()
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            peer.connected = False
+            return False
+        except BusClosed:
+            return False
+        return True
+
+    def _pump(self, box: Mailbox) -> None:
+        """Deliver queued durable messages up to the in-flight window."""
+        peer = self._peers.get(box.name)
+        if peer is None or not peer.connected or peer.backlog:
+            return
+        window = self.settings.inflight_window
+        while box.queued and len(box.in_flight) < window:
+            entry = box.queued[0]
+            frame = entry.frame if entry.attempt == 1 else _with_attempt(entry.frame, entry.attempt)
+            if not self._send_now(peer, [peer.ident, frame], backlog=False):
+                if peer.connected:
+                    self._blocked.add(peer.name)
+                    self._flush_wanted.set()
+                return
+            box.queued.popleft()
+            entry.delivered_to = peer.incarnation
+            box.in_flight[entry.id] = entry
+
+    async def _flush_loop(self) -> None:
+        """Retry peers whose high-water mark was reached."""
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            while self._blocked:
+                await trio.sleep(0.001)
+                for name in list(self._blocked):
+                    peer = self._peers[name]
+                    while peer.backlog and peer.connected:
+                        if not self._send_now(peer, peer.backlog[0], backlog=False):
+                            break
+                        peer.backlog.popleft()
+                    if not peer.connected:
+                        self._fail_backlog(peer)
+                    if not peer.backlog:
+                        self._blocked.discard(name)
+                        box = self._mailboxes.get(name)
+                        if box is not None:
+                            self._pump(box)
+
+    def _fail_backlog(self, peer: PeerState) -> None:
+        lost = len(peer.backlog)
+        peer.backlog.clear()
+        if lost:
+            log.warning("peer %s went away with %d stream messages unsent", peer.name, lost)
+
+    # --- durability ------------------------------------------------------------------------
+
+    def _append(self, record: LogRecord) -> None:
+        self._pending.append((frame_record(record), None))
+        self._commit_wanted.set()
+
+    async def _commit_loop(self) -> None:
+        window = self.settings.group_commit_window_ms / 1000
+        while True:
+            await self._commit_wanted.wait()
+            if window:
+                await trio.sleep(window)
+            await self._commit_once()
+
+    async def _commit_once(self) -> None:
+        self._commit_wanted = trio.Event()
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        data = b"".join(chunk for chunk, _ in batch)
+        await trio.to_thread.run_sync(self._write_sync, data, limiter=self._io_limiter)
+        self.stats["commits"] += 1
+        touched: dict[str, Mailbox] = {}
+        for _, entry in batch:
+            if entry is None:
+                continue
+            box = self.mailbox(entry.recipient)
+            box.queued.append(entry)
+            touched[box.name] = box
+            self._live_bytes += len(entry.frame)
+            self.stats["durable"] += 1
+            self._reply(entry.sender, entry.id, Accepted())
+        for box in touched.values():
+            self._pump(box)
+        if (
+            self._log.size > self.settings.compact_min_bytes
+            and self._log.size > 4 * self._live_bytes
+        ):
+            await self._compact()
+
+    def _write_sync(self, data: bytes) -> None:
+        self._log.write(data)
+        self._log.sync()
+
+    async def _compact(self) -> None:
+        records: list[LogRecord] = []
+        live = 0
+        for box in self._mailboxes.values():
+            for entry in box.entries():
+                records.append(Put(id=entry.id, recipient=entry.recipient, frame=entry.frame))
+                if entry.attempt > 1:
+                    records.append(Attempted(id=entry.id, attempt=entry.attempt))
+                if entry.owner is not None:
+                    records.append(Parked(id=entry.id, owner=entry.owner, frame=b""))
+                live += len(entry.frame)
+        records.extend(
+            DeadLettered(d.id, d.actor, d.type, d.attempts, d.error, d.at) for d in self._dead
+        )
+        before = self._log.size
+        await trio.to_thread.run_sync(self._log.rewrite, records, limiter=self._io_limiter)
+        self._live_bytes = live
+        self.stats["compactions"] += 1
+        log.info("compacted mailbox log %d → %d bytes", before, self._log.size)
+
+    # --- errors and dead letters -----------------------------------------------------------
+
+    def _bury(self, entry: Entry, error: str) -> None:
+        self._live_bytes -= len(entry.frame)
+        self._record_dead(entry.id, entry.recipient, entry.type, entry.attempt, error, entry.frame)
+        if entry.wants_reply:
+            self._reply(entry.sender, entry.id, ErrorReply(code="dead_letter", message=error))
+
+    def _record_dead(
+        self, mid: str, actor: str, mtype: str, attempts: int, error: str, frame: bytes
+    ) -> None:
+        at = time.time()
+        self._dead.append(DeadLetter(mid, actor, mtype, attempts, error, at))
+        self.mailbox(actor).dead_letters += 1
+        self._append(DeadLettered(mid, actor, mtype, attempts, error, at, frame[:_DEAD_FRAME_KEEP]))
+        log.warning("dead letter %s for %s (%s): %s", mid, actor, mtype, error)
+
+    def _dead_letter_raw(self, sender: str, frame: bytes, error: str) -> None:
+        self._record_dead(new_id(), sender, "<malformed>", 1, f"from {sender!r}: {error}", frame)
+
+    def _dead_letter_env(self, env: Envelope, frame: bytes, error: str) -> None:
+        self._record_dead(env.id, env.recipient, env.type, env.attempt, error, frame)
+        self._error_reply(env, "protocol_error", error)
+
+    def _refuse_oversized(self, sender: str, frame: bytes) -> None:
+        error = (
+            f"message of {len(frame)} bytes exceeds the limit of {self.settings.max_message_bytes}"
+        )
+        try:
+            env = decode_envelope(frame)
+        except ProtocolError:
+            self._dead_letter_raw(sender, frame, error)
+            return
+        self._record_dead(env.id, env.recipient, env.type, env.attempt, error, frame)
+        self._error_reply(env, "too_large", error)
+
+    def _error_reply(self, env: Envelope, code: str, message: str) -> None:
+        if env.sender == BROKER or env.type == ErrorReply.__struct_config__.tag:
+            return
+        self._reply(env.sender, env.id, ErrorReply(code=code, message=message))
+
+    def _reply(self, to: str, correlation_id: str, msg: Message) -> None:
+        peer = self._peers.get(to)
+        if peer is None or not peer.connected:
+            return
+        env = Envelope(
+            id=new_id(),
+            sender=BROKER,
+            recipient=to,
+            type=msg.__struct_config__.tag,  # type: ignore[arg-type]
+            body=encode_body(msg),
+            correlation_id=correlation_id,
+        )
+        self._send(peer, encode_envelope(env))
+
+
+def _entry_of(env: Envelope, frame: bytes) -> Entry:
+    return Entry(
+        id=env.id,
+        recipient=env.recipient,
+        sender=env.sender,
+        type=env.type,
+        session_id=env.session_id,
+        frame=frame,
+        wants_reply=env.wants_reply,
+        attempt=env.attempt,
+    )
+
+
+def _with_attempt(frame: bytes, attempt: int) -> bytes:
+    env = decode_envelope(frame)
+    return encode_envelope(msgspec.structs.replace(env, attempt=attempt))

@@ -1,0 +1,167 @@
+"""The bus's message types: one envelope, and payloads in a tagged union.
+
+Every message on the bus is an :class:`Envelope` whose ``body`` is the msgpack encoding of a
+:class:`Message` subclass. The envelope travels as one ZeroMQ frame; its body stays opaque
+(:class:`msgspec.Raw`) to the broker, which routes on the header alone and never pays for
+decoding payloads it only forwards. Recipients decode bodies strictly against the registry
+of every :class:`Message` subclass imported in their process.
+
+Payload classes name their wire tag explicitly, e.g.::
+
+    class Ping(Message, tag="echo.ping"):
+        text: str
+
+and encode as ``{"type": "echo.ping", "text": ...}``. New fields get defaults so that old
+logs and peers keep decoding.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from itertools import count
+from typing import Any, Literal
+
+import msgspec
+
+Durability = Literal["stream", "durable"]
+
+#: The address of the broker itself, for control messages.
+BROKER = "broker"
+
+
+class Envelope(msgspec.Struct, array_like=True, frozen=True):
+    """The header every bus message carries, with its payload left encoded.
+
+    ``type`` repeats the payload's tag so that the broker can route, count and show
+    messages (``corral mailboxes --peek``) without decoding bodies.
+    """
+
+    id: str
+    sender: str
+    recipient: str
+    type: str
+    body: msgspec.Raw
+    durability: Durability = "stream"
+    correlation_id: str | None = None
+    session_id: str | None = None
+    attempt: int = 1
+    created_at: float = 0.0
+    #: True when the sender waits for a reply (a failure to deliver must be answered).
+    wants_reply: bool = False
+
+
+class Message(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    """Base of every bus payload. Subclasses pass ``tag="area.name"``."""
+
+
+def tag_of(cls: type[Message]) -> str:
+    """The wire tag of a payload class."""
+    return cls.__struct_config__.tag  # type: ignore[return-value]
+
+
+def registry() -> dict[str, type[Message]]:
+    """Every payload class imported in this process, by wire tag.
+
+    Walked from :class:`Message`'s subclasses so that importing a protocol module is all it
+    takes to register it. Two classes claiming one tag is a programming error.
+    """
+    found: dict[str, type[Message]] = {}
+    stack: list[type[Message]] = list(Message.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        tag = cls.__struct_config__.tag
+        if not isinstance(tag, str):
+            continue
+        other = found.get(tag)
+        if other is not None and other is not cls:
+            raise TypeError(
+                f"message tag {tag!r} used by {other.__qualname__} and {cls.__qualname__}"
+            )
+        found[tag] = cls
+    return found
+
+
+# --- control messages between peers and the broker -------------------------------------------
+
+
+class Hello(Message, tag="bus.hello"):
+    """A peer announces itself; a new ``incarnation`` means it restarted."""
+
+    name: str
+    pid: int
+    incarnation: str
+
+
+class Heartbeat(Message, tag="bus.heartbeat"):
+    """Sent by an otherwise silent peer so the broker knows it is alive."""
+
+
+class Ack(Message, tag="bus.ack"):
+    """The recipient handled these durable messages; the broker may forget them."""
+
+    ids: list[str]
+
+
+class Nack(Message, tag="bus.nack"):
+    """Handling a durable message failed; redeliver it (or dead-letter it past N attempts)."""
+
+    id: str
+    error: str
+
+
+class Reject(Message, tag="bus.reject"):
+    """The recipient cannot decode a message at all: dead-letter it now."""
+
+    id: str
+    error: str
+
+
+class Accepted(Message, tag="bus.accepted"):
+    """The broker has made a durable message durable (its correlation id is the message's)."""
+
+
+class ErrorReply(Message, tag="bus.error"):
+    """A typed failure answering a message (its correlation id names the message)."""
+
+    code: str
+    message: str
+
+
+class InspectRequest(Message, tag="bus.inspect"):
+    """Ask an actor for a snapshot of its state."""
+
+
+class InspectReply(Message, tag="bus.inspect_reply"):
+    """An actor's state snapshot, for ``corral status`` and tests."""
+
+    name: str
+    state: dict[str, Any]
+
+
+class Stop(Message, tag="bus.stop"):
+    """Ask a peer to stop in an orderly way."""
+
+
+# --- ids and clocks --------------------------------------------------------------------------
+
+_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}"
+_counter = count(1)
+
+
+def new_id() -> str:
+    """A message id unique across processes and restarts (pid, random, counter)."""
+    return f"{_prefix}-{next(_counter):x}"
+
+
+def reset_ids() -> None:
+    """Start a fresh id space; call in a newly started process."""
+    global _prefix, _counter
+    _prefix = f"{os.getpid():x}-{os.urandom(3).hex()}"
+    _counter = count(1)
+
+
+def now() -> float:
+    """Wall-clock time for ``created_at`` fields (seconds since the epoch)."""
+    return time.time()

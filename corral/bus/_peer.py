@@ -1,0 +1,470 @@
+"""The peer side of the bus: what every actor and harness worker uses to talk.
+
+A :class:`Peer` owns one DEALER socket whose identity is the peer's address. It announces
+itself with :class:`~corral.bus.Hello` (a fresh incarnation id per process), keeps the broker
+informed with heartbeats whenever it has been otherwise silent for an interval, matches
+replies to requests by correlation id, and hands every other message to :attr:`Peer.inbox`.
+
+Typical use::
+
+    async with open_peer("dispatch", endpoint) as peer:
+        reply = await peer.call("journal", Summary(...))
+        await peer.cast("gateway", Event(...))                 # stream: fire and forget
+        await peer.cast("harness", Turn(...), durable=True)    # returns once durable
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import zmq
+
+from .._exceptions import (
+    BusClosed,
+    BusError,
+    CallTimeout,
+    MessageTooLarge,
+    ProtocolError,
+    RemoteError,
+    Unreachable,
+)
+from ..config import BusSettings, LivenessSettings
+from ._codec import BodyDecoder, decode_envelope, encode_body, encode_envelope
+from ._messages import (
+    BROKER,
+    Accepted,
+    Ack,
+    Durability,
+    Envelope,
+    ErrorReply,
+    Heartbeat,
+    Hello,
+    Message,
+    Nack,
+    Reject,
+    new_id,
+    now,
+)
+from ._socket import Socket, configure
+
+log = logging.getLogger("corral.bus.peer")
+
+
+class Incoming:
+    """A received message: the decoded payload and its envelope."""
+
+    __slots__ = ("env", "msg")
+
+    def __init__(self, env: Envelope, msg: Message) -> None:
+        self.env = env
+        self.msg = msg
+
+    def __repr__(self) -> str:
+        return f"Incoming({self.env.type} from {self.env.sender}, id={self.env.id})"
+
+
+class _Waiter:
+    __slots__ = ("event", "result")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.result: Incoming | None = None
+
+
+class Peer:
+    """One process's connection to the bus. Use :func:`open_peer` to create one."""
+
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        *,
+        bus: BusSettings,
+        liveness: LivenessSettings,
+        ctx: zmq.Context | None = None,
+        inbox_size: int = 1024,
+    ) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self.bus = bus
+        self.liveness = liveness
+        self.incarnation = os.urandom(6).hex()
+        self._ctx = ctx or zmq.Context()
+        self._own_ctx = ctx is None
+        self._socket: Socket | None = None
+        self._bodies = BodyDecoder()
+        self._waiters: dict[str, _Waiter] = {}
+        self._acks: list[str] = []
+        self._acks_wanted = trio.Event()
+        self._last_send = 0.0
+        self._inbox_send, self.inbox = trio.open_memory_channel[Incoming](inbox_size)
+        self._unreachable_logged: dict[str, float] = {}
+        self.stats = {"sent": 0, "received": 0, "errors": 0}
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def _envelope(
+        self,
+        to: str,
+        msg: Message,
+        *,
+        durability: Durability,
+        session_id: str | None,
+        correlation_id: str | None,
+        wants_reply: bool,
+    ) -> tuple[Envelope, bytes]:
+        env = Envelope(
+            id=new_id(),
+            sender=self.name,
+            recipient=to,
+            type=msg.__struct_config__.tag,  # type: ignore[arg-type]
+            body=encode_body(msg),
+            durability=durability,
+            correlation_id=correlation_id,
+            session_id=session_id,
+            created_at=now(),
+            wants_reply=wants_reply,
+        )
+        frame = encode_envelope(env)
+        if len(frame) > self.bus.max_message_bytes:
+            raise MessageTooLarge(
+                f"{env.type} to {to!r} is {len(frame)} bytes; the limit is "
+                f"{self.bus.max_message_bytes}"
+            )
+        return env, frame
+
+    def _sock(self) -> Socket:
+        if self._socket is None:
+            raise BusClosed(f"peer {self.name!r} is not connected")
+        return self._socket
+
+    def send_nowait(
+        self,
+        to: str,
+        msg: Message,
+        *,
+        session_id: str | None = None,
+        correlation_id: str | None = None,
+    ) -> str:
+        """Send a stream message now or raise :class:`trio.WouldBlock`; returns its id."""
+        env, frame = self._envelope(
+            to,
+            msg,
+            durability="stream",
+            session_id=session_id,
+            correlation_id=correlation_id,
+            wants_reply=False,
+        )
+        self._sock().send_nowait([frame])
+        self._last_send = time.monotonic()
+        self.stats["sent"] += 1
+        return env.id
+
+    async def cast(
+        self,
+        to: str,
+        msg: Message,
+        *,
+        durable: bool = False,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Send a message that expects no reply; returns its id.
+
+        A stream cast returns once handed to ZeroMQ. A durable cast returns once the broker
+        has made it durable, and raises if the broker refused it.
+        """
+        if not durable:
+            env, frame = self._envelope(
+                to,
+                msg,
+                durability="stream",
+                session_id=session_id,
+                correlation_id=None,
+                wants_reply=False,
+            )
+            await self._send(frame)
+            return env.id
+        env, frame = self._envelope(
+            to,
+            msg,
+            durability="durable",
+            session_id=session_id,
+            correlation_id=None,
+            wants_reply=False,
+        )
+        reply = await self._roundtrip(env, frame, timeout)
+        if not isinstance(reply.msg, Accepted):
+            raise ProtocolError(f"broker answered a durable send with {reply.env.type!r}")
+        return env.id
+
+    async def cast_many(
+        self, to: str, msgs: list[Message], *, session_id: str | None = None
+    ) -> None:
+        """Send several stream messages with one checkpoint (the fast path)."""
+        frames = []
+        for msg in msgs:
+            _, frame = self._envelope(
+                to,
+                msg,
+                durability="stream",
+                session_id=session_id,
+                correlation_id=None,
+                wants_reply=False,
+            )
+            frames.append([frame])
+        await self._sock().send_many(frames)
+        self._last_send = time.monotonic()
+        self.stats["sent"] += len(frames)
+
+    async def call(
+        self,
+        to: str,
+        msg: Message,
+        *,
+        timeout: float | None = None,
+        durable: bool = False,
+        session_id: str | None = None,
+    ) -> Message:
+        """Send a request and wait for its reply payload.
+
+        Raises:
+            CallTimeout: no reply within ``timeout`` (default ``bus.request_timeout_s``).
+            Unreachable: the recipient is unknown, down or overloaded.
+            RemoteError: the recipient (or broker) answered with a typed error.
+        """
+        env, frame = self._envelope(
+            to,
+            msg,
+            durability="durable" if durable else "stream",
+            session_id=session_id,
+            correlation_id=None,
+            wants_reply=True,
+        )
+        reply = await self._roundtrip(env, frame, timeout, skip_accepted=durable)
+        return reply.msg
+
+    async def _roundtrip(
+        self, env: Envelope, frame: bytes, timeout: float | None, *, skip_accepted: bool = False
+    ) -> Incoming:
+        waiter = self._waiters[env.id] = _Waiter()
+        deadline = timeout if timeout is not None else self.bus.request_timeout_s
+        try:
+            with trio.move_on_after(deadline):
+                await self._send(frame)
+                while True:
+                    await waiter.event.wait()
+                    reply = waiter.result
+                    assert reply is not None
+                    if isinstance(reply.msg, ErrorReply):
+                        raise _error_from(reply)
+                    if skip_accepted and isinstance(reply.msg, Accepted):
+                        waiter.event = trio.Event()
+                        continue
+                    return reply
+            raise CallTimeout(f"no reply from {env.recipient!r} to {env.type} within {deadline}s")
+        finally:
+            del self._waiters[env.id]
+
+    async def reply(self, to: Incoming, msg: Message) -> None:
+        """Answer a request (a no-op if the sender did not ask for a reply)."""
+        if not to.env.wants_reply:
+            return
+        _, frame = self._envelope(
+            to.env.sender,
+            msg,
+            durability="stream",
+            session_id=to.env.session_id,
+            correlation_id=to.env.id,
+            wants_reply=False,
+        )
+        await self._send(frame)
+
+    async def _send(self, frame: bytes) -> None:
+        await self._sock().send([frame])
+        self._last_send = time.monotonic()
+        self.stats["sent"] += 1
+
+    async def _control(self, msg: Message) -> None:
+        _, frame = self._envelope(
+            BROKER,
+            msg,
+            durability="stream",
+            session_id=None,
+            correlation_id=None,
+            wants_reply=False,
+        )
+        await self._send(frame)
+
+    # --- acknowledging ---------------------------------------------------------------------
+
+    def ack(self, incoming: Incoming) -> None:
+        """Mark a durable message handled (sent to the broker in batches)."""
+        if incoming.env.durability == "durable":
+            self._acks.append(incoming.env.id)
+            self._acks_wanted.set()
+
+    async def nack(self, incoming: Incoming, error: str) -> None:
+        """Report that handling a durable message failed; the broker will retry it."""
+        if incoming.env.durability == "durable":
+            await self._control(Nack(id=incoming.env.id, error=error))
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._acks_wanted.wait()
+            self._acks_wanted = trio.Event()
+            await trio.lowlevel.checkpoint()
+            ids, self._acks = self._acks, []
+            if ids:
+                await self._control(Ack(ids=ids))
+
+    # --- receiving -------------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        sock = self._sock()
+        while True:
+            try:
+                batch = await sock.receive_batch(256)
+            except BusClosed:
+                return
+            for frames in batch:
+                await self._on_frames(frames)
+
+    async def _on_frames(self, frames: list[bytes]) -> None:
+        self.stats["received"] += 1
+        if len(frames) != 1:
+            log.warning("%s: dropped a %d-frame message from the broker", self.name, len(frames))
+            return
+        try:
+            env = decode_envelope(frames[0])
+        except ProtocolError as exc:
+            log.warning("%s: undecodable frame from the broker: %s", self.name, exc)
+            return
+        try:
+            msg = self._bodies.decode(env)
+        except ProtocolError as exc:
+            self.stats["errors"] += 1
+            log.warning("%s: rejecting %s from %s: %s", self.name, env.id, env.sender, exc)
+            await self._control(Reject(id=env.id, error=str(exc)))
+            return
+        incoming = Incoming(env, msg)
+        if env.correlation_id is not None:
+            waiter = self._waiters.get(env.correlation_id)
+            if waiter is not None:
+                waiter.result = incoming
+                waiter.event.set()
+                return
+            if isinstance(msg, ErrorReply):
+                self._log_error(env, msg)
+                return
+            if isinstance(msg, Accepted):
+                return
+        # The receive loop already took one checkpoint for the whole batch.
+        try:
+            self._inbox_send.send_nowait(incoming)
+        except trio.WouldBlock:
+            await self._inbox_send.send(incoming)
+
+    def _log_error(self, env: Envelope, msg: ErrorReply) -> None:
+        key = msg.code + ":" + msg.message
+        last = self._unreachable_logged.get(key, 0.0)
+        t = time.monotonic()
+        if t - last > 5.0:
+            self._unreachable_logged[key] = t
+            log.warning(
+                "%s: message %s failed: %s: %s",
+                self.name,
+                env.correlation_id,
+                msg.code,
+                msg.message,
+            )
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.liveness.interval_s
+        while True:
+            idle = time.monotonic() - self._last_send
+            if idle >= interval:
+                await self._control(Heartbeat())
+                idle = 0.0
+            await trio.sleep(interval - idle)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        configure(sock, hwm=self.bus.hwm, linger_ms=self.bus.linger_ms)
+        sock.setsockopt(zmq.IDENTITY, self.name.encode())
+        sock.connect(self.endpoint)
+        self._socket = Socket(sock)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_loop)
+            nursery.start_soon(self._ack_loop)
+            await self._control(
+                Hello(name=self.name, pid=os.getpid(), incarnation=self.incarnation)
+            )
+            nursery.start_soon(self._heartbeat_loop)
+            task_status.started()
+
+    async def flush(self) -> None:
+        """Send pending acks now (before an orderly stop)."""
+        ids, self._acks = self._acks, []
+        if ids and self._socket is not None:
+            await self._control(Ack(ids=ids))
+
+    def close(self) -> None:
+        """Close the socket (and the context, if this peer created it)."""
+        if self._socket is not None:
+            self._socket.close(self.bus.linger_ms)
+            self._socket = None
+        if self._own_ctx:
+            self._ctx.term()
+
+
+def _error_from(reply: Incoming) -> BusError:
+    msg = reply.msg
+    assert isinstance(msg, ErrorReply)
+    if msg.code == "unreachable":
+        return Unreachable(msg.message)
+    if msg.code == "too_large":
+        return MessageTooLarge(msg.message)
+    if msg.code == "protocol_error":
+        return ProtocolError(msg.message)
+    return RemoteError(msg.message, code=msg.code, sender=reply.env.sender)
+
+
+@asynccontextmanager
+async def open_peer(
+    name: str,
+    endpoint: str,
+    *,
+    bus: BusSettings | None = None,
+    liveness: LivenessSettings | None = None,
+    ctx: zmq.Context | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[Peer]:
+    """Connect a peer to the broker at ``endpoint`` for the duration of the block."""
+    peer = Peer(
+        name,
+        endpoint,
+        bus=bus or BusSettings(),
+        liveness=liveness or LivenessSettings(),
+        ctx=ctx,
+        **kwargs,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(peer._run)
+            try:
+                yield peer
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await peer.flush()
+                nursery.cancel_scope.cancel()
+    finally:
+        peer.close()

@@ -1,0 +1,215 @@
+"""trio ⇄ pyzmq: a ZeroMQ socket that trio tasks can share.
+
+A ZeroMQ socket exposes one file descriptor, ``ZMQ_FD``, and it is *edge*-triggered: it
+becomes readable when the socket's state changes, and reading ``ZMQ_EVENTS`` (which every
+send and recv does internally) consumes that edge. A naive loop of "try, and on ``Again``
+wait for the fd" therefore either lets two tasks wait on one fd (trio raises
+``BusyResourceError``) or sleeps forever after another task's send swallowed the edge.
+
+The rules this adapter follows:
+
+* every operation first tries with ``NOBLOCK``; it waits only when that raises ``Again``;
+* before waiting it re-reads ``ZMQ_EVENTS``, because the condition may already hold;
+* exactly one task waits on the fd; other waiters park on a :class:`trio.lowlevel.ParkingLot`;
+* after every successful send or recv — each of which may have consumed the edge — every
+  waiter is woken to re-read ``ZMQ_EVENTS`` (the fd waiter by cancelling its wait);
+* :func:`trio.lowlevel.notify_closing` runs before the socket closes.
+
+Batched operations (:meth:`Socket.receive_batch`, :meth:`Socket.send_many`) take one trio
+checkpoint per batch, which is what lets the broker keep up with raw blocking pyzmq.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+import zmq
+
+from .._exceptions import BusClosed
+
+Frames = list[bytes]
+
+# pyzmq's convenience layer costs more than the send itself at these rates (IntFlag
+# arithmetic, keyword handling), so the hot paths call the backend methods with int flags.
+_send = zmq.backend.Socket.send
+_recv = zmq.backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+
+
+def _send_frames(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        _send(sock, frame, _NOBLOCK if i == last else _NOBLOCK_MORE, True, False)
+
+
+def _recv_frames(sock: zmq.Socket) -> Frames:
+    part = _recv(sock, _NOBLOCK, False, False)
+    frames = [part.bytes]
+    while part.more:
+        part = _recv(sock, _NOBLOCK, False, False)
+        frames.append(part.bytes)
+    return frames
+
+
+def configure(sock: zmq.Socket, *, hwm: int, linger_ms: int) -> None:
+    """Set the options every corral socket must have explicitly.
+
+    ``ROUTER_MANDATORY`` turns a send to a missing peer into ``EHOSTUNREACH`` and a send to a
+    full peer into ``EAGAIN`` — without it a ROUTER silently drops both.
+    """
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    if sock.type == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A restarted actor reconnects under the same identity; let it take over at once.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+
+
+class Socket:
+    """A pyzmq socket usable from many trio tasks at once.
+
+    Args:
+        sock: a configured, non-async pyzmq socket owned by this object from now on.
+    """
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self._fd: int = sock.getsockopt(zmq.FD)
+        self._lot = trio.lowlevel.ParkingLot()
+        self._fd_wait: trio.CancelScope | None = None
+        self._closed = False
+
+    @property
+    def zmq_socket(self) -> zmq.Socket:
+        """The underlying pyzmq socket (for options; do not send or receive on it)."""
+        return self._sock
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._fd_wait is not None:
+            self._fd_wait.cancel()
+        if self._lot:
+            self._lot.unpark_all()
+
+    async def _wait(self, flag: int) -> None:
+        while True:
+            if self._closed:
+                raise BusClosed("socket closed")
+            if self._sock.getsockopt(zmq.EVENTS) & flag:
+                return
+            if self._fd_wait is None:
+                with trio.CancelScope() as scope:
+                    self._fd_wait = scope
+                    try:
+                        await trio.lowlevel.wait_readable(self._fd)
+                    except trio.ClosedResourceError:
+                        raise BusClosed("socket closed") from None
+                    finally:
+                        self._fd_wait = None
+                # Whoever parked behind us may now be able to proceed.
+                self._lot.unpark_all()
+            else:
+                await self._lot.park()
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def send_nowait(self, frames: Sequence[bytes]) -> None:
+        """Send one multipart message now, or raise :class:`trio.WouldBlock`.
+
+        Raises:
+            trio.WouldBlock: the high-water mark is reached.
+            zmq.ZMQError: ``EHOSTUNREACH`` from a ROUTER whose peer is gone.
+        """
+        if self._closed:
+            raise BusClosed("socket closed")
+        try:
+            _send_frames(self._sock, frames)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+        self._wake()
+
+    async def send(self, frames: Sequence[bytes]) -> None:
+        """Send one multipart message, waiting while the high-water mark is reached."""
+        await self.send_many((frames,))
+
+    async def send_many(self, messages: Sequence[Sequence[bytes]]) -> None:
+        """Send several multipart messages with one checkpoint for the whole batch."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sock = self._sock
+        i = 0
+        n = len(messages)
+        while i < n:
+            if self._closed:
+                raise BusClosed("socket closed")
+            try:
+                _send_frames(sock, messages[i])
+            except zmq.Again:
+                self._wake()
+                await self._wait(zmq.POLLOUT)
+                continue
+            i += 1
+        self._wake()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    # --- receiving -------------------------------------------------------------------------
+
+    def receive_nowait(self) -> Frames:
+        """Receive one multipart message now, or raise :class:`trio.WouldBlock`."""
+        if self._closed:
+            raise BusClosed("socket closed")
+        try:
+            frames = _recv_frames(self._sock)
+        except zmq.Again:
+            raise trio.WouldBlock from None
+        self._wake()
+        return frames
+
+    async def receive(self) -> Frames:
+        """Receive one multipart message, waiting until one arrives."""
+        batch = await self.receive_batch(1)
+        return batch[0]
+
+    async def receive_batch(self, max_messages: int = 256) -> list[Frames]:
+        """Receive between one and ``max_messages`` messages, with one checkpoint."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sock = self._sock
+        out: list[Frames] = []
+        while True:
+            if self._closed:
+                raise BusClosed("socket closed")
+            try:
+                while len(out) < max_messages:
+                    out.append(_recv_frames(sock))
+            except zmq.Again:
+                pass
+            if out:
+                self._wake()
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return out
+            await self._wait(zmq.POLLIN)
+
+    # --- closing ---------------------------------------------------------------------------
+
+    def close(self, linger_ms: int | None = None) -> None:
+        """Close the socket; tasks waiting on it get :class:`~corral.BusClosed`."""
+        if self._closed:
+            return
+        self._closed = True
+        trio.lowlevel.notify_closing(self._fd)
+        self._lot.unpark_all()
+        self._sock.close(linger=linger_ms)
+
+    async def aclose(self) -> None:
+        """Close the socket (async form for ``async with`` users)."""
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Socket:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,96 @@
+"""``corral status``, ``corral mailboxes``, ``corral dead-letters``: look inside a host."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ._output import ask_host, emit_json, json_option, state_dir_option
+
+
+def _age(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+@click.command("status")
+@state_dir_option
+@json_option
+def status_command(state_dir: Path | None, as_json: bool) -> None:
+    """Show the host and every actor: state, pid, restarts, last exit."""
+    data = ask_host(state_dir, "status")
+    if as_json:
+        emit_json(data)
+        return
+    host = data["host"]
+    console = Console()
+    console.print(
+        f"corral {host['version']}  pid {host['pid']}  up {host['uptime_s']:.0f}s  "
+        f"state {host['state_dir']}"
+    )
+    table = Table("actor", "state", "pid", "restarts", "uptime", "last exit")
+    for a in data["actors"]:
+        last = a["last_exit"]
+        table.add_row(
+            a["name"],
+            a["state"],
+            str(a["pid"] or "-"),
+            str(a["restarts"]),
+            _age(a["uptime_s"]),
+            "-" if not last else f"{last['reason']} ({time.time() - last['at']:.0f}s ago)",
+        )
+    console.print(table)
+
+
+@click.command("mailboxes")
+@click.argument("actor", required=False)
+@click.option("--peek", type=click.IntRange(0, 1000), default=0, help="Show the N oldest.")
+@state_dir_option
+@json_option
+def mailboxes_command(actor: str | None, peek: int, state_dir: Path | None, as_json: bool) -> None:
+    """Show each actor's durable mailbox: queued, in flight, parked, dead letters."""
+    data = ask_host(state_dir, "mailboxes", actor=actor, peek=peek)
+    if as_json:
+        emit_json(data)
+        return
+    table = Table("actor", "queued", "in flight", "parked", "dead", "redelivered", "oldest")
+    for m in data["mailboxes"]:
+        table.add_row(
+            m["actor"],
+            *(str(m[k]) for k in ("queued", "in_flight", "parked", "dead_letters", "redelivered")),
+            _age(m["oldest_age_s"]),
+        )
+    console = Console()
+    console.print(table)
+    for m in data["mailboxes"]:
+        for p in m.get("peek", []):
+            console.print(
+                f"  {m['actor']}: {p['id']} {p['type']} session={p['session_id']} "
+                f"attempts={p['attempts']} age={_age(p['age_s'])}"
+            )
+
+
+@click.command("dead-letters")
+@state_dir_option
+@json_option
+def dead_letters_command(state_dir: Path | None, as_json: bool) -> None:
+    """List messages that could not be delivered or handled, with the error."""
+    data: dict[str, Any] = ask_host(state_dir, "dead_letters")
+    if as_json:
+        emit_json(data)
+        return
+    table = Table("id", "actor", "type", "attempts", "error", "at")
+    for d in data["dead_letters"]:
+        table.add_row(
+            d["id"],
+            d["actor"],
+            d["type"],
+            str(d["attempts"]),
+            d["error"],
+            time.strftime("%H:%M:%S", time.localtime(d["at"])),
+        )
+    Console().print(table)

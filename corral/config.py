@@ -1,0 +1,171 @@
+"""``corral.toml``: every limit the host uses, with documented defaults.
+
+The file is optional; every key has a default. Unknown keys and out-of-range values are
+errors that name the key (``bus.hwm``), so a typo never silently falls back to a default.
+See ``docs/config.md`` for the full reference.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from ._exceptions import ConfigError
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+RestartType = Literal["permanent", "transient", "temporary"]
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    pass
+
+
+class BusSettings(_Section):
+    """The broker and its durable mailboxes."""
+
+    #: Largest encoded message; bigger ones are refused with an error and dead-lettered.
+    max_message_bytes: PositiveInt = 4 * 1024 * 1024
+    #: ZeroMQ send/receive high-water marks (messages) on every socket.
+    hwm: PositiveInt = 20_000
+    #: How long a closing socket may keep flushing unsent messages, in milliseconds.
+    linger_ms: Annotated[int, msgspec.Meta(ge=0)] = 200
+    #: Deliveries of one durable message before it is dead-lettered.
+    max_attempts: PositiveInt = 5
+    #: Durable messages delivered to one actor but not yet acked, at most.
+    inflight_window: PositiveInt = 256
+    #: Extra time a group commit waits to gather more appends (0: only what queued up
+    #: during the previous fsync).
+    group_commit_window_ms: NonNegative = 0.0
+    #: The log is compacted once it is this large and mostly dead.
+    compact_min_bytes: PositiveInt = 16 * 1024 * 1024
+    #: Dead letters kept (oldest dropped first).
+    max_dead_letters: PositiveInt = 10_000
+    #: Stream messages buffered in the broker for one slow peer before senders get errors.
+    max_backlog: PositiveInt = 100_000
+    #: Default deadline of a request/reply call, in seconds.
+    request_timeout_s: Positive = 10.0
+
+
+class LivenessSettings(_Section):
+    """Heartbeats: a peer silent for ``interval_s * liveness`` is treated as dead."""
+
+    interval_s: Positive = 1.0
+    liveness: PositiveInt = 3
+
+
+class SupervisorSettings(_Section):
+    """Restart intensity (at most ``intensity`` restarts in ``period_s``) and shutdown."""
+
+    intensity: Annotated[int, msgspec.Meta(ge=0)] = 5
+    period_s: Positive = 10.0
+    #: Time a child gets between SIGTERM and SIGKILL.
+    shutdown_timeout_s: Positive = 5.0
+
+
+class ActorSettings(_Section):
+    """One child actor of the host. Built-in actors need no table; others name a target."""
+
+    #: ``module:Class`` of the actor; built-ins default to their own.
+    target: str | None = None
+    enabled: bool = True
+    restart: RestartType = "permanent"
+    shutdown_timeout_s: Positive | None = None
+    #: Actor-specific settings, passed to the actor as-is.
+    options: dict[str, Any] = {}
+
+
+class Config(_Section):
+    """The whole of ``corral.toml``."""
+
+    state_dir: str | None = None
+    bus: BusSettings = BusSettings()
+    liveness: LivenessSettings = LivenessSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
+    actors: dict[str, ActorSettings] = {}
+
+
+#: Actors the host runs by default, in start order, and where they live.
+BUILTIN_ACTORS: dict[str, str] = {
+    "echo": "corral.actors.echo:EchoActor",
+}
+
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+def parse_config(data: dict[str, Any]) -> Config:
+    """Validate a parsed TOML document.
+
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    try:
+        config = msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid config: {exc}", key=_key_of(str(exc))) from None
+    for name, actor in config.actors.items():
+        if not _NAME.match(name):
+            raise ConfigError(f"invalid config: actor name {name!r}", key=f"actors.{name}")
+        if actor.target is None and name not in BUILTIN_ACTORS:
+            raise ConfigError(
+                f"invalid config: actor {name!r} is not built in and names no target",
+                key=f"actors.{name}.target",
+            )
+        if actor.target is not None and not re.match(r"^[\w.]+:\w+$", actor.target):
+            raise ConfigError(
+                f"invalid config: target {actor.target!r} is not 'module:Class'",
+                key=f"actors.{name}.target",
+            )
+    return config
+
+
+def _key_of(text: str) -> str | None:
+    """The dotted key a msgspec validation message points at (``bus.hwm``)."""
+    match = re.search(r"at `\$\.?([^`]*)`", text)
+    key = match.group(1).replace("[...]", ".*") if match else ""
+    unknown = re.search(r"unknown field `([^`]*)`", text)
+    if unknown:
+        key = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
+    return key or None
+
+
+def load_config(path: Path | None) -> Config:
+    """Read ``corral.toml`` (or return the defaults when ``path`` is None)."""
+    if path is None:
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return parse_config(data)
+
+
+def resolve_state_dir(flag: str | None, config: Config | None = None) -> Path:
+    """The state dir: the flag, else ``CORRAL_STATE_DIR``, else the config, else a default."""
+    raw = flag or os.environ.get("CORRAL_STATE_DIR") or (config.state_dir if config else None)
+    if raw:
+        return Path(raw).expanduser().absolute()
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "corral"
+
+
+def actor_plan(config: Config) -> list[tuple[str, str, ActorSettings]]:
+    """The host's children in start order: built-ins first, then configured extras."""
+    plan: list[tuple[str, str, ActorSettings]] = []
+    for name, target in BUILTIN_ACTORS.items():
+        settings = config.actors.get(name, ActorSettings())
+        if settings.enabled:
+            plan.append((name, settings.target or target, settings))
+    for name, settings in config.actors.items():
+        if name not in BUILTIN_ACTORS and settings.enabled:
+            assert settings.target is not None
+            plan.append((name, settings.target, settings))
+    return plan

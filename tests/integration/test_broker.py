@@ -1,0 +1,155 @@
+"""The broker in this process with real sockets: durability, redelivery, nacks, compaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import zmq
+
+from corral.actors.echo import EchoPing, EchoRecord
+from corral.bus import Broker, open_peer
+from corral.config import BusSettings
+
+
+async def _start(nursery: trio.Nursery, tmp: Path, **settings: object) -> Broker:
+    broker = Broker(
+        [f"ipc://{tmp}/bus.sock"],
+        tmp / "mb.log",
+        BusSettings(**settings),
+        ctx=zmq.Context.instance(),
+    )
+    broker.register("worker")
+    await nursery.start(broker.run)
+    return broker
+
+
+async def _drain(peer, n: int, *, ack: bool = True) -> list:
+    got = []
+    with trio.fail_after(10):
+        while len(got) < n:
+            incoming = await peer.inbox.receive()
+            got.append(incoming)
+            if ack:
+                peer.ack(incoming)
+    return got
+
+
+async def test_durable_messages_wait_for_their_recipient(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+            for i in range(5):
+                await client.cast("worker", EchoRecord(key=str(i)), durable=True)
+        assert broker.mailboxes("worker")[0]["queued"] == 5
+        async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+            got = await _drain(worker, 5)
+            assert [g.msg.key for g in got] == ["0", "1", "2", "3", "4"]
+            with trio.fail_after(5):
+                while broker.mailboxes("worker")[0]["in_flight"]:
+                    await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_restarted_recipient_gets_unacked_messages_again(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+            async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+                for i in range(3):
+                    await client.cast("worker", EchoRecord(key=str(i)), durable=True)
+                first = await _drain(worker, 3, ack=False)
+                assert all(g.env.attempt == 1 for g in first)
+            # A new incarnation of the same name: everything unacked comes back, in order.
+            async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+                again = await _drain(worker, 3)
+                assert [g.env.id for g in again] == [g.env.id for g in first]
+                assert [g.env.attempt for g in again] == [2, 1, 1]
+        assert broker.mailboxes("worker")[0]["redelivered"] == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_nacked_message_is_retried_then_dead_lettered(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path, max_attempts=3)
+        async with (
+            open_peer("client", f"ipc://{tmp_path}/bus.sock") as client,
+            open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker,
+        ):
+            await client.cast("worker", EchoRecord(key="poison"), durable=True)
+            attempts = []
+            for _ in range(3):
+                incoming = await _drain(worker, 1, ack=False)
+                attempts.append(incoming[0].env.attempt)
+                await worker.nack(incoming[0], "ValueError: bad")
+            with trio.fail_after(5):
+                while not broker.dead_letters():
+                    await trio.sleep(0.01)
+        assert attempts == [1, 2, 3]
+        (dead,) = broker.dead_letters()
+        assert dead["attempts"] == 3 and "ValueError: bad" in dead["error"]
+        assert dead["type"] == "echo.record"
+        nursery.cancel_scope.cancel()
+
+
+async def test_log_is_compacted_and_recovers(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path, compact_min_bytes=20_000)
+        async with (
+            open_peer("client", f"ipc://{tmp_path}/bus.sock") as client,
+            open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker,
+        ):
+            for i in range(600):
+                await client.cast("worker", EchoRecord(key=f"{i:04}" * 10), durable=True)
+            await _drain(worker, 600)
+            await worker.flush()
+            # One more, never acked: it must survive compaction and a restart.
+            await client.cast("worker", EchoRecord(key="keep"), durable=True)
+            await _drain(worker, 1, ack=False)
+            with trio.fail_after(10):
+                while broker.stats["compactions"] == 0:
+                    await trio.sleep(0.02)
+        size = (tmp_path / "mb.log").stat().st_size
+        nursery.cancel_scope.cancel()
+    assert size < 20_000
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        row = broker.mailboxes("worker")[0]
+        assert row["queued"] == 1
+        async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+            (last,) = await _drain(worker, 1)
+            assert last.msg == EchoRecord(key="keep")
+        nursery.cancel_scope.cancel()
+
+
+async def test_acks_are_lazily_durable_but_never_lost_from_memory(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        async with (
+            open_peer("client", f"ipc://{tmp_path}/bus.sock") as client,
+            open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker,
+        ):
+            await client.cast("worker", EchoRecord(key="a"), durable=True)
+            await _drain(worker, 1)
+            await worker.flush()
+            with trio.fail_after(5):
+                while broker.mailboxes("worker")[0]["in_flight"]:
+                    await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        assert broker.mailboxes("worker")[0]["queued"] == 0
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_message_to_a_name_nobody_knows(tmp_path: Path, durable: bool) -> None:
+    from corral import Unreachable
+
+    async with trio.open_nursery() as nursery:
+        await _start(nursery, tmp_path)
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+            with pytest.raises(Unreachable):
+                await client.call("nobody", EchoPing(text="?"), durable=durable, timeout=5)
+        nursery.cancel_scope.cancel()

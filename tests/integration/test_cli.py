@@ -1,0 +1,97 @@
+"""Every CLI command of the foundation against a live host, JSON parsed and checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from corral import __version__
+from corral.actors.echo import EchoRecord, EchoSleep
+from corral.bus import open_peer
+from corral.config import LivenessSettings
+from tests.conftest import HostProcess, corral
+
+FAST = LivenessSettings(interval_s=0.2, liveness=3)
+
+
+def test_version() -> None:
+    out = corral("--version")
+    assert out.returncode == 0
+    assert __version__ in out.stdout
+
+
+def test_status_json(host: HostProcess) -> None:
+    out = corral("status", "--json", "--state-dir", str(host.state_dir))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["host"]["pid"] == host.proc.pid  # type: ignore[union-attr]
+    assert data["host"]["state_dir"] == str(host.state_dir)
+    assert data["host"]["version"] == __version__
+    assert data["host"]["uptime_s"] > 0
+    (echo,) = data["actors"]
+    assert echo["name"] == "echo"
+    assert echo["state"] == "running"
+    assert echo["restarts"] == 0
+    assert echo["last_exit"] is None
+    assert isinstance(echo["pid"], int) and echo["uptime_s"] >= 0
+
+
+def test_status_table_for_humans(host: HostProcess) -> None:
+    out = corral("status", env={"CORRAL_STATE_DIR": str(host.state_dir)})
+    assert out.returncode == 0, out.stderr
+    assert "echo" in out.stdout and "running" in out.stdout
+
+
+async def test_mailboxes_json_with_peek(host: HostProcess) -> None:
+    async with open_peer("client", host.endpoint, liveness=FAST) as peer:
+        await peer.cast("echo", EchoSleep(seconds=5), durable=True, session_id="s1")
+        await peer.cast("echo", EchoRecord(key="a"), durable=True, session_id="s1")
+    out = await trio.to_thread.run_sync(
+        lambda: corral(
+            "mailboxes", "echo", "--peek", "5", "--json", "--state-dir", str(host.state_dir)
+        )
+    )
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["mailboxes"]
+    assert row["actor"] == "echo"
+    assert row["queued"] + row["in_flight"] == 2
+    assert row["parked"] == 0 and row["dead_letters"] == 0
+    assert row["oldest_age_s"] >= 0
+    assert [p["type"] for p in row["peek"]] == ["echo.sleep", "echo.record"]
+    assert all(p["session_id"] == "s1" and p["attempts"] == 1 for p in row["peek"])
+
+
+def test_dead_letters_json(host: HostProcess) -> None:
+    out = corral("dead-letters", "--json", "--state-dir", str(host.state_dir))
+    assert out.returncode == 0
+    assert json.loads(out.stdout) == {"dead_letters": []}
+
+
+def test_no_host_exits_3(tmp_path: Path) -> None:
+    for args in (["status", "--json"], ["mailboxes"], ["dead-letters", "--json"]):
+        out = corral(*args, "--state-dir", str(tmp_path / "nothing"))
+        assert out.returncode == 3, (args, out)
+        assert "no corral host is running" in out.stderr
+        assert out.stdout == ""
+
+
+def test_invalid_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "corral.toml"
+    cfg.write_text("[liveness]\ninterval_s = -1\n")
+    out = corral("up", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
+    assert out.returncode == 2
+    assert "liveness.interval_s" in out.stderr
+    cfg.write_text("[bus]\nhwm = 'lots'\n")
+    out = corral("up", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
+    assert out.returncode == 2
+    assert "Expected `int`, got `str` - at `$.bus.hwm`" in out.stderr
+    cfg.write_text("[bus]\nhwn = 1\n")
+    out = corral("up", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
+    assert out.returncode == 2
+    assert "unknown field `hwn`" in out.stderr
+
+
+def test_control_socket_is_private(host: HostProcess) -> None:
+    assert host.instance.control_path.stat().st_mode & 0o777 == 0o600

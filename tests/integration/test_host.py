@@ -1,0 +1,186 @@
+"""The host end to end: real `corral up`, real actor processes, real ZeroMQ, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import trio
+
+from corral.actors.echo import EchoCrash, EchoPing, EchoPong, EchoRecord, EchoSleep
+from corral.bus import Dedup, open_peer
+from corral.config import LivenessSettings
+from tests.conftest import FAST_LIVENESS, HostProcess, processes_of, wait_until
+
+FAST = LivenessSettings(interval_s=0.2, liveness=3)
+
+
+async def _records(host: HostProcess) -> list[str]:
+    return Dedup(host.instance.actor_dir("echo") / "records.log").notes()
+
+
+async def test_ping_roundtrip_through_host(host: HostProcess) -> None:
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        reply = await peer.call("echo", EchoPing(text="hi"), timeout=5)
+    assert reply == EchoPong(text="hi")
+
+
+async def test_kill9_actor_with_durable_messages_in_flight_loses_nothing(host: HostProcess) -> None:
+    """Durable messages survive kill -9 of their recipient and take effect once each."""
+    keys = [f"k{i}" for i in range(200)]
+    echo_pid = host.actor("echo")["pid"]
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        # Hold the actor busy so that the records queue up in its mailbox and in flight.
+        await peer.cast("echo", EchoSleep(seconds=0.5), durable=True)
+        for key in keys:
+            await peer.cast("echo", EchoRecord(key=key), durable=True)
+        os.kill(echo_pid, signal.SIGKILL)
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: host.actor("echo")["pid"] not in (None, echo_pid), 10)
+        )
+        with trio.fail_after(20):
+            while len(await _records(host)) < len(keys):
+                await trio.sleep(0.05)
+    notes = await _records(host)
+    assert sorted(notes) == sorted(keys), "every record exactly once"
+    row = host.ask("mailboxes", actor="echo")["mailboxes"][0]
+    assert row["redelivered"] >= 1
+    with trio.fail_after(10):
+        while host.ask("mailboxes", actor="echo")["mailboxes"][0]["in_flight"]:
+            await trio.sleep(0.05)
+    assert host.actor("echo")["restarts"] == 1
+    assert host.actor("echo")["last_exit"]["code"] == -9
+
+
+async def test_hung_actor_is_replaced_within_its_liveness_window(host: HostProcess) -> None:
+    pid = host.actor("echo")["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    await trio.to_thread.run_sync(
+        lambda: wait_until(
+            lambda: (
+                host.actor("echo")["pid"] not in (None, pid)
+                and host.actor("echo")["state"] == "running"
+            ),
+            10,
+        )
+    )
+    elapsed = time.monotonic() - stopped_at
+    # Window 0.2 s x 3, checked every 0.1 s, plus the restart itself.
+    assert elapsed < 3.0, elapsed
+    last = host.actor("echo")["last_exit"]
+    assert "no heartbeat" in last["reason"]
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        assert await peer.call("echo", EchoPing(text="back"), timeout=5) == EchoPong(text="back")
+
+
+async def test_crash_once_then_serving_again(host: HostProcess) -> None:
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        await peer.cast("echo", EchoCrash(code=3))
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: host.actor("echo")["restarts"] == 1, 10)
+        )
+        assert host.actor("echo")["last_exit"]["code"] == 3
+        assert host.actor("echo")["last_exit"]["reason"] == "exited with code 3"
+        with trio.fail_after(10):
+            while True:
+                try:
+                    await peer.call("echo", EchoPing(text="x"), timeout=1)
+                    break
+                except Exception:
+                    await trio.sleep(0.05)
+
+
+def test_crash_loop_exceeds_intensity_and_stops_the_host(host_factory) -> None:
+    h = host_factory(
+        FAST_LIVENESS
+        + """
+[supervisor]
+intensity = 2
+period_s = 30
+
+[actors.broken]
+target = "corral.no_such_module:Nope"
+"""
+    )
+    h.start(wait=False)
+    assert h.proc is not None
+    code = h.proc.wait(30)
+    assert code == 1
+    log = h.log()
+    assert "actor 'broken' restarted more than 2 times in 30s" in log
+    assert "exited with code 78" in log
+    assert processes_of(h.state_dir) == []
+
+
+def test_no_orphans_after_normal_stop(host: HostProcess) -> None:
+    children = [a["pid"] for a in host.status()["actors"]]
+    assert children and all(children)
+    assert host.stop(signal.SIGINT) == 0
+    assert processes_of(host.state_dir) == []
+    assert not host.instance.host_file.exists()
+
+
+def test_no_orphans_after_sigkill_of_the_host(host: HostProcess) -> None:
+    children = [a["pid"] for a in host.status()["actors"]]
+    host.kill9()
+    wait_until(lambda: not processes_of(host.state_dir), 10, "children to die with the host")
+    for pid in children:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+async def test_kill9_host_then_up_again_delivers_unacked_durable_messages(host_factory) -> None:
+    h = host_factory().start()
+    keys = [f"r{i}" for i in range(50)]
+    async with open_peer("test-client", h.endpoint, liveness=FAST) as peer:
+        await peer.cast("echo", EchoSleep(seconds=30), durable=True)
+        for key in keys:
+            await peer.cast("echo", EchoRecord(key=key), durable=True)
+    h.kill9()
+    await trio.to_thread.run_sync(
+        lambda: wait_until(lambda: not processes_of(h.state_dir), 10, "old host's children gone")
+    )
+    assert await _records(h) == []
+    h2 = host_factory(
+        FAST_LIVENESS + "[bus]\nmax_attempts = 2\n[supervisor]\nintensity = 20\n",
+        name=h.state_dir.name,
+    )
+    h2.start()
+    rows = h2.ask("mailboxes", actor="echo", peek=3)["mailboxes"][0]
+    assert rows["queued"] + rows["in_flight"] == len(keys) + 1
+    assert rows["peek"][0]["type"] == "echo.sleep"
+    # Kill the sleeping actor until its message is dead-lettered; the records follow it.
+    pid = h2.actor("echo")["pid"]
+    for _ in range(2):
+        os.kill(pid, signal.SIGKILL)
+        pid = await trio.to_thread.run_sync(
+            lambda p=pid: wait_until(
+                lambda: (
+                    (a := h2.actor("echo"))["state"] == "running" and a["pid"] != p and a["pid"]
+                ),
+                10,
+            )
+        )
+        if h2.ask("dead_letters")["dead_letters"]:
+            break
+    with trio.fail_after(20):
+        while len(await _records(h2)) < len(keys):
+            await trio.sleep(0.05)
+    assert sorted(await _records(h2)) == sorted(keys)
+    dead = h2.ask("dead_letters")["dead_letters"]
+    assert [d["type"] for d in dead] == ["echo.sleep"]
+    assert "gave up after 2 attempts" in dead[0]["error"]
+    assert "killed by signal 9" in dead[0]["error"]
+    h2.stop()
+
+
+def test_second_host_on_the_same_state_dir_is_refused(host: HostProcess, host_factory) -> None:
+    other = host_factory(FAST_LIVENESS, name=host.state_dir.name)
+    other.start(wait=False)
+    assert other.proc is not None
+    assert other.proc.wait(20) == 1
+    assert "already runs on" in other.log()
+    assert host.status()["actors"][0]["state"] == "running"

@@ -1,0 +1,59 @@
+"""corral.toml: defaults, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral import ConfigError
+from corral.config import Config, actor_plan, load_config, parse_config, resolve_state_dir
+
+
+def test_defaults() -> None:
+    c = load_config(None)
+    assert c == Config()
+    assert c.liveness.interval_s == 1.0 and c.liveness.liveness == 3
+    assert [name for name, _, _ in actor_plan(c)] == ["echo"]
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"bus": {"hwm": 0}}, "bus.hwm"),
+        ({"bus": {"hwm": "x"}}, "bus.hwm"),
+        ({"liveness": {"interval_s": -1}}, "liveness.interval_s"),
+        ({"supervisor": {"intensity": -1}}, "supervisor.intensity"),
+        ({"nope": 1}, "nope"),
+        ({"actors": {"echo": {"restart": "sometimes"}}}, "actors.*.restart"),
+        ({"actors": {"x": {}}}, "actors.x.target"),
+        ({"actors": {"x": {"target": "no colon"}}}, "actors.x.target"),
+        ({"actors": {"Bad Name": {"target": "a:B"}}}, "actors.Bad Name"),
+    ],
+)
+def test_invalid_values_name_the_key(data: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert info.value.key == key
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "c.toml"
+    bad.write_text("[bus\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_extra_and_disabled_actors() -> None:
+    c = parse_config({"actors": {"echo": {"enabled": False}, "mine": {"target": "pkg.mod:Mine"}}})
+    assert [(n, t) for n, t, _ in actor_plan(c)] == [("mine", "pkg.mod:Mine")]
+
+
+def test_state_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path / "env"))
+    assert resolve_state_dir(str(tmp_path / "flag")) == tmp_path / "flag"
+    assert resolve_state_dir(None) == tmp_path / "env"
+    monkeypatch.delenv("CORRAL_STATE_DIR")
+    assert resolve_state_dir(None, Config(state_dir=str(tmp_path / "cfg"))) == tmp_path / "cfg"
