@@ -4,7 +4,8 @@ Roles:
     push ENDPOINT N SIZE          raw blocking pyzmq PUSH of N frames (the baseline sender)
     broker ENDPOINT DIR           a broker with its durable log in DIR
     stream ENDPOINT N BATCH       peer ``bench-tx`` sends N stream messages in batches
-    durable ENDPOINT N TASKS      peer ``bench-tx`` sends N durable messages from TASKS tasks
+    durable ENDPOINT N TASKS B    peer ``bench-tx`` sends N durable messages from TASKS tasks,
+                                  B at a time per task
     echo ENDPOINT                 peer ``bench-echo`` answers every request
 Each role prints ``ready`` when connected and runs until it is done or its stdin closes.
 """
@@ -66,14 +67,15 @@ async def stream(endpoint: str, n: int, batch: int) -> None:
         await _wait_stdin_closed()
 
 
-async def durable(endpoint: str, n: int, tasks: int) -> None:
+async def durable(endpoint: str, n: int, tasks: int, batch: int) -> None:
     async with open_peer("bench-tx", endpoint) as peer:
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
 
         async def sender(count: int) -> None:
-            for i in range(count):
-                await peer.cast("bench-rx", EchoCount(n=i), durable=True, timeout=60)
+            for start in range(0, count, batch):
+                msgs = [EchoCount(n=i) for i in range(start, min(count, start + batch))]
+                await peer.cast_many("bench-rx", msgs, durable=True, timeout=60)
 
         async with trio.open_nursery() as nursery:
             for t in range(tasks):
@@ -104,7 +106,7 @@ def main(argv: list[str]) -> None:
     elif role == "stream":
         trio.run(stream, endpoint, int(rest[0]), int(rest[1]))
     elif role == "durable":
-        trio.run(durable, endpoint, int(rest[0]), int(rest[1]))
+        trio.run(durable, endpoint, int(rest[0]), int(rest[1]), int(rest[2]))
     elif role == "echo":
         trio.run(echo, endpoint)
     else:

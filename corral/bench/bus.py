@@ -135,7 +135,8 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     n_stream = 50_000 if quick else 300_000
     n_durable = 10_000 if quick else 60_000
     n_rtt = 1_000 if quick else 5_000
-    tasks = 512
+    tasks = 16
+    durable_batch = 64
     size = _message_size()
     tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
     started: list[Any] = []
@@ -153,8 +154,11 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         tx = role("stream", endpoint, str(n_stream), "256")
         stream_rate = trio.run(partial(_receive, endpoint, tx, n_stream, ack=False))
         _finish(tx)
-        tx = role("durable", endpoint, str(n_durable), str(tasks))
+        tx = role("durable", endpoint, str(n_durable), str(tasks), str(durable_batch))
         durable_rate = trio.run(partial(_receive, endpoint, tx, n_durable, ack=True))
+        _finish(tx)
+        tx = role("durable", endpoint, str(n_durable // 2), "512", "1")
+        durable_single = trio.run(partial(_receive, endpoint, tx, n_durable // 2, ack=True))
         _finish(tx)
         responder = role("echo", endpoint)
         rtts = trio.run(_round_trips, endpoint, n_rtt)
@@ -174,7 +178,13 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         },
         "results": [
             figure("stream actor->broker->actor (batched)", stream_rate, "msgs/s", base),
-            figure("durable with group commit", durable_rate, "msgs/s", base),
+            figure("durable with group commit (batched sends)", durable_rate, "msgs/s", base),
+            figure(
+                "durable with group commit (one per call, 512 tasks)",
+                durable_single,
+                "msgs/s",
+                base,
+            ),
             figure("request/reply round trip p50", percentile(rtts, 0.5) * 1000, "ms"),
             figure("request/reply round trip p99", percentile(rtts, 0.99) * 1000, "ms"),
         ],
@@ -182,6 +192,7 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             "stream_messages": n_stream,
             "durable_messages": n_durable,
             "durable_sender_tasks": tasks,
+            "durable_batch_per_task": durable_batch,
             "round_trips": n_rtt,
             "message_bytes": size,
             "transport": "ipc",

@@ -488,6 +488,7 @@ class Broker:
         await trio.to_thread.run_sync(self._write_sync, data, limiter=self._io_limiter)
         self.stats["commits"] += 1
         touched: dict[str, Mailbox] = {}
+        accepted: dict[str, list[str]] = {}
         for _, entry in batch:
             if entry is None:
                 continue
@@ -496,7 +497,11 @@ class Broker:
             touched[box.name] = box
             self._live_bytes += len(entry.frame)
             self.stats["durable"] += 1
-            self._reply(entry.sender, entry.id, Accepted())
+            accepted.setdefault(entry.sender, []).append(entry.id)
+        # One acknowledgement per sender per commit: a send per message would cost more
+        # than the commit itself.
+        for sender, ids in accepted.items():
+            self._reply(sender, None, Accepted(ids=ids))
         for box in touched.values():
             self._pump(box)
         if (
@@ -570,7 +575,7 @@ class Broker:
             return
         self._reply(env.sender, env.id, ErrorReply(code=code, message=message))
 
-    def _reply(self, to: str, correlation_id: str, msg: Message) -> None:
+    def _reply(self, to: str, correlation_id: str | None, msg: Message) -> None:
         peer = self._peers.get(to)
         if peer is None or not peer.connected:
             return

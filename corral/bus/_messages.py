@@ -119,7 +119,9 @@ class Reject(Message, tag="bus.reject"):
 
 
 class Accepted(Message, tag="bus.accepted"):
-    """The broker has made a durable message durable (its correlation id is the message's)."""
+    """The broker has made these durable messages durable (one per sender per commit)."""
+
+    ids: list[str]
 
 
 class ErrorReply(Message, tag="bus.error"):

@@ -205,23 +205,54 @@ class Peer:
         return env.id
 
     async def cast_many(
-        self, to: str, msgs: list[Message], *, session_id: str | None = None
-    ) -> None:
-        """Send several stream messages with one checkpoint (the fast path)."""
-        frames = []
-        for msg in msgs:
-            _, frame = self._envelope(
+        self,
+        to: str,
+        msgs: list[Message],
+        *,
+        durable: bool = False,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Send several messages with one checkpoint (the fast path); returns their ids.
+
+        Durable messages are all in flight at once and the call returns when every one is
+        durable; the broker acknowledges a whole group commit in one message.
+        """
+        durability: Durability = "durable" if durable else "stream"
+        envs = [
+            self._envelope(
                 to,
                 msg,
-                durability="stream",
+                durability=durability,
                 session_id=session_id,
                 correlation_id=None,
                 wants_reply=False,
             )
-            frames.append([frame])
-        await self._sock().send_many(frames)
-        self._last_send = time.monotonic()
-        self.stats["sent"] += len(frames)
+            for msg in msgs
+        ]
+        ids = [env.id for env, _ in envs]
+        if not durable:
+            await self._sock().send_many([[frame] for _, frame in envs])
+            self._last_send = time.monotonic()
+            self.stats["sent"] += len(envs)
+            return ids
+        waiters = [self._waiters.setdefault(mid, _Waiter()) for mid in ids]
+        deadline = timeout if timeout is not None else self.bus.request_timeout_s
+        try:
+            with trio.move_on_after(deadline):
+                await self._sock().send_many([[frame] for _, frame in envs])
+                self._last_send = time.monotonic()
+                self.stats["sent"] += len(envs)
+                for waiter in waiters:
+                    await waiter.event.wait()
+                    assert waiter.result is not None
+                    if isinstance(waiter.result.msg, ErrorReply):
+                        raise _error_from(waiter.result)
+                return ids
+            raise CallTimeout(f"{len(ids)} durable messages to {to!r} not accepted in {deadline}s")
+        finally:
+            for mid in ids:
+                self._waiters.pop(mid, None)
 
     async def call(
         self,
@@ -354,6 +385,13 @@ class Peer:
             await self._control(Reject(id=env.id, error=str(exc)))
             return
         incoming = Incoming(env, msg)
+        if isinstance(msg, Accepted):
+            for mid in msg.ids:
+                waiter = self._waiters.get(mid)
+                if waiter is not None:
+                    waiter.result = incoming
+                    waiter.event.set()
+            return
         if env.correlation_id is not None:
             waiter = self._waiters.get(env.correlation_id)
             if waiter is not None:
@@ -362,8 +400,6 @@ class Peer:
                 return
             if isinstance(msg, ErrorReply):
                 self._log_error(env, msg)
-                return
-            if isinstance(msg, Accepted):
                 return
         # The receive loop already took one checkpoint for the whole batch.
         try:

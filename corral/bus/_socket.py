@@ -178,6 +178,7 @@ class Socket:
         await trio.lowlevel.checkpoint_if_cancelled()
         sock = self._sock
         out: list[Frames] = []
+        waited = False
         while True:
             if self._closed:
                 raise BusClosed("socket closed")
@@ -188,9 +189,13 @@ class Socket:
                 pass
             if out:
                 self._wake()
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                # Having waited, we already yielded; a second trip through the scheduler
+                # would only add latency to every round trip.
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return out
             await self._wait(zmq.POLLIN)
+            waited = True
 
     # --- closing ---------------------------------------------------------------------------
 
