@@ -148,7 +148,7 @@ def host_factory(tmp_path: Path) -> Iterator[Callable[..., HostProcess]]:
     hosts: list[HostProcess] = []
 
     def make(config: str = FAST_LIVENESS, name: str = "state") -> HostProcess:
-        h = HostProcess(tmp_path / name, config)
+        h = HostProcess(tmp_path / name, config + os.environ.get("CORRAL_TEST_EXTRA_CONFIG", ""))
         hosts.append(h)
         return h
 

@@ -10,7 +10,8 @@ An actor is a class with handlers registered per message type::
 Messages are handled one at a time in arrival order (like a gen_server); a handler that
 starts long work spawns it into :attr:`Actor.nursery` and answers later with
 ``self.peer.reply``. A handler's return value is the reply (sent if the sender asked for
-one). A durable message is acked after its handler returns and nacked (retried, then
+one). A durable message is acked after its handler returns — unless the handler set
+``incoming.deferred`` to ack (or park) it later itself — and nacked (retried, then
 dead-lettered) if it raises. :class:`~corral.bus.InspectRequest` is answered with
 :meth:`Actor.snapshot` for every actor.
 """
@@ -151,4 +152,5 @@ class Actor:
         self.handled += 1
         if result is not None:
             await self.peer.reply(incoming, result)
-        self.peer.ack(incoming)
+        if not incoming.deferred:
+            self.peer.ack(incoming)

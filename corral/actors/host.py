@@ -27,9 +27,10 @@ import trio
 import zmq
 
 from .. import __version__
-from .._exceptions import HostAlreadyRunning, RestartIntensityExceeded
-from ..bus import Broker, InspectRequest, open_peer
+from .._exceptions import HostAlreadyRunning, ProtocolError, RestartIntensityExceeded
+from ..bus import BodyDecoder, Broker, InspectRequest, decode_envelope, open_peer
 from ..config import Config, actor_plan
+from ..harnesses.protocol import ElicitationParked
 from ..instance import LAYOUT, Instance
 from ._children import ChildSpec, ChildSupervisor
 from ._control import serve_control
@@ -225,6 +226,7 @@ class Host:
             "mailboxes": self._op_mailboxes,
             "dead_letters": self._op_dead_letters,
             "inspect": self._op_inspect,
+            "elicitations": self._op_elicitations,
             "stop": self._op_stop,
         }
 
@@ -249,6 +251,32 @@ class Host:
     async def _op_dead_letters(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.broker is not None
         return {"dead_letters": self.broker.dead_letters()}
+
+    async def _op_elicitations(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.broker is not None
+        rows = []
+        decoder = BodyDecoder()
+        for row in self.broker.parked():
+            try:
+                env = decode_envelope(row["frame"])
+                msg = decoder.decode(env)
+            except ProtocolError:
+                continue
+            if not isinstance(msg, ElicitationParked):
+                continue
+            rows.append(
+                {
+                    "elicitation_id": msg.elicitation_id,
+                    "session_id": msg.session_id,
+                    "turn_id": msg.turn_id,
+                    "owner": f"{msg.owner}#{msg.incarnation}",
+                    "state": row["state"],
+                    "reason": row["reason"],
+                    "created_at": env.created_at,
+                    "params": msg.params,
+                }
+            )
+        return {"elicitations": rows}
 
     async def _op_inspect(self, request: dict[str, Any]) -> dict[str, Any]:
         reply = await self._peer.call(str(request["actor"]), InspectRequest(), timeout=5)

@@ -15,10 +15,14 @@ from ._messages import Heartbeat as Heartbeat
 from ._messages import Hello as Hello
 from ._messages import InspectReply as InspectReply
 from ._messages import InspectRequest as InspectRequest
+from ._messages import ListParked as ListParked
 from ._messages import Message as Message
 from ._messages import Nack as Nack
+from ._messages import Park as Park
+from ._messages import ParkedEntries as ParkedEntries
 from ._messages import Reject as Reject
 from ._messages import Stop as Stop
+from ._messages import Unpark as Unpark
 from ._messages import new_id as new_id
 from ._messages import registry as registry
 from ._messages import tag_of as tag_of

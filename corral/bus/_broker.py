@@ -52,9 +52,13 @@ from ._messages import (
     ErrorReply,
     Heartbeat,
     Hello,
+    ListParked,
     Message,
     Nack,
+    Park,
+    ParkedEntries,
     Reject,
+    Unpark,
     new_id,
 )
 from ._socket import Socket, configure
@@ -105,6 +109,7 @@ class Broker:
         self._mailboxes: dict[str, Mailbox] = {}
         self._known: set[str] = set()
         self._dead: deque[DeadLetter] = deque(maxlen=settings.max_dead_letters)
+        self._resolved: deque[tuple[Entry, str, str | None, float]] = deque(maxlen=1000)
         self._pending: list[tuple[bytes, Entry | None]] = []
         self._commit_wanted = trio.Event()
         self._flush_wanted = trio.Event()
@@ -173,7 +178,9 @@ class Broker:
                 if record.id in entries:
                     entries[record.id].owner = record.owner
             elif isinstance(record, Unparked):
-                entries.pop(record.id, None)
+                entry = entries.pop(record.id, None)
+                if entry is not None:
+                    self._remember_resolved(entry, record.state, record.reason)
         for entry in entries.values():
             box = self.mailbox(entry.recipient)
             self._known.add(entry.recipient)
@@ -303,6 +310,24 @@ class Broker:
             self._on_nack(peer, msg)
         elif isinstance(msg, Reject):
             self._on_reject(peer, msg)
+        elif isinstance(msg, Park):
+            self._on_park(peer, msg)
+        elif isinstance(msg, Unpark):
+            self._on_unpark(peer, env, msg)
+        elif isinstance(msg, ListParked):
+            box = self.mailbox(peer.name)
+            now = time.monotonic()
+            entries = [
+                {
+                    "id": e.id,
+                    "owner": e.owner,
+                    "type": e.type,
+                    "frame": e.frame,
+                    "age_s": now - e.enqueued,
+                }
+                for e in box.parked.values()
+            ]
+            self._reply(peer.name, env.id, ParkedEntries(entries=entries))
         else:
             self._dead_letter_env(env, b"", f"the broker does not handle {env.type!r}")
 
@@ -319,6 +344,65 @@ class Broker:
         if self.on_hello is not None:
             self.on_hello(peer.name, msg.pid)
         self._pump(box)
+
+    def _on_park(self, peer: PeerState, msg: Park) -> None:
+        box = self._mailboxes.get(peer.name)
+        entry = box.in_flight.pop(msg.id, None) if box else None
+        if box is None or entry is None:
+            log.warning("%s asked to park %s, which it does not hold", peer.name, msg.id)
+            return
+        entry.owner = peer.name
+        box.parked[entry.id] = entry
+        self._append(Parked(id=entry.id, owner=peer.name))
+        self._pump(box)
+
+    def _on_unpark(self, peer: PeerState, env: Envelope, msg: Unpark) -> None:
+        box = self._mailboxes.get(peer.name)
+        entry = box.parked.pop(msg.id, None) if box else None
+        if entry is None:
+            return
+        self._live_bytes -= len(entry.frame)
+        self._append(Unparked(id=msg.id, state=msg.state, reason=msg.reason))
+        self._remember_resolved(entry, msg.state, msg.reason)
+
+    def _remember_resolved(self, entry: Entry, state: str, reason: str | None) -> None:
+        self._resolved.append((entry, state, reason, time.time()))
+
+    def parked(self) -> list[dict[str, Any]]:
+        """Every parked entry and the recently resolved ones, for ``corral elicitations``.
+
+        Each row: ``id``, ``owner``, ``type``, ``state`` (parked/resolved/cancelled),
+        ``reason``, ``age_s`` and ``frame`` (the envelope, for the caller to decode).
+        """
+        now = time.monotonic()
+        rows = [
+            {
+                "id": e.id,
+                "owner": e.owner,
+                "type": e.type,
+                "state": state,
+                "reason": reason,
+                "frame": e.frame,
+                "age_s": None,
+                "resolved_at": at,
+            }
+            for e, state, reason, at in self._resolved
+        ]
+        for box in self._mailboxes.values():
+            rows.extend(
+                {
+                    "id": e.id,
+                    "owner": e.owner,
+                    "type": e.type,
+                    "state": "parked",
+                    "reason": None,
+                    "frame": e.frame,
+                    "age_s": now - e.enqueued,
+                    "resolved_at": None,
+                }
+                for e in box.parked.values()
+            )
+        return rows
 
     def _requeue(self, box: Mailbox, *, incarnation: str | None) -> None:
         # Actors handle messages in delivery order, so only the oldest unacked one can have
@@ -523,7 +607,7 @@ class Broker:
                 if entry.attempt > 1:
                     records.append(Attempted(id=entry.id, attempt=entry.attempt))
                 if entry.owner is not None:
-                    records.append(Parked(id=entry.id, owner=entry.owner, frame=b""))
+                    records.append(Parked(id=entry.id, owner=entry.owner))
                 live += len(entry.frame)
         records.extend(
             DeadLettered(d.id, d.actor, d.type, d.attempts, d.error, d.at) for d in self._dead

@@ -70,11 +70,10 @@ class DeadLettered(_Record, tag="dead"):
 
 
 class Parked(_Record, tag="park"):
-    """A durable entry was parked under an owner until a verdict resolves it."""
+    """A durable entry (logged by its Put) was parked by its owner until resolved."""
 
     id: str
     owner: str
-    frame: bytes
 
 
 class Unparked(_Record, tag="unpark"):

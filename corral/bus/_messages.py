@@ -118,6 +118,35 @@ class Reject(Message, tag="bus.reject"):
     error: str
 
 
+class Park(Message, tag="bus.park"):
+    """Move an in-flight durable message of the sender's to its *parked* set.
+
+    A parked entry is neither redelivered nor dead-lettered: it waits, durably, until its
+    owner resolves it with :class:`Unpark` (an elicitation waiting on a human's verdict).
+    """
+
+    id: str
+
+
+class Unpark(Message, tag="bus.unpark"):
+    """Resolve a parked entry: ``state`` is ``resolved`` or ``cancelled``."""
+
+    id: str
+    state: str
+    reason: str | None = None
+
+
+class ListParked(Message, tag="bus.list_parked"):
+    """Ask the broker for the sender's parked entries (to rebuild state after a restart)."""
+
+
+class ParkedEntries(Message, tag="bus.parked_entries"):
+    """Parked entries: each has ``id``, ``owner``, ``type``, ``frame`` (the envelope) and
+    ``age_s``."""
+
+    entries: list[dict[str, Any]]
+
+
 class Accepted(Message, tag="bus.accepted"):
     """The broker has made these durable messages durable (one per sender per commit)."""
 

@@ -45,9 +45,13 @@ from ._messages import (
     ErrorReply,
     Heartbeat,
     Hello,
+    ListParked,
     Message,
     Nack,
+    Park,
+    ParkedEntries,
     Reject,
+    Unpark,
     new_id,
     now,
 )
@@ -59,11 +63,13 @@ log = logging.getLogger("corral.bus.peer")
 class Incoming:
     """A received message: the decoded payload and its envelope."""
 
-    __slots__ = ("env", "msg")
+    __slots__ = ("deferred", "env", "msg")
 
     def __init__(self, env: Envelope, msg: Message) -> None:
         self.env = env
         self.msg = msg
+        #: Set by a handler that will ack (or park) this message itself, later.
+        self.deferred = False
 
     def __repr__(self) -> str:
         return f"Incoming({self.env.type} from {self.env.sender}, id={self.env.id})"
@@ -345,6 +351,24 @@ class Peer:
         """Report that handling a durable message failed; the broker will retry it."""
         if incoming.env.durability == "durable":
             await self._control(Nack(id=incoming.env.id, error=error))
+
+    async def park(self, incoming: Incoming) -> None:
+        """Park a durable message this peer holds: it waits, durably, for :meth:`unpark`."""
+        await self._control(Park(id=incoming.env.id))
+
+    async def unpark(self, message_id: str, state: str, reason: str | None = None) -> None:
+        """Resolve a parked message (``resolved`` or ``cancelled``)."""
+        await self._control(Unpark(id=message_id, state=state, reason=reason))
+
+    async def parked(self, timeout: float | None = None) -> list[tuple[Incoming, float]]:
+        """This peer's parked messages (decoded) with their ages, e.g. after a restart."""
+        reply = await self.call(BROKER, ListParked(), timeout=timeout)
+        assert isinstance(reply, ParkedEntries)
+        out = []
+        for row in reply.entries:
+            env = decode_envelope(row["frame"])
+            out.append((Incoming(env, self._bodies.decode(env)), float(row["age_s"])))
+        return out
 
     async def _ack_loop(self) -> None:
         while True:

@@ -6,7 +6,12 @@ import click
 
 from .. import __version__
 from ._bench import bench_command
-from ._inspect import dead_letters_command, mailboxes_command, status_command
+from ._inspect import (
+    dead_letters_command,
+    elicitations_command,
+    mailboxes_command,
+    status_command,
+)
 from ._up import up_command
 
 
@@ -20,6 +25,7 @@ cli.add_command(up_command)
 cli.add_command(status_command)
 cli.add_command(mailboxes_command)
 cli.add_command(dead_letters_command)
+cli.add_command(elicitations_command)
 cli.add_command(bench_command)
 
 

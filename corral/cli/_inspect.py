@@ -94,3 +94,25 @@ def dead_letters_command(state_dir: Path | None, as_json: bool) -> None:
             time.strftime("%H:%M:%S", time.localtime(d["at"])),
         )
     Console().print(table)
+
+
+@click.command("elicitations")
+@state_dir_option
+@json_option
+def elicitations_command(state_dir: Path | None, as_json: bool) -> None:
+    """List elicitations parked by harness workers, and recently resolved ones."""
+    data: dict[str, Any] = ask_host(state_dir, "elicitations")
+    if as_json:
+        emit_json(data)
+        return
+    table = Table("elicitation", "session", "turn", "state", "prompt", "created")
+    for e in data["elicitations"]:
+        table.add_row(
+            e["elicitation_id"],
+            e["session_id"],
+            e["turn_id"],
+            e["state"] + (f" ({e['reason']})" if e.get("reason") else ""),
+            str(e["params"].get("message", "")),
+            time.strftime("%H:%M:%S", time.localtime(e["created_at"])),
+        )
+    Console().print(table)

@@ -1,0 +1,500 @@
+"""The harness actor: one supervised worker process per session, and the turns they run.
+
+Handles:
+    TurnStart (durable)        start a turn on the session's worker, spawning it lazily
+    Inject, ToolResult, PolicyVerdict, Interrupt
+                               forwarded to the session's worker; the reply is its status
+    Approval (durable)         a verdict for a parked elicitation → its worker (E-01..E-03)
+    ElicitationParked (durable) parked in the broker until a verdict (or cancellation)
+    ResponseCompleted / ResponseFailed / ResponseCancelled (durable, from workers)
+                               the one place a turn's terminal event is forwarded from
+    WorkerAlive                worker heartbeats and busy flags
+
+Every turn ends with exactly one terminal event sent to its ``reply_to``: the worker's own,
+or — when the worker exits or stops heartbeating mid-turn — ``response.failed`` with code
+``harness_crashed`` (``harness_restarted`` when it had parked an elicitation, which is then
+resolved ``cancel`` with that reason). The TurnStart message stays unacked in this actor's
+mailbox until then, and turn ids are recorded as started (fsynced) before a worker sees
+them: if this actor itself is killed, the redelivered TurnStart of a started turn ends
+``failed`` (``harness_restarted``) instead of running twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import trio
+
+from ..bus import Dedup, Incoming, Message
+from ..harnesses import resolve as resolve_harness
+from ..harnesses.protocol import (
+    Approval,
+    ElicitationParked,
+    ElicitationResolved,
+    Inject,
+    InputAccepted,
+    Interrupt,
+    Output,
+    PolicyVerdict,
+    ResponseCancelled,
+    ResponseCompleted,
+    ResponseFailed,
+    ToolResult,
+    TurnStart,
+    WorkerAlive,
+    worker_address,
+)
+from ..harnesses.spawn_env import SpawnEnvError, build_spawn_env
+from ._actor import Actor, ActorContext, every, handles
+from ._children import ChildSpec, ChildSupervisor
+from ._process import sweep
+
+log = logging.getLogger("corral.actors.harness")
+
+#: Exit code of a worker that could not load its harness implementation.
+EXIT_CANNOT_LOAD = 78
+
+
+@dataclass
+class Turn:
+    """A turn this actor is responsible for ending."""
+
+    start: TurnStart
+    incoming: Incoming
+    began: float = field(default_factory=time.monotonic)
+    elicitations: set[str] = field(default_factory=set)
+
+
+@dataclass
+class WorkerState:
+    """One session's worker."""
+
+    session_id: str
+    harness: str
+    spawned: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)
+    last_active: float = field(default_factory=time.monotonic)
+    ready: trio.Event = field(default_factory=trio.Event)
+    exited: bool = False
+    crashes: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Parked:
+    """A parked elicitation, as this actor knows it."""
+
+    incoming: Incoming
+    msg: ElicitationParked
+
+
+class HarnessActor(Actor):
+    """Supervises harness workers and owns the life of every turn."""
+
+    def __init__(self, ctx: ActorContext, peer: Any) -> None:
+        super().__init__(ctx, peer)
+        opts = ctx.options
+        self.idle_timeout_s = float(opts.get("idle_timeout_s", 1800))
+        self.start_timeout_s = float(opts.get("start_timeout_s", 15))
+        live = peer.liveness
+        self.liveness_s = float(opts.get("worker_liveness_s", live.interval_s * live.liveness))
+        self.crash_backoff_s = float(opts.get("crash_backoff_s", 0.5))
+        self.extra_harnesses: dict[str, str] = dict(opts.get("harnesses", {}))
+        self.run_dir = ctx.data_dir / "workers"
+        self.started_turns = Dedup(ctx.data_dir / "started-turns")
+        self.children = ChildSupervisor(
+            intensity=10**9, period_s=1.0, run_dir=self.run_dir, on_exit=self._on_worker_exit
+        )
+        self.workers: dict[str, WorkerState] = {}
+        self.turns: dict[str, Turn] = {}
+        self.parked: dict[str, Parked] = {}
+        self.queues: dict[str, trio.MemorySendChannel[Any]] = {}
+        self.stats = {"spawned": 0, "crashed": 0, "reaped": 0, "turns": 0}
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        killed = sweep(self.run_dir)
+        if killed:
+            log.warning("killed %d orphaned workers of an earlier harness actor", len(killed))
+        assert self.nursery is not None
+        await self.nursery.start(self.children.run)
+        # Every worker died with the previous incarnation: what they parked can't continue.
+        for incoming, _age in await self.peer.parked():
+            msg = incoming.msg
+            if isinstance(msg, ElicitationParked):
+                await self._cancel_parked(Parked(incoming, msg), "harness_restarted")
+                await self._emit(
+                    msg.reply_to,
+                    ResponseFailed(
+                        turn_id=msg.turn_id,
+                        error={
+                            "code": "harness_restarted",
+                            "message": "the harness restarted while an elicitation was parked",
+                        },
+                    ),
+                    msg.session_id,
+                )
+
+    async def terminate(self) -> None:
+        await self.children.stop_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            **super().snapshot(),
+            **self.stats,
+            "workers": [
+                {
+                    "session_id": w.session_id,
+                    "harness": w.harness,
+                    "in_flight": w.session_id in self.turns,
+                    "idle_s": round(now - w.last_active, 3),
+                    "crashes": len(w.crashes),
+                    "pid": (
+                        c.pid
+                        if (c := self.children.children.get(worker_address(w.session_id)))
+                        else None
+                    ),
+                }
+                for w in self.workers.values()
+                if not w.exited
+            ],
+            "parked": sorted(self.parked),
+        }
+
+    # --- per-session ordering --------------------------------------------------------------
+
+    def _enqueue(self, session_id: str, item: Any) -> None:
+        """Inputs of one session are handled in order, sessions concurrently."""
+        queue = self.queues.get(session_id)
+        if queue is None:
+            send, receive = trio.open_memory_channel[Any](1000)
+            self.queues[session_id] = queue = send
+            assert self.nursery is not None
+            self.nursery.start_soon(self._session_loop, session_id, receive)
+        queue.send_nowait(item)
+
+    async def _session_loop(self, session_id: str, receive: trio.MemoryReceiveChannel[Any]) -> None:
+        async for item in receive:
+            try:
+                await item()
+            except Exception:
+                log.exception("session %s: handling failed", session_id)
+
+    # --- turns -----------------------------------------------------------------------------
+
+    @handles(TurnStart)
+    async def turn_start(self, msg: TurnStart, incoming: Incoming) -> InputAccepted | None:
+        incoming.deferred = True
+        # In flight from this moment: the reaper must not take the worker (H-08).
+        self.turns.setdefault(msg.session_id, Turn(msg, incoming))
+        self._enqueue(msg.session_id, lambda: self._start_turn(msg, incoming))
+        return None
+
+    async def _start_turn(self, msg: TurnStart, incoming: Incoming) -> None:
+        turn = self.turns.get(msg.session_id)
+        if turn is None or turn.start.turn_id != msg.turn_id:
+            # Another turn holds the session: refuse this one rather than interleave.
+            await self._emit(
+                msg.reply_to,
+                ResponseFailed(
+                    turn_id=msg.turn_id,
+                    error={
+                        "code": "turn_in_flight",
+                        "message": "another turn is running on this session",
+                    },
+                ),
+                msg.session_id,
+            )
+            self.peer.ack(incoming)
+            return
+        if self.started_turns.seen(msg.turn_id):
+            await self._end(
+                msg.session_id,
+                ResponseFailed(
+                    turn_id=msg.turn_id,
+                    error={
+                        "code": "harness_restarted",
+                        "message": "the harness restarted during this turn",
+                    },
+                ),
+            )
+            return
+        harness = msg.harness_override or msg.harness or _spec_harness(msg.spec)
+        try:
+            target = resolve_harness(harness, self.extra_harnesses)
+            env = build_spawn_env(harness, msg.spec, model_override=msg.model_override)
+        except KeyError:
+            await self._end(
+                msg.session_id, _failed(msg, "unknown_harness", f"no harness named {harness!r}")
+            )
+            return
+        except SpawnEnvError as exc:
+            await self._end(
+                msg.session_id, _failed(msg, "turn_setup_failed", f"turn setup failed: {exc}")
+            )
+            return
+        error = await self._ensure_worker(msg.session_id, harness, target, env)
+        if error is not None:
+            await self._end(msg.session_id, _failed(msg, "harness_unavailable", error))
+            return
+        await self.started_turns.mark(msg.turn_id)
+        self.stats["turns"] += 1
+        try:
+            reply = await self.peer.call(
+                worker_address(msg.session_id), msg, timeout=self.start_timeout_s
+            )
+        except Exception as exc:
+            await self._end(
+                msg.session_id,
+                _failed(msg, "harness_crashed", f"the worker did not take the turn: {exc}"),
+            )
+            self.children.kill(worker_address(msg.session_id), "did not take a turn")
+            return
+        if isinstance(reply, InputAccepted) and reply.status != 200:
+            await self._end(
+                msg.session_id,
+                _failed(msg, "harness_busy", f"the worker refused the turn ({reply.status})"),
+            )
+
+    async def _ensure_worker(
+        self, session_id: str, harness: str, target: str, env: dict[str, str]
+    ) -> str | None:
+        """Spawn the session's worker if needed and wait until it is up; an error or None."""
+        name = worker_address(session_id)
+        state = self.workers.get(session_id)
+        child = self.children.children.get(name)
+        if state is not None and not state.exited and child is not None and child.pid is not None:
+            if state.harness == harness:
+                return None
+            await self.children.stop_child(name)
+        if state is not None and state.crashes:
+            # Crash loops back off: each quick crash doubles the wait before a respawn.
+            recent = [t for t in state.crashes if time.monotonic() - t < 60]
+            delay = min(self.crash_backoff_s * 2 ** (len(recent) - 1), 10.0) if recent else 0
+            wait = state.crashes[-1] + delay - time.monotonic()
+            if wait > 0:
+                await trio.sleep(wait)
+        new = WorkerState(session_id=session_id, harness=harness)
+        if state is not None:
+            new.crashes = state.crashes
+        self.workers[session_id] = new
+        spec = {
+            "session_id": session_id,
+            "target": target,
+            "endpoint": self.peer.endpoint,
+            "parent_pid": os.getpid(),
+            "bus": msgspec.to_builtins(self.peer.bus),
+            "liveness": msgspec.to_builtins(self.peer.liveness),
+            "options": {},
+        }
+        child_env = {**env, "CORRAL_WORKER": msgspec.json.encode(spec).decode()}
+        try:
+            self.children.start_child(
+                ChildSpec(
+                    name=name,
+                    argv=[sys.executable, "-m", "corral.harnesses._worker"],
+                    env=child_env,
+                    restart="temporary",
+                    shutdown_timeout_s=2.0,
+                )
+            )
+        except OSError as exc:
+            new.exited = True
+            return f"the {harness!r} harness could not start: {exc}"
+        self.stats["spawned"] += 1
+        with trio.move_on_after(self.start_timeout_s):
+            while not new.ready.is_set() and not new.exited:
+                with trio.move_on_after(0.05):
+                    await new.ready.wait()
+        if new.ready.is_set():
+            return None
+        child = self.children.children.get(name)
+        exit_info = child.last_exit if child else None
+        if exit_info and exit_info["code"] == EXIT_CANNOT_LOAD:
+            return f"the {harness!r} harness could not be loaded ({target})"
+        if exit_info:
+            return f"the {harness!r} harness worker exited at start: {exit_info['reason']}"
+        self.children.kill(name, "did not start in time")
+        return f"the {harness!r} harness worker did not start within {self.start_timeout_s:g}s"
+
+    # --- inputs forwarded to workers -------------------------------------------------------
+
+    @handles(Inject, ToolResult, PolicyVerdict, Interrupt)
+    async def forward(self, msg: Any, incoming: Incoming) -> None:
+        incoming.deferred = True
+        self._enqueue(msg.session_id, lambda: self._forward(msg, incoming))
+
+    async def _forward(self, msg: Any, incoming: Incoming) -> None:
+        state = self.workers.get(msg.session_id)
+        if state is None or state.exited:
+            await self.peer.reply(incoming, InputAccepted(status=404, error={"code": "no_worker"}))
+            self.peer.ack(incoming)
+            return
+        try:
+            reply = await self.peer.call(worker_address(msg.session_id), msg, timeout=10)
+        except Exception as exc:
+            reply = InputAccepted(
+                status=503, error={"code": "worker_unreachable", "message": str(exc)}
+            )
+        await self.peer.reply(incoming, reply)
+        self.peer.ack(incoming)
+
+    @handles(Approval)
+    async def approval(self, msg: Approval, incoming: Incoming) -> InputAccepted | None:
+        parked = self.parked.get(msg.elicitation_id)
+        if parked is None or parked.msg.session_id != msg.session_id:
+            return InputAccepted(
+                status=404,
+                error={
+                    "code": "not_found",
+                    "message": f"no outstanding elicitation {msg.elicitation_id!r}",
+                },
+            )
+        incoming.deferred = True
+        self._enqueue(msg.session_id, lambda: self._deliver_verdict(msg, incoming, parked))
+        return None
+
+    async def _deliver_verdict(self, msg: Approval, incoming: Incoming, parked: Parked) -> None:
+        try:
+            reply = await self.peer.call(parked.msg.owner, msg, timeout=10)
+        except Exception as exc:
+            reply = InputAccepted(
+                status=503, error={"code": "worker_unreachable", "message": str(exc)}
+            )
+        if isinstance(reply, InputAccepted) and reply.status == 204:
+            self.parked.pop(msg.elicitation_id, None)
+            await self.peer.unpark(parked.incoming.env.id, "resolved", msg.action)
+            turn = self.turns.get(msg.session_id)
+            if turn is not None:
+                turn.elicitations.discard(msg.elicitation_id)
+        await self.peer.reply(incoming, reply)
+        self.peer.ack(incoming)
+
+    @handles(ElicitationParked)
+    async def elicitation_parked(self, msg: ElicitationParked, incoming: Incoming) -> None:
+        incoming.deferred = True
+        await self.peer.park(incoming)
+        self.parked[msg.elicitation_id] = Parked(incoming, msg)
+        turn = self.turns.get(msg.session_id)
+        if turn is not None:
+            turn.elicitations.add(msg.elicitation_id)
+
+    # --- outputs: terminal events and liveness ---------------------------------------------
+
+    @handles(ResponseCompleted, ResponseFailed, ResponseCancelled)
+    async def terminal(self, msg: Output, incoming: Incoming) -> None:
+        session_id = incoming.env.session_id or ""
+        turn = self.turns.get(session_id)
+        if turn is None or turn.start.turn_id != msg.turn_id:
+            log.info("dropping a late terminal event for turn %s", msg.turn_id)
+            return
+        await self._end(session_id, msg)
+
+    @handles(WorkerAlive)
+    async def alive(self, msg: WorkerAlive, incoming: Incoming) -> None:
+        state = self.workers.get(msg.session_id)
+        if state is None or state.exited:
+            return
+        now = time.monotonic()
+        state.last_seen = now
+        state.ready.set()
+        if msg.busy or msg.session_id in self.turns:
+            state.last_active = now
+
+    async def _end(self, session_id: str, event: Output) -> None:
+        """Send a turn's one terminal event and forget the turn."""
+        turn = self.turns.pop(session_id, None)
+        if turn is None:
+            return
+        await self._emit(turn.start.reply_to, event, session_id)
+        self.peer.ack(turn.incoming)
+        state = self.workers.get(session_id)
+        if state is not None:
+            state.last_active = time.monotonic()
+
+    async def _emit(self, to: str, event: Message, session_id: str) -> None:
+        try:
+            await self.peer.cast(to, event, durable=True, session_id=session_id)
+        except Exception:
+            log.exception("could not deliver %s to %s", type(event).__name__, to)
+
+    def _on_worker_exit(self, name: str, last_exit: dict[str, Any]) -> None:
+        session_id = name.removeprefix("harness/")
+        state = self.workers.get(session_id)
+        if state is not None:
+            state.exited = True
+            if last_exit["code"] != 0:
+                state.crashes.append(time.monotonic())
+                self.stats["crashed"] += 1
+        if session_id in self.turns:
+            self._enqueue(session_id, lambda: self._worker_died(session_id, last_exit))
+
+    async def _worker_died(self, session_id: str, last_exit: dict[str, Any]) -> None:
+        turn = self.turns.get(session_id)
+        state = self.workers.get(session_id)
+        if turn is None or (state is not None and not state.exited):
+            return
+        code = "harness_crashed"
+        for elicitation_id in sorted(turn.elicitations):
+            parked = self.parked.get(elicitation_id)
+            if parked is not None:
+                code = "harness_restarted"
+                await self._cancel_parked(parked, "harness_restarted")
+        await self._end(
+            session_id,
+            ResponseFailed(
+                turn_id=turn.start.turn_id,
+                error={"code": code, "message": f"the harness worker died: {last_exit['reason']}"},
+            ),
+        )
+
+    async def _cancel_parked(self, parked: Parked, reason: str) -> None:
+        msg = parked.msg
+        self.parked.pop(msg.elicitation_id, None)
+        await self.peer.unpark(parked.incoming.env.id, "cancelled", reason)
+        await self._emit(
+            msg.reply_to,
+            ElicitationResolved(
+                turn_id=msg.turn_id,
+                elicitation_id=msg.elicitation_id,
+                action="cancel",
+                reason=reason,
+            ),
+            msg.session_id,
+        )
+
+    @every(0.25)
+    async def _watch_workers(self) -> None:
+        now = time.monotonic()
+        for session_id, state in list(self.workers.items()):
+            if state.exited or not state.ready.is_set():
+                continue
+            name = worker_address(session_id)
+            if now - state.last_seen > self.liveness_s:
+                self.children.kill(name, f"no heartbeat for {now - state.last_seen:.1f}s")
+            elif (
+                self.idle_timeout_s > 0
+                and session_id not in self.turns
+                and now - state.last_active > self.idle_timeout_s
+            ):
+                log.info("reaping idle worker %s", name)
+                self.stats["reaped"] += 1
+                state.exited = True
+                self.nursery.start_soon(self.children.stop_child, name)  # type: ignore[union-attr]
+
+
+def _spec_harness(spec: dict[str, Any]) -> str:
+    executor = spec.get("executor") or {}
+    harness = executor.get("harness") or (executor.get("config") or {}).get("harness")
+    return str(harness or "scripted")
+
+
+def _failed(msg: TurnStart, code: str, message: str) -> ResponseFailed:
+    return ResponseFailed(turn_id=msg.turn_id, error={"code": code, "message": message})

@@ -1,0 +1,444 @@
+"""The harness worker process: one per session, running one agent turn at a time.
+
+``python -m corral.harnesses._worker`` starts here, with its spec in ``CORRAL_WORKER``
+(JSON). The process connects to the bus as ``harness/<session_id>`` with its own zmq
+context, dies with its parent (the harness actor), and serves inputs:
+
+* :class:`TurnStart` starts a turn in a task: ``response.created``, ``response.in_progress``,
+  then whatever the worker kind does through its :class:`TurnContext`, then exactly one of
+  ``response.completed`` / ``response.failed`` / ``response.cancelled``;
+* :class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict` resolve what the turn
+  waits for; :class:`Inject` offers a mid-turn message; :class:`Interrupt` cancels the turn.
+
+Deltas go to the turn's ``reply_to`` as stream messages, in batches; terminal events and
+elicitation requests go durably, so a restarting dispatch still gets them. Lifecycle events
+are copied to the harness actor, which tracks in-flight turns (H-08) and worker liveness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+import trio
+
+from .. import logs
+from ..bus import Incoming, Message, Peer, open_peer
+from ..config import BusSettings, LivenessSettings
+from ._observe import Observer
+from .protocol import (
+    HARNESS_ACTOR,
+    Approval,
+    ElicitationParked,
+    ElicitationRequest,
+    Inject,
+    InjectionConsumed,
+    InputAccepted,
+    Interrupt,
+    Output,
+    OutputItemDone,
+    OutputTextDelta,
+    PolicyEvaluationRequested,
+    PolicyVerdict,
+    ReasoningDelta,
+    ResponseCancelled,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseFailed,
+    ResponseInProgress,
+    RuntimeModel,
+    ToolResult,
+    TurnStart,
+    Warning,
+    WorkerAlive,
+    is_terminal,
+    worker_address,
+)
+
+log = logging.getLogger("corral.harnesses.worker")
+
+
+class TurnFailed(Exception):
+    """Raised by a worker kind to end the turn with ``response.failed {code, message}``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A human's answer to an elicitation."""
+
+    action: str
+    content: dict[str, Any] | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.action == "accept"
+
+
+class WorkerKind(Protocol):
+    """What a harness implementation provides. One instance per worker process."""
+
+    async def run_turn(self, turn: TurnContext) -> None:
+        """Run one turn, emitting through ``turn``; raise :class:`TurnFailed` to fail it."""
+
+
+class TurnContext:
+    """Everything a worker kind needs to run one turn and report it."""
+
+    def __init__(self, worker: Worker, start: TurnStart) -> None:
+        self.worker = worker
+        self.start = start
+        self.session_id = start.session_id
+        self.turn_id = start.turn_id
+        self.spec = start.spec
+        self.message = start.message
+        self.response_id = f"resp_{uuid.uuid4().hex[:24]}"
+        self.observer = Observer(start.session_id, start.turn_id)
+        self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        self.text_parts: list[str] = []
+        self._seq = 0
+        self._waits: dict[str, tuple[trio.Event, list[Any]]] = {}
+        self.injections_send, self.injections = trio.open_memory_channel[Inject](64)
+
+    @property
+    def model(self) -> str | None:
+        """The requested model: the override, else the spec's, else the message's."""
+        return (
+            self.start.model_override
+            or self.spec.get("model")
+            or self.spec.get("executor", {}).get("model")
+            or self.message.get("model")
+        )
+
+    # --- emitting --------------------------------------------------------------------------
+
+    async def emit(self, event: Any, *, durable: bool = False) -> None:
+        """Number and send one output event to the turn's ``reply_to``."""
+        event = msgspec.structs.replace(event, turn_id=self.turn_id, sequence_number=self._seq)
+        self._seq += 1
+        await self.worker.send_output(self.start.reply_to, event, durable=durable)
+
+    async def _observe_then(self) -> None:
+        observation = self.observer.before_output()
+        if observation is not None:
+            await self.emit(RuntimeModel(**observation))
+
+    async def text(self, delta: str) -> None:
+        """Stream assistant text."""
+        await self._observe_then()
+        self.text_parts.append(delta)
+        await self.emit(OutputTextDelta(delta=delta))
+
+    async def reasoning(self, delta: str) -> None:
+        """Stream reasoning text."""
+        await self._observe_then()
+        await self.emit(ReasoningDelta(delta=delta))
+
+    def serve(self, model: str | None, provider: str | None, fallback_active: bool = False) -> None:
+        """From now on, ``model`` (by ``provider``) serves this run."""
+        self.observer.serve(model, provider, fallback_active)
+
+    async def status(self, text: str) -> None:
+        """A provider lifecycle status; a fallback switch becomes a ``warning`` (J-24)."""
+        if self.observer.on_status(text):
+            await self.emit(Warning(kind="fallback", message=text))
+
+    async def item(self, item: dict[str, Any]) -> None:
+        """Emit a finished output item."""
+        await self.emit(OutputItemDone(item=item))
+
+    # --- waiting on the runner -------------------------------------------------------------
+
+    async def _wait_for(self, key: str) -> Any:
+        event = trio.Event()
+        box: list[Any] = []
+        self._waits[key] = (event, box)
+        try:
+            await event.wait()
+        finally:
+            self._waits.pop(key, None)
+        return box[0]
+
+    def resolve(self, key: str, value: Any) -> bool:
+        """Deliver an answer the turn waits for; False if nothing waits on ``key``."""
+        waiting = self._waits.get(key)
+        if waiting is None:
+            return False
+        waiting[1].append(value)
+        waiting[0].set()
+        return True
+
+    def waits_for(self, key: str) -> bool:
+        """Whether the turn is waiting on ``key`` (a call id, elicitation id, ...)."""
+        return key in self._waits
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        """Ask the runner to execute a tool (§iv.4) and return its output."""
+        call_id = f"call_{uuid.uuid4().hex[:12]}"
+        args = json.dumps(arguments)
+        base = {"type": "function_call", "name": name, "arguments": args, "call_id": call_id}
+        await self.item({**base, "id": f"fc_{uuid.uuid4().hex[:12]}", "status": "in_progress"})
+        item_id = f"fc_{uuid.uuid4().hex[:12]}"
+        await self.emit(
+            OutputItemDone(item={**base, "id": item_id, "status": "action_required"}),
+            durable=True,
+        )
+        output: str = await self._wait_for(f"tool:{call_id}")
+        await self.item({**base, "id": item_id, "status": "completed"})
+        await self.item(
+            {
+                "type": "function_call_output",
+                "id": f"fco_{uuid.uuid4().hex[:12]}",
+                "call_id": call_id,
+                "output": output,
+            }
+        )
+        return output
+
+    async def elicit(self, params: dict[str, Any]) -> Verdict:
+        """Ask a human (``response.elicitation_request``) and park until a verdict."""
+        elicitation_id = f"elicit_{uuid.uuid4().hex}"
+        await self.worker.park(self, elicitation_id, params)
+        await self.emit(
+            ElicitationRequest(elicitation_id=elicitation_id, params=params), durable=True
+        )
+        return await self._wait_for(f"elicit:{elicitation_id}")
+
+    async def policy(self, phase: str, data: dict[str, Any]) -> str:
+        """Ask for a policy verdict (``policy_evaluation.requested``); returns the action."""
+        evaluation_id = f"poleval_{uuid.uuid4().hex}"
+        await self.emit(
+            PolicyEvaluationRequested(evaluation_id=evaluation_id, phase=phase, data=data),
+            durable=True,
+        )
+        verdict: PolicyVerdict = await self._wait_for(f"policy:{evaluation_id}")
+        return verdict.action
+
+    async def consumed(self, injection: Inject) -> None:
+        """Tell the runner an injected message was taken into this turn (D-30)."""
+        await self.emit(InjectionConsumed(injection_id=injection.injection_id))
+
+    def response(self, status: str) -> dict[str, Any]:
+        """The ``response`` object of lifecycle events."""
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "status": status,
+            "model": self.message.get("model") or self.model,
+            "created_at": int(time.time()),
+            "output": [],
+        }
+
+
+class Worker:
+    """The worker process's runtime: bus peer, inputs, the active turn."""
+
+    def __init__(self, peer: Peer, session_id: str, kind: WorkerKind, liveness: LivenessSettings):
+        self.peer = peer
+        self.session_id = session_id
+        self.kind = kind
+        self.liveness = liveness
+        self.turn: TurnContext | None = None
+        self._turn_scope: trio.CancelScope | None = None
+        self._turn_done = trio.Event()
+        self._turn_done.set()
+
+    async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
+        """Send an output event (durable ones wait until the broker has them).
+
+        Terminal events go to the harness actor, which forwards them: it is the one place
+        that ends a turn, so a turn never gets two terminal events (or none) whatever dies.
+        """
+        if isinstance(event, Output) and is_terminal(event):
+            to = HARNESS_ACTOR
+        if durable:
+            await self.peer.cast(to, event, durable=True, session_id=self.session_id)
+        else:
+            await self.peer.cast(to, event, session_id=self.session_id)
+
+    async def park(self, turn: TurnContext, elicitation_id: str, params: dict[str, Any]) -> None:
+        """Record a parked elicitation with the harness actor before announcing it."""
+        await self.peer.cast(
+            HARNESS_ACTOR,
+            ElicitationParked(
+                session_id=self.session_id,
+                turn_id=turn.turn_id,
+                elicitation_id=elicitation_id,
+                owner=self.peer.name,
+                incarnation=self.peer.incarnation,
+                params=params,
+                reply_to=turn.start.reply_to,
+            ),
+            durable=True,
+            session_id=self.session_id,
+        )
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._alive_loop)
+            async for incoming in self.peer.inbox:
+                reply = await self._on_input(incoming, nursery)
+                if reply is not None:
+                    await self.peer.reply(incoming, reply)
+                self.peer.ack(incoming)
+
+    async def _alive_loop(self) -> None:
+        while True:
+            await self.peer.cast(
+                HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=self.turn is not None)
+            )
+            await trio.sleep(self.liveness.interval_s)
+
+    async def _on_input(self, incoming: Incoming, nursery: trio.Nursery) -> Message | None:
+        msg = incoming.msg
+        turn = self.turn
+        if isinstance(msg, TurnStart):
+            if turn is not None:
+                return InputAccepted(status=409, error={"code": "turn_in_flight"})
+            self.turn = TurnContext(self, msg)
+            self._turn_done = trio.Event()
+            nursery.start_soon(self._run_turn, self.turn)
+            return InputAccepted(status=200)
+        if isinstance(msg, Interrupt):
+            if turn is None or self._turn_scope is None:
+                return InputAccepted(status=404, error={"code": "no_turn"})
+            self._turn_scope.cancel()
+            return InputAccepted(status=204)
+        key = _wait_key(msg)
+        if key is not None:
+            value = Verdict(msg.action, msg.content or None) if isinstance(msg, Approval) else msg
+            if isinstance(msg, ToolResult):
+                value = msg.output
+            if turn is not None and turn.resolve(key, value):
+                return InputAccepted(status=204)
+            return InputAccepted(
+                status=404,
+                error={"code": "not_found", "message": f"nothing outstanding for {key!r}"},
+            )
+        if isinstance(msg, Inject):
+            if turn is None or turn.turn_id != msg.turn_id:
+                return InputAccepted(status=409, error={"code": "no_turn"})
+            try:
+                turn.injections_send.send_nowait(msg)
+            except trio.WouldBlock:
+                return InputAccepted(status=409, error={"code": "injections_full"})
+            return InputAccepted(status=204)
+        return InputAccepted(status=422, error={"code": "unsupported", "type": incoming.env.type})
+
+    async def _run_turn(self, turn: TurnContext) -> None:
+        failed: tuple[str, str] | None = None
+        cancelled = False
+        try:
+            await turn.emit(ResponseCreated(response=turn.response("queued")))
+            await self.peer.cast(HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=True))
+            await turn.emit(ResponseInProgress(response=turn.response("in_progress")))
+            with trio.CancelScope() as scope:
+                self._turn_scope = scope
+                try:
+                    await self.kind.run_turn(turn)
+                except TurnFailed as exc:
+                    failed = (exc.code, exc.message)
+                except Exception as exc:
+                    log.exception("turn %s failed", turn.turn_id)
+                    failed = ("harness_error", f"{type(exc).__name__}: {exc}")
+            cancelled = scope.cancelled_caught
+            if cancelled:
+                await turn.emit(
+                    ResponseCancelled(response=turn.response("cancelled")), durable=True
+                )
+            elif failed is not None:
+                await turn.emit(
+                    ResponseFailed(
+                        error={"code": failed[0], "message": failed[1]},
+                        response=turn.response("failed"),
+                    ),
+                    durable=True,
+                )
+            else:
+                observation = turn.observer.at_completion(failed=False)
+                if observation is not None:
+                    await turn.emit(RuntimeModel(**observation))
+                response = {**turn.response("completed"), "usage": turn.usage}
+                await turn.emit(ResponseCompleted(response=response), durable=True)
+        finally:
+            self._turn_scope = None
+            self.turn = None
+            self._turn_done.set()
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await self.peer.cast(
+                    HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=False)
+                )
+
+
+def _wait_key(msg: Message) -> str | None:
+    if isinstance(msg, ToolResult):
+        return f"tool:{msg.call_id}"
+    if isinstance(msg, Approval):
+        return f"elicit:{msg.elicitation_id}"
+    if isinstance(msg, PolicyVerdict):
+        return f"policy:{msg.evaluation_id}"
+    return None
+
+
+def load_kind(target: str, options: dict[str, Any]) -> WorkerKind:
+    """Import ``module:Class`` and build the worker kind."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    return cls(options)
+
+
+async def run_worker(spec: dict[str, Any]) -> None:
+    """Connect and serve until SIGTERM, the harness actor's Stop, or the parent's death."""
+    bus = msgspec.convert(spec["bus"], BusSettings)
+    liveness = msgspec.convert(spec["liveness"], LivenessSettings)
+    kind = load_kind(spec["target"], spec.get("options", {}))
+    name = worker_address(spec["session_id"])
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_peer(name, spec["endpoint"], bus=bus, liveness=liveness) as peer:
+            worker = Worker(peer, spec["session_id"], kind, liveness)
+            async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(stop_on_signal)
+                await worker.serve()
+                nursery.cancel_scope.cancel()
+
+
+def main() -> None:
+    """Entry point of a harness worker process."""
+    from ..actors._entry import die_with_parent
+
+    spec = json.loads(os.environ.pop("CORRAL_WORKER"))
+    die_with_parent(int(spec["parent_pid"]))
+    logs.setup(f"worker:{spec['session_id']}")
+    try:
+        load_kind(spec["target"], spec.get("options", {}))
+    except Exception:
+        log.exception("cannot load harness %s", spec["target"])
+        sys.exit(78)
+    trio.run(run_worker, spec)
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this __main__ copy: worker kinds import
+    # TurnFailed and friends from corral.harnesses._worker, and must see the same classes.
+    from corral.harnesses._worker import main as real_main
+
+    real_main()

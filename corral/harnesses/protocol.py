@@ -1,0 +1,221 @@
+"""The harness protocol: what a harness worker is told, and what it says, as bus messages.
+
+The vocabulary is the omnigent runner ↔ harness protocol (PROTOCOL_FACTS.md §iv), carried as
+tagged msgspec Structs instead of HTTP + SSE. Output events encode to exactly the JSON objects
+that protocol streams (``{"type": "response.output_text.delta", "delta": "..."}``, plus a
+``turn_id`` and a ``sequence_number``), so dispatch can publish them on the session stream
+as they are.
+
+Inputs (dispatch → harness actor → worker): :class:`TurnStart`, :class:`Inject`,
+:class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict`, :class:`Interrupt`.
+
+Outputs (worker → the turn's ``reply_to``): every :class:`Output` subclass. The harness actor
+itself emits ``response.failed`` with code ``harness_crashed`` (or ``harness_restarted``) for
+a turn whose worker died, and ``response.elicitation_resolved`` for elicitations it had to
+cancel.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ..bus import Message
+
+#: Where harness workers and the harness actor live on the bus.
+HARNESS_ACTOR = "harness"
+
+
+def worker_address(session_id: str) -> str:
+    """The bus address of a session's worker."""
+    return f"harness/{session_id}"
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+class TurnStart(Message, tag="harness.turn"):
+    """Start a turn. ``message`` is the §iv.1 body: full history in ``content``,
+    ``instructions``, ``tools``, ``model``, ``conversation_id``, ...
+    """
+
+    session_id: str
+    turn_id: str
+    spec: dict[str, Any]
+    message: dict[str, Any]
+    harness: str | None = None
+    model_override: str | None = None
+    harness_override: str | None = None
+    reply_to: str = "dispatch"
+
+
+class Inject(Message, tag="harness.inject"):
+    """A message that arrived during the turn, offered to the worker mid-turn (§iv.7)."""
+
+    session_id: str
+    turn_id: str
+    injection_id: str
+    message: dict[str, Any]
+
+
+class ToolResult(Message, tag="harness.tool_result"):
+    """The output of a tool the worker asked for (``function_call`` ``action_required``)."""
+
+    session_id: str
+    call_id: str
+    output: str
+
+
+class Approval(Message, tag="harness.approval"):
+    """A human verdict on an elicitation, flattened (E-01): no ``content`` key when none."""
+
+    session_id: str
+    elicitation_id: str
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+class PolicyVerdict(Message, tag="harness.policy_verdict"):
+    """The verdict on a ``policy_evaluation.requested``."""
+
+    session_id: str
+    evaluation_id: str
+    action: str
+    reason: str | None = None
+    data: dict[str, Any] | None = None
+
+
+class Interrupt(Message, tag="harness.interrupt"):
+    """Cancel the session's active turn; it ends with ``response.cancelled``."""
+
+    session_id: str
+
+
+class InputAccepted(Message, tag="harness.accepted"):
+    """Reply to an input: ``status`` mirrors the HTTP side channel (200, 204, 404, 409)."""
+
+    status: int
+    error: dict[str, Any] | None = None
+
+
+# --- outputs ---------------------------------------------------------------------------------
+
+
+class Output(Message, kw_only=True):
+    """Base of every event a worker emits for a turn."""
+
+    turn_id: str = ""
+    sequence_number: int = 0
+
+
+class ResponseCreated(Output, tag="response.created"):
+    response: dict[str, Any]
+
+
+class WorkerAlive(Message, tag="harness.alive"):
+    """A worker's heartbeat to the harness actor; ``busy`` while a turn runs."""
+
+    session_id: str
+    busy: bool
+
+
+class ResponseInProgress(Output, tag="response.in_progress"):
+    response: dict[str, Any]
+
+
+class OutputTextDelta(Output, tag="response.output_text.delta"):
+    delta: str
+
+
+class ReasoningDelta(Output, tag="response.reasoning_text.delta"):
+    delta: str
+
+
+class OutputItemDone(Output, tag="response.output_item.done"):
+    """A finished item: ``function_call`` (in_progress / action_required / completed),
+    ``function_call_output``, or an assistant ``message``."""
+
+    item: dict[str, Any]
+
+
+class ElicitationRequest(Output, tag="response.elicitation_request"):
+    elicitation_id: str
+    params: dict[str, Any]
+
+
+class ElicitationResolved(Output, tag="response.elicitation_resolved"):
+    elicitation_id: str
+    action: str
+    reason: str | None = None
+
+
+class PolicyEvaluationRequested(Output, tag="policy_evaluation.requested"):
+    evaluation_id: str
+    phase: str
+    data: dict[str, Any] = {}
+
+
+class InjectionConsumed(Output, tag="injection.consumed"):
+    injection_id: str
+
+
+class ResponseHeartbeat(Output, tag="response.heartbeat"):
+    server_time: str
+    last_event_seq: int
+
+
+class RuntimeModel(Output, tag="runtime_model"):
+    """The model actually serving the run (J-20..J-31); owned by (session, stream = run)."""
+
+    session_id: str
+    stream_id: str
+    model: str
+    provider: str | None
+    fallback_active: bool
+    phase: str = "observed_output"
+
+
+class Warning(Output, tag="warning"):
+    """A provider lifecycle status worth telling (e.g. a switch to a fallback model)."""
+
+    kind: str = "fallback"
+    message: str = ""
+
+
+class ResponseCompleted(Output, tag="response.completed"):
+    response: dict[str, Any]
+
+
+class ResponseFailed(Output, tag="response.failed"):
+    error: dict[str, Any]
+    response: dict[str, Any] = {}
+
+
+class ResponseCancelled(Output, tag="response.cancelled"):
+    response: dict[str, Any] = {}
+
+
+TERMINAL_OUTPUTS = (ResponseCompleted, ResponseFailed, ResponseCancelled)
+
+
+def is_terminal(event: Output) -> bool:
+    """Whether ``event`` ends its turn."""
+    return isinstance(event, TERMINAL_OUTPUTS)
+
+
+def to_json(event: Output) -> bytes:
+    """The event as the JSON object the session stream carries."""
+    return msgspec.json.encode(event)
+
+
+class ElicitationParked(Message, tag="harness.elicitation_parked"):
+    """A worker parked an elicitation; the harness actor records it durably (durable)."""
+
+    session_id: str
+    turn_id: str
+    elicitation_id: str
+    owner: str
+    incarnation: str
+    params: dict[str, Any]
+    reply_to: str

@@ -1,0 +1,184 @@
+"""The ``scripted`` harness: deterministic turns from a script in the agent spec.
+
+For tests, the demo agent and benchmarks. The format is ``shared/spec/SCRIPTED_HARNESS.md``::
+
+    executor:
+      harness: scripted
+      script:
+        turns:
+          - - {text: "Let me check. "}
+            - {tool: sys_os_shell, arguments: {command: "echo hi"}}
+            - {elicit: {message: "May I deploy?"}}
+            - {text: "Deployed.", on_decline: "Not deployed."}
+
+Turn *i* of a session runs ``turns[i % len(turns)]``, where *i* counts the user messages in
+the history the turn was given (so it survives worker restarts). Extra step kinds:
+``{usage: {input_tokens, output_tokens}}`` sets the reported usage, ``{item: {...}}`` emits an
+output item as is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import trio
+
+from ._worker import TurnContext, TurnFailed, Verdict
+
+STEP_KINDS = (
+    "text",
+    "reasoning",
+    "tool",
+    "elicit",
+    "fail",
+    "crash",
+    "hang",
+    "serve",
+    "status",
+    "sleep_ms",
+    "usage",
+    "item",
+)
+
+
+class ScriptError(ValueError):
+    """The script in the agent spec is not valid; the message names the step."""
+
+
+def script_turns(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The validated ``turns`` of a spec's script.
+
+    Raises:
+        ScriptError: naming the turn and step that is wrong.
+    """
+    executor = spec.get("executor") or {}
+    script = executor.get("script", spec.get("script"))
+    if not isinstance(script, dict) or not isinstance(script.get("turns"), list):
+        raise ScriptError("executor.script.turns must be a list of turns")
+    turns = script["turns"]
+    if not turns:
+        raise ScriptError("executor.script.turns is empty")
+    for t, steps in enumerate(turns):
+        if not isinstance(steps, list):
+            raise ScriptError(f"turns[{t}] must be a list of steps")
+        for s, step in enumerate(steps):
+            where = f"turns[{t}][{s}]"
+            if not isinstance(step, dict):
+                raise ScriptError(f"{where} must be a mapping")
+            kinds = [k for k in step if k in STEP_KINDS]
+            if len(kinds) != 1:
+                raise ScriptError(f"{where} needs exactly one of {', '.join(STEP_KINDS)}")
+            _check_step(where, kinds[0], step)
+    return turns
+
+
+def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
+    value = step[kind]
+    expect: dict[str, type | tuple[type, ...]] = {
+        "text": str,
+        "reasoning": str,
+        "tool": str,
+        "elicit": dict,
+        "fail": dict,
+        "crash": int,
+        "hang": bool,
+        "serve": dict,
+        "status": str,
+        "sleep_ms": (int, float),
+        "usage": dict,
+        "item": dict,
+    }
+    if not isinstance(value, expect[kind]) or isinstance(value, bool) != (kind == "hang"):
+        raise ScriptError(f"{where}.{kind} has the wrong type ({type(value).__name__})")
+    for key in ("repeat", "chunk", "delay_ms"):
+        if key in step and (
+            not isinstance(step[key], int) or step[key] < (0 if key == "delay_ms" else 1)
+        ):
+            raise ScriptError(f"{where}.{key} must be a positive integer")
+    if kind == "tool" and not isinstance(step.get("arguments", {}), dict):
+        raise ScriptError(f"{where}.arguments must be a mapping")
+
+
+def turn_index(message: dict[str, Any]) -> int:
+    """Which turn of the session this is: the user messages in its history, minus one."""
+    content = message.get("content")
+    if isinstance(content, list):
+        users = sum(
+            1
+            for item in content
+            if isinstance(item, dict)
+            and item.get("type", "message") == "message"
+            and item.get("role") == "user"
+        )
+        return max(users - 1, 0)
+    return 0
+
+
+class ScriptedHarness:
+    """Runs the script's steps as a turn."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+
+    async def run_turn(self, turn: TurnContext) -> None:
+        try:
+            turns = script_turns(turn.spec)
+        except ScriptError as exc:
+            raise TurnFailed("invalid_script", str(exc)) from None
+        steps = turns[turn_index(turn.message) % len(turns)]
+        verdict: Verdict | None = None
+        for step in steps:
+            verdict = await self._step(turn, step, verdict)
+
+    async def _step(
+        self, turn: TurnContext, step: dict[str, Any], verdict: Verdict | None
+    ) -> Verdict | None:
+        if "text" in step:
+            text = step["text"]
+            if verdict is not None and not verdict.accepted and "on_decline" in step:
+                text = step["on_decline"]
+            await _stream(turn.text, text, step)
+            return None
+        if "reasoning" in step:
+            await _stream(turn.reasoning, step["reasoning"], step)
+        elif "tool" in step:
+            await turn.call_tool(step["tool"], step.get("arguments", {}))
+        elif "elicit" in step:
+            return await turn.elicit(step["elicit"])
+        elif "fail" in step:
+            fail = step["fail"]
+            raise TurnFailed(
+                str(fail.get("code", "scripted_failure")), str(fail.get("message", ""))
+            )
+        elif "crash" in step:
+            os._exit(step["crash"])
+        elif step.get("hang"):
+            # A hung process: nothing runs, heartbeats included, until someone kills it.
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif "serve" in step:
+            s = step["serve"]
+            turn.serve(s.get("model"), s.get("provider"), bool(s.get("fallback", False)))
+        elif "status" in step:
+            await turn.status(step["status"])
+        elif "sleep_ms" in step:
+            await trio.sleep(step["sleep_ms"] / 1000)
+        elif "usage" in step:
+            turn.usage.update(step["usage"])
+        elif "item" in step:
+            await turn.item(step["item"])
+        return verdict
+
+
+async def _stream(emit: Any, text: str, step: dict[str, Any]) -> None:
+    chunk = step.get("chunk")
+    pieces = [text[i : i + chunk] for i in range(0, len(text), chunk)] if chunk else [text]
+    delay = step.get("delay_ms", 0) / 1000
+    first = True
+    for _ in range(step.get("repeat", 1)):
+        for piece in pieces:
+            if delay and not first:
+                await trio.sleep(delay)
+            first = False
+            await emit(piece)

@@ -1,0 +1,124 @@
+"""Worker supervision: the reaper, spawn env, start failures, and the harness actor's own crash."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import trio
+
+from corral.harnesses.protocol import InputAccepted
+from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
+from tests.integration._dispatch import fake_dispatch, scripted
+
+
+def _workers(host: HostProcess) -> list[dict]:
+    return host.ask("inspect", actor="harness")["state"]["workers"]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+async def test_h09_spawn_env_has_the_harness_model_and_no_host_secrets(host_factory) -> None:
+    os.environ["CORRAL_TEST_SECRET_TOKEN"] = "do-not-leak"
+    try:
+        host = host_factory().start()
+    finally:
+        del os.environ["CORRAL_TEST_SECRET_TOKEN"]
+    spec = scripted({"text": "x"})
+    spec["executor"]["model"] = "spec-model"
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-env", spec, model_override="override-model")
+        await d.terminal(turn)
+        (w,) = _workers(host)
+        env = _environ(w["pid"])
+    assert env["HARNESS_SCRIPTED_MODEL"] == "override-model"
+    assert "CORRAL_TEST_SECRET_TOKEN" not in env
+    host.stop()
+
+
+async def test_h11_spawn_env_error_fails_the_turn(host: HostProcess) -> None:
+    spec = scripted({"text": "x"})
+    spec["executor"]["auth"] = {"type": "api_key", "api_key": "$CORRAL_TEST_UNSET_KEY"}
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-envfail", spec)
+        end = await d.terminal(turn)
+    assert end.error["code"] == "turn_setup_failed"
+    assert end.error["message"].startswith("turn setup failed: ")
+    assert "$CORRAL_TEST_UNSET_KEY" in end.error["message"]
+
+
+async def test_worker_module_that_raises_on_import_fails_the_turn_once(host_factory) -> None:
+    host = host_factory(
+        FAST_LIVENESS
+        + '[actors.harness.options.harnesses]\nbroken = "tests.integration._broken_harness:Nope"\n'
+    ).start()
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-broken", {"executor": {"harness": "broken"}})
+        end = await d.terminal(turn)
+        assert end.error["code"] == "harness_unavailable"
+        assert "could not be loaded" in end.error["message"]
+        stats = host.ask("inspect", actor="harness")["state"]
+        assert stats["spawned"] == 1, "one attempt, not a retry storm"
+    host.stop()
+
+
+async def test_h08_reaper_spares_in_flight_turns_and_reaps_idle_workers(host_factory) -> None:
+    host = host_factory(FAST_LIVENESS + "[actors.harness.options]\nidle_timeout_s = 0.5\n").start()
+    async with fake_dispatch(host.endpoint) as d:
+        # A turn far longer than the idle timeout is never reaped.
+        turn = await d.start_turn("s-long", scripted({"text": "x", "repeat": 20, "delay_ms": 100}))
+        end = await d.terminal(turn, timeout=20)
+        assert end.__struct_config__.tag == "response.completed"
+        assert len([e for e in d.of_turn(turn) if hasattr(e, "delta")]) == 20
+        # Idle afterwards: reaped.
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: not _workers(host), 10, "idle worker reaped")
+        )
+        assert host.ask("inspect", actor="harness")["state"]["reaped"] == 1
+        # The next turn gets a new worker at once, even right at the reaper's moment.
+        turn = await d.start_turn("s-long", scripted({"text": "again"}))
+        assert (await d.terminal(turn)).__struct_config__.tag == "response.completed"
+    host.stop()
+
+
+async def test_kill9_harness_actor_mid_turn_ends_the_turn_exactly_once(host: HostProcess) -> None:
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-ha", scripted({"text": "x", "repeat": 1000, "delay_ms": 5}))
+        await d.wait_type("response.output_text.delta")
+        worker_pid = _workers(host)[0]["pid"]
+        os.kill(host.actor("harness")["pid"], signal.SIGKILL)
+        end = await d.terminal(turn, timeout=15)
+        assert end.__struct_config__.tag == "response.failed"
+        assert end.error["code"] == "harness_restarted"
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: (
+                    not Path(f"/proc/{worker_pid}").exists()
+                    or "Z" in Path(f"/proc/{worker_pid}/stat").read_text().split(")")[1][:3]
+                ),
+                5,
+            )
+        )
+        # The session still works with the new harness actor and a new worker.
+        turn2 = await d.start_turn("s-ha", scripted({"text": "after"}))
+        assert (await d.terminal(turn2)).__struct_config__.tag == "response.completed"
+        terminals = [
+            e
+            for e in d.of_turn(turn)
+            if e.__struct_config__.tag.startswith("response.")
+            and e.__struct_config__.tag
+            in ("response.completed", "response.failed", "response.cancelled")
+        ]
+        assert len(terminals) == 1
+
+
+async def test_inputs_for_a_session_without_worker_are_404(host: HostProcess) -> None:
+    from corral.harnesses.protocol import Interrupt
+
+    async with fake_dispatch(host.endpoint) as d:
+        reply = await d.send(Interrupt(session_id="nobody"))
+    assert isinstance(reply, InputAccepted) and reply.status == 404
