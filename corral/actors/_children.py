@@ -200,6 +200,7 @@ class ChildSupervisor:
                     if child.kill_reason
                     else None,
                 )
+                child.last_exit["pid"] = child.proc.pid
                 uptime = time.monotonic() - child.started_at
                 if not child.stopping:
                     log.warning("%s exited: %s", child.spec.name, child.last_exit["reason"])

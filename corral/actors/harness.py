@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 import trio
 
+from .._exceptions import BusError, Unreachable
 from ..bus import Dedup, Incoming, Message
 from ..harnesses import resolve as resolve_harness
 from ..harnesses.protocol import (
@@ -82,6 +83,7 @@ class WorkerState:
     last_active: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
     exited: bool = False
+    pid: int | None = None
     crashes: list[float] = field(default_factory=list)
 
 
@@ -240,28 +242,77 @@ class HarnessActor(Actor):
                 msg.session_id, _failed(msg, "turn_setup_failed", f"turn setup failed: {exc}")
             )
             return
-        error = await self._ensure_worker(msg.session_id, harness, target, env)
-        if error is not None:
-            await self._end(msg.session_id, _failed(msg, "harness_unavailable", error))
-            return
         await self.started_turns.mark(msg.turn_id)
         self.stats["turns"] += 1
-        try:
-            reply = await self.peer.call(
-                worker_address(msg.session_id), msg, timeout=self.start_timeout_s
-            )
-        except Exception as exc:
-            await self._end(
-                msg.session_id,
-                _failed(msg, "harness_crashed", f"the worker did not take the turn: {exc}"),
-            )
-            self.children.kill(worker_address(msg.session_id), "did not take a turn")
-            return
+        name = worker_address(msg.session_id)
+        # Twice at most: a worker that dies just as the turn reaches it (its exit not yet
+        # seen here) is replaced once, so the turn still gets a fresh worker.
+        for attempt in (1, 2):
+            error = await self._ensure_worker(msg.session_id, harness, target, env)
+            if error is not None:
+                await self._end(msg.session_id, _failed(msg, "harness_unavailable", error))
+                return
+            try:
+                reply = await self._call_worker(name, msg, self.start_timeout_s)
+                break
+            except Unreachable as exc:
+                if attempt == 2:
+                    await self._end(msg.session_id, _failed(msg, "harness_crashed", str(exc)))
+                    return
+                await self._await_exit(name)
+            except Exception as exc:
+                await self._end(
+                    msg.session_id,
+                    _failed(msg, "harness_crashed", f"the worker did not take the turn: {exc}"),
+                )
+                self.children.kill(name, "did not take a turn")
+                return
         if isinstance(reply, InputAccepted) and reply.status != 200:
             await self._end(
                 msg.session_id,
                 _failed(msg, "harness_busy", f"the worker refused the turn ({reply.status})"),
             )
+
+    async def _call_worker(self, name: str, msg: Message, timeout: float) -> Message:
+        """Call a worker, giving up at once if its process exits meanwhile.
+
+        Raises:
+            Unreachable: the worker is gone (or went while the call was under way).
+        """
+        child = self.children.children.get(name)
+        reply: Message | None = None
+        error: BusError | None = None
+        async with trio.open_nursery() as nursery:
+
+            async def watch_exit() -> None:
+                if child is not None:
+                    await child.exited.wait()
+                    nursery.cancel_scope.cancel()
+
+            async def call() -> None:
+                nonlocal reply, error
+                try:
+                    reply = await self.peer.call(name, msg, timeout=timeout)
+                except BusError as exc:
+                    error = exc
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_exit)
+            nursery.start_soon(call)
+        if error is not None:
+            raise error
+        if reply is None:
+            raise Unreachable(f"the worker {name!r} exited")
+        return reply
+
+    async def _await_exit(self, name: str) -> None:
+        child = self.children.children.get(name)
+        if child is not None:
+            with trio.move_on_after(5):
+                await child.exited.wait()
+        state = self.workers.get(name.removeprefix("harness/"))
+        if state is not None:
+            state.exited = True
 
     async def _ensure_worker(
         self, session_id: str, harness: str, target: str, env: dict[str, str]
@@ -273,11 +324,16 @@ class HarnessActor(Actor):
         if state is not None and not state.exited and child is not None and child.pid is not None:
             if state.harness == harness:
                 return None
+        if child is not None and child.state not in ("stopped", "failed"):
+            # A worker on its way out (reaped, or another harness): let it finish first.
             await self.children.stop_child(name)
         if state is not None and state.crashes:
-            # Crash loops back off: each quick crash doubles the wait before a respawn.
+            # Crash loops back off: the first crash in a minute respawns at once, each
+            # further one doubles the wait.
             recent = [t for t in state.crashes if time.monotonic() - t < 60]
-            delay = min(self.crash_backoff_s * 2 ** (len(recent) - 1), 10.0) if recent else 0
+            delay = (
+                min(self.crash_backoff_s * 2 ** (len(recent) - 2), 10.0) if len(recent) > 1 else 0
+            )
             wait = state.crashes[-1] + delay - time.monotonic()
             if wait > 0:
                 await trio.sleep(wait)
@@ -296,7 +352,7 @@ class HarnessActor(Actor):
         }
         child_env = {**env, "CORRAL_WORKER": msgspec.json.encode(spec).decode()}
         try:
-            self.children.start_child(
+            child = self.children.start_child(
                 ChildSpec(
                     name=name,
                     argv=[sys.executable, "-m", "corral.harnesses._worker"],
@@ -308,6 +364,7 @@ class HarnessActor(Actor):
         except OSError as exc:
             new.exited = True
             return f"the {harness!r} harness could not start: {exc}"
+        new.pid = child.pid
         self.stats["spawned"] += 1
         with trio.move_on_after(self.start_timeout_s):
             while not new.ready.is_set() and not new.exited:
@@ -338,7 +395,7 @@ class HarnessActor(Actor):
             self.peer.ack(incoming)
             return
         try:
-            reply = await self.peer.call(worker_address(msg.session_id), msg, timeout=10)
+            reply = await self._call_worker(worker_address(msg.session_id), msg, 10)
         except Exception as exc:
             reply = InputAccepted(
                 status=503, error={"code": "worker_unreachable", "message": str(exc)}
@@ -363,7 +420,7 @@ class HarnessActor(Actor):
 
     async def _deliver_verdict(self, msg: Approval, incoming: Incoming, parked: Parked) -> None:
         try:
-            reply = await self.peer.call(parked.msg.owner, msg, timeout=10)
+            reply = await self._call_worker(parked.msg.owner, msg, 10)
         except Exception as exc:
             reply = InputAccepted(
                 status=503, error={"code": "worker_unreachable", "message": str(exc)}
@@ -402,6 +459,9 @@ class HarnessActor(Actor):
         state = self.workers.get(msg.session_id)
         if state is None or state.exited:
             return
+        child = self.children.children.get(worker_address(msg.session_id))
+        if child is None or child.pid != msg.pid:
+            return
         now = time.monotonic()
         state.last_seen = now
         state.ready.set()
@@ -428,6 +488,8 @@ class HarnessActor(Actor):
     def _on_worker_exit(self, name: str, last_exit: dict[str, Any]) -> None:
         session_id = name.removeprefix("harness/")
         state = self.workers.get(session_id)
+        if state is not None and state.pid not in (None, last_exit.get("pid")):
+            return  # an earlier worker of the session; its successor is already up
         if state is not None:
             state.exited = True
             if last_exit["code"] != 0:

@@ -456,8 +456,9 @@ class Broker:
         if peer is None or not peer.connected:
             self._error_reply(env, "unreachable", f"no running peer named {env.recipient!r}")
             return
-        if not self._send(peer, frame) and env.wants_reply:
-            self._error_reply(env, "unreachable", f"peer {env.recipient!r} is overloaded")
+        if not self._send(peer, frame):
+            why = "is overloaded" if peer.connected else "has gone away"
+            self._error_reply(env, "unreachable", f"peer {env.recipient!r} {why}")
         self.stats["routed"] += 1
 
     def _on_durable(self, env: Envelope, frame: bytes) -> None:

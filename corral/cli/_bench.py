@@ -10,7 +10,11 @@ from rich.table import Table
 
 from ._output import emit_json, json_option
 
-BENCHMARKS = {"bus": "corral.bench.bus", "journal": "corral.bench.journal"}
+BENCHMARKS = {
+    "bus": "corral.bench.bus",
+    "journal": "corral.bench.journal",
+    "harness": "corral.bench.harness",
+}
 
 
 @click.command("bench")

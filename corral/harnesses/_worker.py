@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,6 +65,9 @@ from .protocol import (
 )
 
 log = logging.getLogger("corral.harnesses.worker")
+
+#: Stream events queued before the emitting task itself flushes them.
+_OUTBOX_MAX = 256
 
 
 class TurnFailed(Exception):
@@ -161,11 +165,17 @@ class TurnContext:
 
     # --- waiting on the runner -------------------------------------------------------------
 
-    async def _wait_for(self, key: str) -> Any:
+    async def _wait_for(self, key: str, ask: Callable[[], Awaitable[Any]]) -> Any:
+        """Wait on ``key``, registered before ``ask`` sends the request.
+
+        The answer can arrive while the request is still being sent (a durable send waits
+        for its ack); registered only afterwards, it would find nobody waiting (404).
+        """
         event = trio.Event()
         box: list[Any] = []
         self._waits[key] = (event, box)
         try:
+            await ask()
             await event.wait()
         finally:
             self._waits.pop(key, None)
@@ -191,11 +201,10 @@ class TurnContext:
         base = {"type": "function_call", "name": name, "arguments": args, "call_id": call_id}
         await self.item({**base, "id": f"fc_{uuid.uuid4().hex[:12]}", "status": "in_progress"})
         item_id = f"fc_{uuid.uuid4().hex[:12]}"
-        await self.emit(
-            OutputItemDone(item={**base, "id": item_id, "status": "action_required"}),
-            durable=True,
+        request = OutputItemDone(item={**base, "id": item_id, "status": "action_required"})
+        output: str = await self._wait_for(
+            f"tool:{call_id}", lambda: self.emit(request, durable=True)
         )
-        output: str = await self._wait_for(f"tool:{call_id}")
         await self.item({**base, "id": item_id, "status": "completed"})
         await self.item(
             {
@@ -210,21 +219,27 @@ class TurnContext:
     async def elicit(self, params: dict[str, Any]) -> Verdict:
         """Ask a human (``response.elicitation_request``) and park until a verdict."""
         elicitation_id = f"elicit_{uuid.uuid4().hex}"
-        await self.worker.park(self, elicitation_id, params)
-        await self.emit(
-            ElicitationRequest(elicitation_id=elicitation_id, params=params), durable=True
-        )
-        return await self._wait_for(f"elicit:{elicitation_id}")
+
+        async def ask() -> None:
+            await self.worker.park(self, elicitation_id, params)
+            await self.emit(
+                ElicitationRequest(elicitation_id=elicitation_id, params=params), durable=True
+            )
+
+        return await self._wait_for(f"elicit:{elicitation_id}", ask)
 
     async def policy(self, phase: str, data: dict[str, Any]) -> str:
         """Ask for a policy verdict (``policy_evaluation.requested``); returns the action."""
         evaluation_id = f"poleval_{uuid.uuid4().hex}"
-        await self.emit(
-            PolicyEvaluationRequested(evaluation_id=evaluation_id, phase=phase, data=data),
-            durable=True,
+        request = PolicyEvaluationRequested(evaluation_id=evaluation_id, phase=phase, data=data)
+        verdict: PolicyVerdict = await self._wait_for(
+            f"policy:{evaluation_id}", lambda: self.emit(request, durable=True)
         )
-        verdict: PolicyVerdict = await self._wait_for(f"policy:{evaluation_id}")
         return verdict.action
+
+    async def flush(self) -> None:
+        """Send every queued event now (before something that may stop the process)."""
+        await self.worker.flush_outputs()
 
     async def consumed(self, injection: Inject) -> None:
         """Tell the runner an injected message was taken into this turn (D-30)."""
@@ -254,19 +269,49 @@ class Worker:
         self._turn_scope: trio.CancelScope | None = None
         self._turn_done = trio.Event()
         self._turn_done.set()
+        self._outbox: list[tuple[str, Message]] = []
+        self._outbox_ready = trio.Event()
 
     async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
         """Send an output event (durable ones wait until the broker has them).
 
-        Terminal events go to the harness actor, which forwards them: it is the one place
-        that ends a turn, so a turn never gets two terminal events (or none) whatever dies.
+        Stream events are batched: they queue here and go out together with one checkpoint
+        when the turn next yields (a delta per send would cap a worker near 8k/s). Anything
+        durable first flushes what is queued, so order holds. Terminal events go to the
+        harness actor, which forwards them: it is the one place that ends a turn, so a turn
+        never gets two terminal events (or none) whatever dies.
         """
         if isinstance(event, Output) and is_terminal(event):
             to = HARNESS_ACTOR
-        if durable:
-            await self.peer.cast(to, event, durable=True, session_id=self.session_id)
-        else:
-            await self.peer.cast(to, event, session_id=self.session_id)
+        if not durable:
+            self._outbox.append((to, event))
+            self._outbox_ready.set()
+            if len(self._outbox) >= _OUTBOX_MAX:
+                await self.flush_outputs()
+            else:
+                # Cancellable here, but no trip through the scheduler per delta: the flush
+                # task sends the queue as soon as the turn waits on anything.
+                await trio.lowlevel.checkpoint_if_cancelled()
+            return
+        await self.flush_outputs()
+        await self.peer.cast(to, event, durable=True, session_id=self.session_id)
+
+    async def flush_outputs(self) -> None:
+        """Send every queued stream event now, in order, batched per recipient."""
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            start = 0
+            for i in range(1, len(batch) + 1):
+                if i == len(batch) or batch[i][0] != batch[start][0]:
+                    msgs = [event for _, event in batch[start:i]]
+                    await self.peer.cast_many(batch[start][0], msgs, session_id=self.session_id)
+                    start = i
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready = trio.Event()
+            await self.flush_outputs()
 
     async def park(self, turn: TurnContext, elicitation_id: str, params: dict[str, Any]) -> None:
         """Record a parked elicitation with the harness actor before announcing it."""
@@ -288,6 +333,7 @@ class Worker:
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._alive_loop)
+            nursery.start_soon(self._flush_loop)
             async for incoming in self.peer.inbox:
                 reply = await self._on_input(incoming, nursery)
                 if reply is not None:
@@ -297,7 +343,10 @@ class Worker:
     async def _alive_loop(self) -> None:
         while True:
             await self.peer.cast(
-                HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=self.turn is not None)
+                HARNESS_ACTOR,
+                WorkerAlive(
+                    session_id=self.session_id, busy=self.turn is not None, pid=os.getpid()
+                ),
             )
             await trio.sleep(self.liveness.interval_s)
 
@@ -342,7 +391,9 @@ class Worker:
         cancelled = False
         try:
             await turn.emit(ResponseCreated(response=turn.response("queued")))
-            await self.peer.cast(HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=True))
+            await self.peer.cast(
+                HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=True, pid=os.getpid())
+            )
             await turn.emit(ResponseInProgress(response=turn.response("in_progress")))
             with trio.CancelScope() as scope:
                 self._turn_scope = scope
@@ -378,7 +429,8 @@ class Worker:
             self._turn_done.set()
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await self.peer.cast(
-                    HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=False)
+                    HARNESS_ACTOR,
+                    WorkerAlive(session_id=self.session_id, busy=False, pid=os.getpid()),
                 )
 
 

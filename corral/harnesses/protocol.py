@@ -118,6 +118,8 @@ class WorkerAlive(Message, tag="harness.alive"):
 
     session_id: str
     busy: bool
+    #: Which worker process says so: a late heartbeat of a dead one must not count.
+    pid: int = 0
 
 
 class ResponseInProgress(Output, tag="response.in_progress"):

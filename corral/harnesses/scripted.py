@@ -153,8 +153,10 @@ class ScriptedHarness:
                 str(fail.get("code", "scripted_failure")), str(fail.get("message", ""))
             )
         elif "crash" in step:
+            await turn.flush()
             os._exit(step["crash"])
         elif step.get("hang"):
+            await turn.flush()
             # A hung process: nothing runs, heartbeats included, until someone kills it.
             os.kill(os.getpid(), signal.SIGSTOP)
         elif "serve" in step:

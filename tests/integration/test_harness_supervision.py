@@ -81,7 +81,8 @@ async def test_h08_reaper_spares_in_flight_turns_and_reaps_idle_workers(host_fac
         assert host.ask("inspect", actor="harness")["state"]["reaped"] == 1
         # The next turn gets a new worker at once, even right at the reaper's moment.
         turn = await d.start_turn("s-long", scripted({"text": "again"}))
-        assert (await d.terminal(turn)).__struct_config__.tag == "response.completed"
+        end = await d.terminal(turn)
+        assert end.__struct_config__.tag == "response.completed", end
     host.stop()
 
 

@@ -1,0 +1,240 @@
+"""``corral bench harness``: harness workers against the bus, measured in one run.
+
+A real host (``corral up`` in a temporary state dir) runs the harness actor; this process
+stands in for dispatch. Figures: cold spawn to first delta (a new session each time); a
+worker killed with SIGKILL to its replacement's first delta; idle worker RSS; deltas/s from
+one scripted worker to its consumer — against the bus's raw stream throughput between two
+peers through the same broker (the baseline).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..actors import echo as _echo  # noqa: F401 - the raw baseline sends echo.count
+from ..actors._control import request
+from ..bus import open_peer
+from ..config import LivenessSettings
+from ..harnesses.protocol import HARNESS_ACTOR, Output, TurnStart, is_terminal
+from ..instance import Instance
+from ._common import figure, percentile, start_role
+
+LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
+
+
+def _spec(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "bench",
+        "executor": {"harness": "scripted", "script": {"turns": [list(steps)]}},
+    }
+
+
+def _message(text: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "role": "user",
+        "model": "bench",
+        "content": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+        ],
+    }
+
+
+async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> float:
+    turn_id = uuid.uuid4().hex
+    t0 = time.perf_counter()
+    await peer.cast(
+        HARNESS_ACTOR,
+        TurnStart(
+            session_id=session_id,
+            turn_id=turn_id,
+            spec=spec,
+            message=_message("go"),
+            reply_to=peer.name,
+        ),
+        durable=True,
+        session_id=session_id,
+    )
+    first = None
+    with trio.fail_after(30):
+        async for incoming in peer.inbox:
+            peer.ack(incoming)
+            msg = incoming.msg
+            if not isinstance(msg, Output) or msg.turn_id != turn_id:
+                continue
+            if first is None and msg.__struct_config__.tag == "response.output_text.delta":
+                first = time.perf_counter() - t0
+            if is_terminal(msg):
+                if first is None:
+                    raise RuntimeError(f"the turn streamed no text: {msg}")
+                break
+    return first
+
+
+async def _delta_rate(peer: Any, session_id: str, n: int) -> float:
+    turn_id = uuid.uuid4().hex
+    spec = _spec({"text": "x", "repeat": n})
+    await peer.cast(
+        HARNESS_ACTOR,
+        TurnStart(
+            session_id=session_id,
+            turn_id=turn_id,
+            spec=spec,
+            message=_message("go"),
+            reply_to=peer.name,
+        ),
+        durable=True,
+        session_id=session_id,
+    )
+    got = 0
+    t0 = 0.0
+    with trio.fail_after(120):
+        async for incoming in peer.inbox:
+            peer.ack(incoming)
+            msg = incoming.msg
+            if (
+                isinstance(msg, Output)
+                and msg.__struct_config__.tag == "response.output_text.delta"
+            ):
+                if got == 0:
+                    t0 = time.perf_counter()
+                got += 1
+            if isinstance(msg, Output) and is_terminal(msg):
+                break
+    return (got - 1) / (time.perf_counter() - t0)
+
+
+async def _raw_rate(endpoint: str, peer: Any, n: int) -> float:
+    tx = start_role("corral.bench._bus_roles", "stream", endpoint, str(n), "256")
+    try:
+        assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
+        await trio.sleep(0.2)
+        assert tx.stdin is not None
+        tx.stdin.write("go\n")
+        tx.stdin.flush()
+        got = 0
+        t0 = 0.0
+        with trio.move_on_after(60):
+            while got < n:
+                await peer.inbox.receive()
+                if got == 0:
+                    t0 = time.perf_counter()
+                got += 1
+        if got < n:
+            raise RuntimeError(f"raw stream: {got} of {n} messages arrived")
+        return (got - 1) / (time.perf_counter() - t0)
+    finally:
+        tx.kill()
+        tx.wait()
+
+
+def _workers(inst: Instance) -> list[dict[str, Any]]:
+    return request(inst.control_path, "inspect", actor="harness")["state"]["workers"]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
+    n_cold = 5 if quick else 15
+    n_deltas = 20_000 if quick else 100_000
+    endpoint = inst.bus_endpoint
+    async with open_peer("bench-rx", endpoint, liveness=LIVENESS) as peer:
+        spec = _spec({"text": "first"})
+        cold = sorted([await _first_delta(peer, f"cold-{i}", spec) for i in range(n_cold)])
+        await trio.sleep(0.5)
+        pids = {w["session_id"]: w["pid"] for w in await trio.to_thread.run_sync(_workers, inst)}
+        rss = sorted(_rss_mb(pid) for pid in pids.values())
+        replaced = []
+        for i in range(n_cold):
+            os.kill(pids[f"cold-{i}"], signal.SIGKILL)
+            replaced.append(await _first_delta(peer, f"cold-{i}", spec))
+        replaced.sort()
+        rate = await _delta_rate(peer, "rate", n_deltas)
+        raw = await _raw_rate(endpoint, peer, n_deltas)
+    return {
+        "benchmark": "harness",
+        "baseline": {
+            "name": "bus stream peer->broker->peer (batched)",
+            "value": round(raw, 1),
+            "unit": "msgs/s",
+        },
+        "results": [
+            figure("cold spawn to first delta p50", percentile(cold, 0.5) * 1000, "ms"),
+            figure("cold spawn to first delta p99", percentile(cold, 0.99) * 1000, "ms"),
+            figure(
+                "kill -9 to replacement's first delta p50", percentile(replaced, 0.5) * 1000, "ms"
+            ),
+            figure(
+                "kill -9 to replacement's first delta p99", percentile(replaced, 0.99) * 1000, "ms"
+            ),
+            figure("idle worker RSS (median)", percentile(rss, 0.5), "MB"),
+            figure("deltas/s, one scripted worker", rate, "msgs/s", raw),
+        ],
+        "params": {"cold_spawns": n_cold, "deltas": n_deltas, "python": sys.version.split()[0]},
+    }
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """Run the harness benchmark and return the CLI.md result document."""
+    tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    inst = Instance(tmp / "state")
+    config = tmp / "corral.toml"
+    config.write_text("[liveness]\ninterval_s = 0.5\nliveness = 4\n")
+    host = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "corral",
+            "up",
+            "--state-dir",
+            str(inst.state_dir),
+            "--config",
+            str(config),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.environ.get("CORRAL_BENCH_LOG", os.devnull), "ab"),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status = request(inst.control_path, "status")
+                if all(a["state"] == "running" for a in status["actors"]):
+                    break
+            except (OSError, RuntimeError, ValueError):
+                pass
+            if time.monotonic() > deadline or host.poll() is not None:
+                raise RuntimeError("the benchmark host did not start")
+            time.sleep(0.05)
+        result = trio.run(_measure, inst, bool(params.get("quick")))
+    finally:
+        host.send_signal(signal.SIGTERM)
+        try:
+            host.wait(20)
+        except subprocess.TimeoutExpired:
+            host.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run({"quick": "--quick" in sys.argv})))

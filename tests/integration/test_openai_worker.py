@@ -1,0 +1,52 @@
+"""The openai worker kind through a real host: harness registry, spawn env, worker process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from corral.harnesses.protocol import InputAccepted, ToolResult
+from tests.conftest import HostProcess
+from tests.fake_openai import FakeOpenAI, Reply, responses_events
+from tests.integration._dispatch import fake_dispatch
+
+
+async def test_an_openai_agents_spec_runs_unchanged(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    server = FakeOpenAI()
+    await server.start(nursery)
+    call = ("call_1", "sys_os_shell", '{"command": "ls"}')
+    server.queue(
+        Reply(frames=responses_events("served-x", calls=[call])),
+        Reply(frames=responses_events("served-x", ["w0 ", "w1"])),
+    )
+    # The agent YAML of PROTOCOL_FACTS §iii.3, pointed at the fake server.
+    auth = {"type": "api_key", "api_key": "mock-key", "base_url": server.base_url}
+    executor = {"harness": "openai-agents", "model": "fake-model", "auth": auth}
+    spec: dict[str, Any] = {"name": "proto", "prompt": "terse", "executor": executor}
+
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-openai", spec)
+        asked = await d.wait_for(
+            lambda e: getattr(e, "item", {}).get("status") == "action_required"
+        )
+        result = ToolResult(session_id="s-openai", call_id=asked.item["call_id"], output="files")
+        assert await d.send(result) == InputAccepted(status=204)
+        end = await d.terminal(turn)
+
+    assert end.__struct_config__.tag == "response.completed"
+    assert end.response["usage"] == {"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}
+    types = d.types(turn)
+    assert types.index("runtime_model") < types.index("response.output_text.delta")
+    observed = next(e for e in d.of_turn(turn) if e.__struct_config__.tag == "runtime_model")
+    assert (observed.model, observed.provider) == ("served-x", "127.0.0.1")
+    assert "".join(getattr(e, "delta", "") for e in d.of_turn(turn)) == "w0 w1"
+    first, second = server.requests
+    assert first.headers["authorization"] == "Bearer mock-key"
+    assert (first.json["model"], first.json["instructions"]) == ("fake-model", "terse")
+    assert second.json["input"][1:] == [
+        {**second.json["input"][1], "call_id": "call_1", "name": "sys_os_shell"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "files"},
+    ]
