@@ -50,6 +50,7 @@ class HostProcess:
     def __init__(self, state_dir: Path, config: str = "") -> None:
         self.state_dir = state_dir
         self.instance = Instance(state_dir)
+        state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.config_path = state_dir.parent / f"{state_dir.name}.toml"
         self.config_path.write_text(config)
         self.log_path = state_dir.parent / f"{state_dir.name}.log"

@@ -232,7 +232,18 @@ class Host:
 
     async def _op_status(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.children is not None
+        workers: list[dict[str, Any]] = []
+        harness = self.children.children.get("harness")
+        if harness is not None and harness.state == "running":
+            # Best effort: a busy or restarting harness actor must not stall `status`.
+            with trio.move_on_after(1.0):
+                try:
+                    reply = await self._peer.call("harness", InspectRequest(), timeout=1.0)
+                    workers = reply.state.get("workers", [])  # type: ignore[attr-defined]
+                except Exception:
+                    log.debug("status: the harness actor did not answer", exc_info=True)
         return {
+            "workers": workers,
             "host": {
                 "pid": os.getpid(),
                 "state_dir": str(self.instance.state_dir),

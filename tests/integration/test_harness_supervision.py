@@ -123,3 +123,31 @@ async def test_inputs_for_a_session_without_worker_are_404(host: HostProcess) ->
     async with fake_dispatch(host.endpoint) as d:
         reply = await d.send(Interrupt(session_id="nobody"))
     assert isinstance(reply, InputAccepted) and reply.status == 404
+
+
+async def test_h06_a_deep_state_dir_still_gets_short_socket_paths(host_factory) -> None:
+    deep = "d" * 60 + "/" + "e" * 60
+    host = host_factory(name=deep).start()
+    assert len(str(host.instance.state_dir / "bus.sock")) > 107
+    assert len(host.endpoint) - len("ipc://") <= 107
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-deep", scripted({"text": "ok"}))
+        assert (await d.terminal(turn)).__struct_config__.tag == "response.completed"
+    host.stop()
+
+
+async def test_h07_workers_are_reaped_when_the_host_stops_and_shown_in_status(host_factory) -> None:
+    from tests.conftest import processes_of
+
+    host = host_factory().start()
+    async with fake_dispatch(host.endpoint) as d:
+        for i in range(3):
+            turn = await d.start_turn(f"s-stop-{i}", scripted({"text": "ok"}))
+            await d.terminal(turn)
+    status = host.status()
+    assert sorted(w["session_id"] for w in status["workers"]) == ["s-stop-0", "s-stop-1", "s-stop-2"]
+    pids = [w["pid"] for w in status["workers"]]
+    assert host.stop() == 0
+    assert processes_of(host.state_dir) == []
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists()
