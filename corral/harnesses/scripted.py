@@ -20,7 +20,7 @@ output item as is.
 from __future__ import annotations
 
 import os
-import signal
+import time
 from typing import Any
 
 import trio
@@ -157,8 +157,10 @@ class ScriptedHarness:
             os._exit(step["crash"])
         elif step.get("hang"):
             await turn.flush()
-            # A hung process: nothing runs, heartbeats included, until someone kills it.
-            os.kill(os.getpid(), signal.SIGSTOP)
+            # A hung process: the event loop blocks, so nothing runs — heartbeats included —
+            # until someone kills it. (ZeroMQ's own thread still sends what was queued.)
+            while True:
+                time.sleep(3600)  # noqa: ASYNC251 - blocking the loop is the point
         elif "serve" in step:
             s = step["serve"]
             turn.serve(s.get("model"), s.get("provider"), bool(s.get("fallback", False)))

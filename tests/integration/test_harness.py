@@ -161,8 +161,8 @@ async def test_hung_worker_fails_the_turn_within_its_liveness_window(host: HostP
         await d.wait_type("response.output_text.delta")
         with trio.fail_after(3):
             end = await d.terminal(turn)
-        assert end.error["code"] == "harness_crashed"
-        assert "no heartbeat" in end.error["message"]
+        assert end.error["code"] == "harness_crashed", end
+        assert "no heartbeat" in end.error["message"], end
 
 
 async def test_scripted_fail_and_crash(host: HostProcess) -> None:
@@ -253,3 +253,35 @@ async def test_j31_nonstreaming_success_observes_once(host: HostProcess) -> None
         assert [e.model for e in d.of_turn(turn) if e.__struct_config__.tag == "runtime_model"] == [
             "backup"
         ]
+
+
+async def test_kill9_worker_mid_tool_call_fails_the_turn_and_late_results_are_404(
+    host: HostProcess,
+) -> None:
+    spec = scripted(
+        {"tool": "sys_os_shell", "arguments": {"command": "sleep 100"}}, {"text": "never"}
+    )
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-kt", spec)
+        call = await d.wait_for(lambda e: getattr(e, "item", {}).get("status") == "action_required")
+        os.kill(_worker_pid(host, "s-kt"), signal.SIGKILL)
+        end = await d.terminal(turn)
+        assert end.error["code"] == "harness_crashed"
+        late = await d.send(
+            ToolResult(session_id="s-kt", call_id=call.item["call_id"], output="{}")
+        )
+        assert isinstance(late, InputAccepted) and late.status == 404
+
+
+async def test_sigstopped_worker_is_killed_and_the_turn_fails_within_the_window(
+    host: HostProcess,
+) -> None:
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-stop", scripted({"text": "x", "repeat": 1000, "delay_ms": 5}))
+        await d.wait_type("response.output_text.delta")
+        pid = _worker_pid(host, "s-stop")
+        os.kill(pid, signal.SIGSTOP)
+        with trio.fail_after(3):
+            end = await d.terminal(turn)
+        assert end.error["code"] == "harness_crashed"
+        assert "no heartbeat" in end.error["message"]
