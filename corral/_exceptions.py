@@ -15,6 +15,12 @@ Every error corral raises on purpose derives from :class:`CorralError`, branched
       | + RestartIntensityExceeded
       + HostNotRunning         no host answers on the state dir's control socket
       + HostAlreadyRunning     another host owns the state dir
+      + SpecError              an agent spec or bundle is invalid; names the field (a ValueError)
+      + ServerError            a runner → server HTTP call failed
+        + ServerUnavailable    no usable answer: connection failed, or 502/503/504
+        | + ServerTimeout      the server did not answer before the deadline
+        + ServerRejected       the server answered with an error status (status, body)
+        + ServerProtocolError  the server answered 2xx, but not with the shape it should have
 """
 
 from __future__ import annotations
@@ -97,3 +103,74 @@ class HostNotRunning(CorralError):
 
 class HostAlreadyRunning(CorralError):
     """Another live corral host already owns the state dir."""
+
+
+class SpecError(CorralError, ValueError):
+    """An agent spec, its YAML or its bundle is invalid.
+
+    The message names what is wrong (``invalid agent spec: Expected str, got int - at
+    $.executor.model``); ``path`` is the ``$.``-path of the offending field when there is one.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ServerError(CorralError):
+    """A call from the runner to the server's HTTP API failed.
+
+    ``method`` and ``path`` name the call (never a credential); ``status`` is the HTTP status
+    when the server answered at all.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        status: int | None = None,
+        body: bytes = b"",
+    ) -> None:
+        super().__init__(message)
+        self.method = method
+        self.path = path
+        self.status = status
+        self.body = body
+
+
+class ServerUnavailable(ServerError):
+    """No usable answer: the connection failed, or the server answered 502, 503 or 504.
+
+    Worth retrying later; idempotent calls were already retried a bounded number of times.
+    """
+
+
+class ServerTimeout(ServerUnavailable):
+    """The server did not answer (connect or read) before the configured timeout."""
+
+
+class ServerRejected(ServerError):
+    """The server answered with an error status other than 502/503/504 (e.g. 401, 404, 500).
+
+    ``status`` and ``body`` are the server's; ``code`` is the ``error.code`` of an omnigent
+    error body (``{"error": {"code", "message"}}``) when it has one. Retrying does not help.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        body: bytes = b"",
+        method: str | None = None,
+        path: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, method=method, path=path, status=status, body=body)
+        self.code = code
+
+
+class ServerProtocolError(ServerError):
+    """The server answered 2xx but the body is not what the protocol says (bad JSON, shape)."""

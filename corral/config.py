@@ -93,7 +93,10 @@ class Config(_Section):
 
 #: Actors the host runs by default, in start order, and where they live.
 BUILTIN_ACTORS: dict[str, str] = {
+    "journal": "corral.actors.journal:JournalActor",
     "echo": "corral.actors.echo:EchoActor",
+    "harness": "corral.actors.harness:HarnessActor",
+    "dispatch": "corral.actors.dispatch:DispatchActor",
 }
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")

@@ -7,6 +7,7 @@ Layout under the state dir (versioned by ``host.json``'s ``layout``)::
     bus/mailbox.log    the broker's durable mailbox log
     run/children/      pid files of child processes, for the start-up sweep
     actors/<name>/     each actor's own durable files
+    journal/           the run journal: <session_id>/<run_id>.jsonl (docs/journal.md)
 
 Unix socket paths are limited to 107 bytes; when the state dir is too deep for that, the
 sockets live in a short directory under ``/tmp`` named after a hash of the state dir.
@@ -58,6 +59,11 @@ class Instance:
     @property
     def children_dir(self) -> Path:
         return self.state_dir / "run" / "children"
+
+    @property
+    def journal_dir(self) -> Path:
+        """The run journal's root (``RunJournal(journal_dir)``), shared by actor and CLI."""
+        return self.state_dir / "journal"
 
     def actor_dir(self, name: str) -> Path:
         """An actor's own durable directory."""

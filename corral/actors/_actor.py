@@ -95,6 +95,31 @@ class Actor:
         self.peer = peer
         self.nursery: trio.Nursery | None = None
         self.handled = 0
+        self._queues: dict[str, trio.MemorySendChannel[Callable[[], Awaitable[None]]]] = {}
+
+    def in_order(self, key: str, job: Callable[[], Awaitable[None]]) -> None:
+        """Run ``job`` after every earlier job of ``key``; different keys run concurrently.
+
+        Handlers run one at a time, so a handler that must wait (a spawn, a server call)
+        hands its work to a per-key queue instead — one session's messages stay in order
+        while other sessions go on.
+        """
+        queue = self._queues.get(key)
+        if queue is None:
+            send, receive = trio.open_memory_channel[Callable[[], Awaitable[None]]](10_000)
+            self._queues[key] = queue = send
+            assert self.nursery is not None
+            self.nursery.start_soon(self._run_queue, key, receive)
+        queue.send_nowait(job)
+
+    async def _run_queue(
+        self, key: str, receive: trio.MemoryReceiveChannel[Callable[[], Awaitable[None]]]
+    ) -> None:
+        async for job in receive:
+            try:
+                await job()
+            except Exception:
+                log.exception("%s: a job for %s failed", self.ctx.name, key)
 
     async def setup(self) -> None:
         """Called once before the first message."""

@@ -115,7 +115,6 @@ class HarnessActor(Actor):
         self.workers: dict[str, WorkerState] = {}
         self.turns: dict[str, Turn] = {}
         self.parked: dict[str, Parked] = {}
-        self.queues: dict[str, trio.MemorySendChannel[Any]] = {}
         self.stats = {"spawned": 0, "crashed": 0, "reaped": 0, "turns": 0}
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -170,25 +169,6 @@ class HarnessActor(Actor):
             "parked": sorted(self.parked),
         }
 
-    # --- per-session ordering --------------------------------------------------------------
-
-    def _enqueue(self, session_id: str, item: Any) -> None:
-        """Inputs of one session are handled in order, sessions concurrently."""
-        queue = self.queues.get(session_id)
-        if queue is None:
-            send, receive = trio.open_memory_channel[Any](1000)
-            self.queues[session_id] = queue = send
-            assert self.nursery is not None
-            self.nursery.start_soon(self._session_loop, session_id, receive)
-        queue.send_nowait(item)
-
-    async def _session_loop(self, session_id: str, receive: trio.MemoryReceiveChannel[Any]) -> None:
-        async for item in receive:
-            try:
-                await item()
-            except Exception:
-                log.exception("session %s: handling failed", session_id)
-
     # --- turns -----------------------------------------------------------------------------
 
     @handles(TurnStart)
@@ -196,7 +176,7 @@ class HarnessActor(Actor):
         incoming.deferred = True
         # In flight from this moment: the reaper must not take the worker (H-08).
         self.turns.setdefault(msg.session_id, Turn(msg, incoming))
-        self._enqueue(msg.session_id, lambda: self._start_turn(msg, incoming))
+        self.in_order(msg.session_id, lambda: self._start_turn(msg, incoming))
         return None
 
     async def _start_turn(self, msg: TurnStart, incoming: Incoming) -> None:
@@ -321,9 +301,9 @@ class HarnessActor(Actor):
         name = worker_address(session_id)
         state = self.workers.get(session_id)
         child = self.children.children.get(name)
-        if state is not None and not state.exited and child is not None and child.pid is not None:
-            if state.harness == harness:
-                return None
+        alive = state is not None and not state.exited and child is not None and child.pid
+        if alive and state is not None and state.harness == harness:
+            return None
         if child is not None and child.state not in ("stopped", "failed"):
             # A worker on its way out (reaped, or another harness): let it finish first.
             await self.children.stop_child(name)
@@ -386,7 +366,7 @@ class HarnessActor(Actor):
     @handles(Inject, ToolResult, PolicyVerdict, Interrupt)
     async def forward(self, msg: Any, incoming: Incoming) -> None:
         incoming.deferred = True
-        self._enqueue(msg.session_id, lambda: self._forward(msg, incoming))
+        self.in_order(msg.session_id, lambda: self._forward(msg, incoming))
 
     async def _forward(self, msg: Any, incoming: Incoming) -> None:
         state = self.workers.get(msg.session_id)
@@ -415,7 +395,7 @@ class HarnessActor(Actor):
                 },
             )
         incoming.deferred = True
-        self._enqueue(msg.session_id, lambda: self._deliver_verdict(msg, incoming, parked))
+        self.in_order(msg.session_id, lambda: self._deliver_verdict(msg, incoming, parked))
         return None
 
     async def _deliver_verdict(self, msg: Approval, incoming: Incoming, parked: Parked) -> None:
@@ -496,7 +476,7 @@ class HarnessActor(Actor):
                 state.crashes.append(time.monotonic())
                 self.stats["crashed"] += 1
         if session_id in self.turns:
-            self._enqueue(session_id, lambda: self._worker_died(session_id, last_exit))
+            self.in_order(session_id, lambda: self._worker_died(session_id, last_exit))
 
     async def _worker_died(self, session_id: str, last_exit: dict[str, Any]) -> None:
         turn = self.turns.get(session_id)

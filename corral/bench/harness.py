@@ -196,6 +196,7 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     inst = Instance(tmp / "state")
     config = tmp / "corral.toml"
     config.write_text("[liveness]\ninterval_s = 0.5\nliveness = 4\n")
+    log_file = open(os.environ.get("CORRAL_BENCH_LOG", os.devnull), "ab")  # noqa: SIM115
     host = subprocess.Popen(
         [
             sys.executable,
@@ -208,7 +209,7 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             str(config),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=open(os.environ.get("CORRAL_BENCH_LOG", os.devnull), "ab"),
+        stderr=log_file,
         start_new_session=True,
     )
     try:
@@ -230,6 +231,7 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             host.wait(20)
         except subprocess.TimeoutExpired:
             host.kill()
+        log_file.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return result
 

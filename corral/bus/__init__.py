@@ -26,6 +26,7 @@ from ._messages import Unpark as Unpark
 from ._messages import new_id as new_id
 from ._messages import registry as registry
 from ._messages import tag_of as tag_of
+from ._outbox import Outbox as Outbox
 from ._peer import Incoming as Incoming
 from ._peer import Peer as Peer
 from ._peer import open_peer as open_peer

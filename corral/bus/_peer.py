@@ -407,6 +407,17 @@ class Peer:
             self.stats["errors"] += 1
             log.warning("%s: rejecting %s from %s: %s", self.name, env.id, env.sender, exc)
             await self._control(Reject(id=env.id, error=str(exc)))
+            if env.wants_reply:
+                # The caller is waiting: tell it now rather than let it time out.
+                _, frame = self._envelope(
+                    env.sender,
+                    ErrorReply(code="protocol_error", message=str(exc)),
+                    durability="stream",
+                    session_id=env.session_id,
+                    correlation_id=env.id,
+                    wants_reply=False,
+                )
+                await self._send(frame)
             return
         incoming = Incoming(env, msg)
         if isinstance(msg, Accepted):

@@ -12,6 +12,7 @@ from ._inspect import (
     mailboxes_command,
     status_command,
 )
+from ._journal import journal_group
 from ._up import up_command
 
 
@@ -27,6 +28,7 @@ cli.add_command(mailboxes_command)
 cli.add_command(dead_letters_command)
 cli.add_command(elicitations_command)
 cli.add_command(bench_command)
+cli.add_command(journal_group)
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ import msgspec
 import trio
 
 from .. import logs
-from ..bus import Incoming, Message, Peer, open_peer
+from ..bus import Incoming, Message, Outbox, Peer, open_peer
 from ..config import BusSettings, LivenessSettings
 from ._observe import Observer
 from .protocol import (
@@ -65,9 +65,6 @@ from .protocol import (
 )
 
 log = logging.getLogger("corral.harnesses.worker")
-
-#: Stream events queued before the emitting task itself flushes them.
-_OUTBOX_MAX = 256
 
 
 class TurnFailed(Exception):
@@ -269,8 +266,7 @@ class Worker:
         self._turn_scope: trio.CancelScope | None = None
         self._turn_done = trio.Event()
         self._turn_done.set()
-        self._outbox: list[tuple[str, Message]] = []
-        self._outbox_ready = trio.Event()
+        self.outbox = Outbox(peer)
 
     async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
         """Send an output event (durable ones wait until the broker has them).
@@ -284,34 +280,14 @@ class Worker:
         if isinstance(event, Output) and is_terminal(event):
             to = HARNESS_ACTOR
         if not durable:
-            self._outbox.append((to, event))
-            self._outbox_ready.set()
-            if len(self._outbox) >= _OUTBOX_MAX:
-                await self.flush_outputs()
-            else:
-                # Cancellable here, but no trip through the scheduler per delta: the flush
-                # task sends the queue as soon as the turn waits on anything.
-                await trio.lowlevel.checkpoint_if_cancelled()
+            await self.outbox.put(to, event, session_id=self.session_id)
             return
-        await self.flush_outputs()
+        await self.outbox.flush()
         await self.peer.cast(to, event, durable=True, session_id=self.session_id)
 
     async def flush_outputs(self) -> None:
-        """Send every queued stream event now, in order, batched per recipient."""
-        while self._outbox:
-            batch, self._outbox = self._outbox, []
-            start = 0
-            for i in range(1, len(batch) + 1):
-                if i == len(batch) or batch[i][0] != batch[start][0]:
-                    msgs = [event for _, event in batch[start:i]]
-                    await self.peer.cast_many(batch[start][0], msgs, session_id=self.session_id)
-                    start = i
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready = trio.Event()
-            await self.flush_outputs()
+        """Send every queued stream event now, in order."""
+        await self.outbox.flush()
 
     async def park(self, turn: TurnContext, elicitation_id: str, params: dict[str, Any]) -> None:
         """Record a parked elicitation with the harness actor before announcing it."""
@@ -333,7 +309,7 @@ class Worker:
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._alive_loop)
-            nursery.start_soon(self._flush_loop)
+            nursery.start_soon(self.outbox.run)
             async for incoming in self.peer.inbox:
                 reply = await self._on_input(incoming, nursery)
                 if reply is not None:

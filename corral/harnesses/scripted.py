@@ -14,11 +14,13 @@ For tests, the demo agent and benchmarks. The format is ``shared/spec/SCRIPTED_H
 Turn *i* of a session runs ``turns[i % len(turns)]``, where *i* counts the user messages in
 the history the turn was given (so it survives worker restarts). Extra step kinds:
 ``{usage: {input_tokens, output_tokens}}`` sets the reported usage, ``{item: {...}}`` emits an
-output item as is.
+output item as is, ``{echo_history: true}`` streams the ``[role, text]`` pairs of the history
+the turn was given, as JSON (for tests of history assembly).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -40,6 +42,7 @@ STEP_KINDS = (
     "sleep_ms",
     "usage",
     "item",
+    "echo_history",
 )
 
 
@@ -74,6 +77,9 @@ def script_turns(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     return turns
 
 
+_FLAGS = ("hang", "echo_history")
+
+
 def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
     value = step[kind]
     expect: dict[str, type | tuple[type, ...]] = {
@@ -89,8 +95,9 @@ def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
         "sleep_ms": (int, float),
         "usage": dict,
         "item": dict,
+        "echo_history": bool,
     }
-    if not isinstance(value, expect[kind]) or isinstance(value, bool) != (kind == "hang"):
+    if not isinstance(value, expect[kind]) or isinstance(value, bool) != (kind in _FLAGS):
         raise ScriptError(f"{where}.{kind} has the wrong type ({type(value).__name__})")
     for key in ("repeat", "chunk", "delay_ms"):
         if key in step and (
@@ -172,7 +179,20 @@ class ScriptedHarness:
             turn.usage.update(step["usage"])
         elif "item" in step:
             await turn.item(step["item"])
+        elif step.get("echo_history"):
+            await turn.text(json.dumps(_history_texts(turn.message.get("content"))))
         return verdict
+
+
+def _history_texts(content: Any) -> list[list[str]]:
+    """``[role, text]`` per history item, for tests that check what a turn was given."""
+    out = []
+    for item in content if isinstance(content, list) else []:
+        if isinstance(item, dict):
+            blocks = item.get("content") if isinstance(item.get("content"), list) else []
+            text = "".join(b.get("text", "") for b in blocks if isinstance(b, dict))
+            out.append([str(item.get("role")), text])
+    return out
 
 
 async def _stream(emit: Any, text: str, step: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from ._errors import InvalidCursorError
-from ._records import COMPACTED_EVENT, decode_line, parse_event_id, probe_seq
+from ._records import COMPACTED_EVENT, decode_line, parse_event_id, probe_key, probe_seq
 
 # How much of an unreadable line a malformed report quotes.
 _RAW_QUOTE = 200
@@ -131,6 +131,23 @@ def load_events(path: Path) -> list[dict[str, Any]]:
         return fast[0]
     lines, _malformed, _tail = split_lines(data, full=True)
     return [line.record for line in lines if line.record is not None]
+
+
+def load_keys(path: Path) -> dict[str, int]:
+    """Every idempotency key stored in the run, with its record's seq (file order).
+
+    Only keyed records are decoded, and only their ``seq`` and ``key``; a file without the
+    ``"key"`` field anywhere costs one read and one search.
+    """
+    data = read_bytes(path)
+    if b'"key":' not in data:
+        return {}
+    end = data.rfind(b"\n") + 1
+    keys: dict[str, int] = {}
+    for raw in data[:end].split(b"\n"):
+        if b'"key":' in raw and (found := probe_key(raw)) is not None:
+            keys[found[1]] = found[0]
+    return keys
 
 
 def _effective_cursor(after_seq: int | str, run_id: str, last_seq: int) -> tuple[int, bool]:

@@ -6,6 +6,10 @@ A record is one JSON object on one line, keys in this order::
      "event":"token","created_at":1795965552.1,"terminal":false,"terminal_state":null,
      "payload":{"text":"answer"}}
 
+followed by ``"key"`` only when the appender gave one: an idempotency key that lets an
+appender find out, after a crash, whether a record it submitted was stored (the journal
+actor keys the records of a durable bus message ``"<message id>/<index>"``).
+
 Ids become file names, so they are checked here, once, before any path is built: anything
 that is not ``^[A-Za-z0-9_.-]+$`` (or is ``.``/``..``, or longer than 200 characters) raises
 :class:`InvalidIdError` instead of being joined to a path.
@@ -58,8 +62,11 @@ _ERROR_TYPES = {
 _STREAM_EVENTS = frozenset({"token", "reasoning", "response.heartbeat", "session.heartbeat"})
 
 
-class Record(msgspec.Struct):
-    """One journal line as it is written. ``payload`` is already-encoded JSON."""
+class Record(msgspec.Struct, omit_defaults=True):
+    """One journal line as it is written. ``payload`` is already-encoded JSON.
+
+    ``key`` is written only when set, so records without one keep the version-1 form.
+    """
 
     version: int
     event_id: str
@@ -71,6 +78,7 @@ class Record(msgspec.Struct):
     terminal: bool
     terminal_state: str | None
     payload: msgspec.Raw
+    key: str | None = None
 
 
 class _SeqProbe(msgspec.Struct):
@@ -79,9 +87,20 @@ class _SeqProbe(msgspec.Struct):
     seq: int
 
 
+class _KeyProbe(msgspec.Struct):
+    # Decodes only ``seq`` and ``key``: finding stored keys never builds payload objects.
+    seq: int
+    key: str | None = None
+
+
+# A key becomes part of a line; keep it short and printable enough to be useful.
+MAX_KEY_LENGTH = 512
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _probe_decoder = msgspec.json.Decoder(_SeqProbe)
+_key_decoder = msgspec.json.Decoder(_KeyProbe)
 _EMPTY_PAYLOAD = msgspec.Raw(b"{}")
 
 
@@ -111,6 +130,17 @@ def validate_event(event: object) -> str:
     if not isinstance(event, str) or not event.strip():
         raise InvalidEventError(f"event must be a non-empty string, got {event!r}")
     return event
+
+
+def validate_key(key: object) -> str | None:
+    """Return ``key`` if it is ``None`` or a usable idempotency key, else raise ``ValueError``."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"key must be None or a non-empty string of at most {MAX_KEY_LENGTH} characters"
+        )
+    return key
 
 
 def encode_payload(payload: Any) -> msgspec.Raw:
@@ -164,6 +194,7 @@ def encode_record(
     payload: msgspec.Raw,
     terminal_state: str | None,
     created_at: float,
+    key: str | None = None,
 ) -> bytes:
     """Encode one record as its line, newline included."""
     record = Record(
@@ -177,6 +208,7 @@ def encode_record(
         terminal=terminal_state is not None,
         terminal_state=terminal_state,
         payload=payload,
+        key=key,
     )
     return _encoder.encode(record) + b"\n"
 
@@ -207,6 +239,17 @@ def probe_seq(line: bytes) -> int | None:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return seq if seq >= 1 else None
+
+
+def probe_key(line: bytes) -> tuple[int, str] | None:
+    """The line's ``(seq, key)`` if it is a keyed record, decoding nothing else; else ``None``."""
+    try:
+        probe = _key_decoder.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if probe.key is None or probe.seq < 1:
+        return None
+    return probe.seq, probe.key
 
 
 def decode_json(data: bytes) -> Any:

@@ -29,7 +29,7 @@ import msgspec
 
 from ._errors import ActiveRunError, JournalError, JournalIOError, WriterAttachedError
 from ._files import FsyncPolicy, RunCursor, append_bytes, close, fsync_dir, open_run, rewrite, sync
-from ._read import load_events, read_bytes, replay
+from ._read import load_events, load_keys, read_bytes, replay
 from ._records import (
     decode_json,
     encode_payload,
@@ -37,6 +37,7 @@ from ._records import (
     terminal_state_for,
     validate_event,
     validate_id,
+    validate_key,
 )
 from ._retention import RetentionReport, RunInfo, candidates, compact, is_due
 from ._snapshot import build_snapshot, session_payload
@@ -133,10 +134,19 @@ class RunJournal:
         run_id = validate_id(run_id, "run_id")
         return self._root / session_id / f"{run_id}{_SUFFIX}"
 
-    def append(self, session_id: str, run_id: str, event: str, payload: Any = None) -> dict:
+    def append(
+        self,
+        session_id: str,
+        run_id: str,
+        event: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+    ) -> dict:
         """Append one event to the run and return the stored record (J-01).
 
         The record gets the run's next seq. ``payload`` ``None`` is stored as ``{}`` (J-03).
+        ``key``, if given, is stored with the record as an idempotency key (see :meth:`keys`).
         The returned dict equals what :meth:`read` gives back for it.
 
         Raises:
@@ -146,13 +156,14 @@ class RunJournal:
         """
         path = self.path(session_id, run_id)
         event = validate_event(event)
+        key = validate_key(key)
         raw = encode_payload(payload)
         state = terminal_state_for(event, payload)
-        key = (session_id, run_id)
+        run_key = (session_id, run_id)
         with self._lock:
             if self._writer is not None:
                 raise WriterAttachedError("a JournalWriter is open on this journal; append via it")
-            cursor = self._cursor(key, path)
+            cursor = self._cursor(run_key, path)
             line = encode_record(
                 session_id=session_id,
                 run_id=run_id,
@@ -161,6 +172,7 @@ class RunJournal:
                 payload=raw,
                 terminal_state=state,
                 created_at=self._clock(),
+                key=key,
             )
             try:
                 append_bytes(cursor, line)
@@ -169,7 +181,7 @@ class RunJournal:
                     self._fsyncs += 1
             except OSError as exc:
                 # Reopen from disk next time: the file, not this cursor, says what is there.
-                self._drop_cursor(key)
+                self._drop_cursor(run_key)
                 raise JournalIOError(f"could not append to {path}: {exc}") from exc
             cursor.next_seq += 1
             self._appends += 1
@@ -223,6 +235,37 @@ class RunJournal:
         """
         path = self.path(session_id, run_id)
         return summarize(session_id, run_id, load_events(path))
+
+    def keys(self, session_id: str, run_id: str) -> dict[str, int]:
+        """The idempotency keys stored in the run (records appended with ``key=``), each with
+        its record's seq.
+
+        An appender that may have crashed between storing a record and learning that it was
+        stored asks this to skip what is already there. Reads the file; never modifies it.
+        """
+        return load_keys(self.path(session_id, run_id))
+
+    def listing(self, session_id: str | None = None) -> dict[str, Any]:
+        """What the journal holds, for ``corral journal ls`` and the journal actor.
+
+        Without ``session_id``: ``{"sessions": [{"session_id", "runs", "bytes",
+        "modified_at"}]}`` from directory listings and ``stat`` alone. With it:
+        ``{"session_id", "runs": [<the run's summary plus "bytes">]}``, oldest run first
+        (each run is read once). Raises :class:`InvalidIdError`; an unknown session lists as
+        no runs.
+        """
+        if session_id is None:
+            return {"sessions": [self._session_row(sid) for sid in self.sessions()]}
+        rows = []
+        for run_id in self.runs(session_id):
+            path = self.path(session_id, run_id)
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            rows.append({**summarize(session_id, run_id, load_events(path)), "bytes": size})
+        rows.sort(key=_started)
+        return {"session_id": session_id, "runs": rows}
 
     def snapshot(self, run_id: str) -> dict | None:
         """The live snapshot of a run found by its id alone, or ``None`` if it has no records.
@@ -430,6 +473,25 @@ class RunJournal:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _session_row(self, session_id: str) -> dict[str, Any]:
+        size = 0
+        modified = 0.0
+        count = 0
+        for run_id in self.runs(session_id):
+            try:
+                stat = (self._root / session_id / f"{run_id}{_SUFFIX}").stat()
+            except FileNotFoundError:
+                continue
+            count += 1
+            size += stat.st_size
+            modified = max(modified, stat.st_mtime)
+        return {
+            "session_id": session_id,
+            "runs": count,
+            "bytes": size,
+            "modified_at": modified or None,
+        }
+
     def _needs_sync(self, cursor: RunCursor, terminal_state: str | None) -> bool:
         if self._policy is FsyncPolicy.EVERY:
             return True
@@ -473,6 +535,13 @@ class RunJournal:
             active=not summary["terminal"] or (session_id, run_id) in self._held,
             updated_at=float(updated_at),
         )
+
+
+def _started(row: dict[str, Any]) -> tuple[float, str]:
+    # A hand-edited file may hold anything in created_at; such runs sort first.
+    created = row["created_at"]
+    is_time = isinstance(created, int | float) and not isinstance(created, bool)
+    return (float(created) if is_time else 0.0, row["run_id"])
 
 
 def _is_id(name: str) -> bool:

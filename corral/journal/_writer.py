@@ -36,6 +36,7 @@ from ._records import (
     terminal_state_for,
     validate_event,
     validate_id,
+    validate_key,
 )
 from ._store import RunJournal, parse_policy
 
@@ -68,6 +69,7 @@ class PendingAppend:
         "_done",
         "_error",
         "_event",
+        "_key",
         "_line",
         "_payload",
         "_record",
@@ -77,10 +79,17 @@ class PendingAppend:
     )
 
     def __init__(
-        self, run: _Run, event: str, payload: msgspec.Raw, state: str | None, created_at: float
+        self,
+        run: _Run,
+        event: str,
+        payload: msgspec.Raw,
+        state: str | None,
+        created_at: float,
+        key: str | None = None,
     ) -> None:
         self._run = run
         self._event = event
+        self._key = key
         self._payload = payload
         self._state = state
         self._created_at = created_at
@@ -111,6 +120,14 @@ class PendingAppend:
         if self._record is None:
             self._record = decode_json(self._line)
         return self._record
+
+    async def wait_seq(self) -> int:
+        """Like :meth:`wait`, but return only the record's seq (nothing is decoded)."""
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._seq is not None
+        return self._seq
 
 
 class _Run:
@@ -290,29 +307,37 @@ class JournalWriter:
                 self._journal._detach(self)
 
     def submit(
-        self, session_id: str, run_id: str, event: str, payload: Any = None
+        self,
+        session_id: str,
+        run_id: str,
+        event: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
     ) -> PendingAppend:
         """Queue one record without waiting; its place in the run is fixed by this call.
 
         Use it to pipeline a stream: submit events as they arrive, wait on them later.
-        Bad input raises right here (:class:`InvalidIdError`, :class:`InvalidEventError`,
-        :class:`PayloadError`) and nothing is queued; :class:`trio.ClosedResourceError` if
-        the writer is not open.
+        ``key`` is stored with the record (see :meth:`RunJournal.keys`). Bad input raises
+        right here (:class:`InvalidIdError`, :class:`InvalidEventError`,
+        :class:`PayloadError`, ``ValueError`` for a bad key) and nothing is queued;
+        :class:`trio.ClosedResourceError` if the writer is not open.
         """
         if self._state != "open":
             raise trio.ClosedResourceError("this JournalWriter is not open")
         validate_id(session_id, "session_id")
         validate_id(run_id, "run_id")
         event = validate_event(event)
+        key = validate_key(key)
         raw = encode_payload(payload)
         state = terminal_state_for(event, payload)
-        key = (session_id, run_id)
-        run = self._runs.get(key)
+        run_key = (session_id, run_id)
+        run = self._runs.get(run_key)
         if run is None:
-            run = self._runs[key] = _Run(key)
+            run = self._runs[run_key] = _Run(run_key)
             assert self._nursery is not None
             self._nursery.start_soon(self._open_run, run)
-        entry = PendingAppend(run, event, raw, state, self._journal.clock())
+        entry = PendingAppend(run, event, raw, state, self._journal.clock(), key)
         run.pending += 1
         self._unfinished.add(entry)
         if run.cursor is None:
@@ -321,14 +346,22 @@ class JournalWriter:
             self._assign(run.cursor, entry)
         return entry
 
-    async def append(self, session_id: str, run_id: str, event: str, payload: Any = None) -> dict:
+    async def append(
+        self,
+        session_id: str,
+        run_id: str,
+        event: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+    ) -> dict:
         """Append one record and return it once it is durable per the policy.
 
         Under ``every`` that means fsynced; under ``terminal`` and ``interval`` it means
         written to the file (fsynced at the run's terminal record, or within the interval).
         Same errors as :meth:`submit`, plus :class:`JournalIOError` from the disk.
         """
-        return await self.submit(session_id, run_id, event, payload).wait()
+        return await self.submit(session_id, run_id, event, payload, key=key).wait()
 
     async def flush(self) -> None:
         """Wait until everything submitted so far is written and fsynced, whatever the policy.
@@ -370,6 +403,7 @@ class JournalWriter:
             payload=entry._payload,
             terminal_state=entry._state,
             created_at=entry._created_at,
+            key=entry._key,
         )
         cursor.next_seq += 1
         self._batch.append(entry)

@@ -145,7 +145,8 @@ async def test_h07_workers_are_reaped_when_the_host_stops_and_shown_in_status(ho
             turn = await d.start_turn(f"s-stop-{i}", scripted({"text": "ok"}))
             await d.terminal(turn)
     status = host.status()
-    assert sorted(w["session_id"] for w in status["workers"]) == ["s-stop-0", "s-stop-1", "s-stop-2"]
+    sessions = sorted(w["session_id"] for w in status["workers"])
+    assert sessions == ["s-stop-0", "s-stop-1", "s-stop-2"]
     pids = [w["pid"] for w in status["workers"]]
     assert host.stop() == 0
     assert processes_of(host.state_dir) == []

@@ -40,7 +40,9 @@ async def test_100k_concurrent_send_and_receive_between_processes(
             batch = await router.receive_batch(512)
             await router.send_many(batch)
             echoed += len(batch)
-        out = await child.stdout.receive_some(1000)  # type: ignore[union-attr]
+        out = b""
+        while chunk := await child.stdout.receive_some(1000):  # type: ignore[union-attr]
+            out += chunk
         await child.wait()
     router.close()
     ctx.term()

@@ -7,14 +7,23 @@ from pathlib import Path
 import pytest
 
 from corral import ConfigError
-from corral.config import Config, actor_plan, load_config, parse_config, resolve_state_dir
+from corral.config import (
+    BUILTIN_ACTORS,
+    Config,
+    actor_plan,
+    load_config,
+    parse_config,
+    resolve_state_dir,
+)
 
 
 def test_defaults() -> None:
     c = load_config(None)
     assert c == Config()
     assert c.liveness.interval_s == 1.0 and c.liveness.liveness == 3
-    assert [name for name, _, _ in actor_plan(c)] == ["echo"]
+    assert [name for name, _, _ in actor_plan(c)] == list(BUILTIN_ACTORS)
+    # The journal starts first: every other actor may append to it from its first message.
+    assert list(BUILTIN_ACTORS)[:2] == ["journal", "echo"]
 
 
 @pytest.mark.parametrize(
@@ -48,7 +57,8 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
 
 def test_extra_and_disabled_actors() -> None:
     c = parse_config({"actors": {"echo": {"enabled": False}, "mine": {"target": "pkg.mod:Mine"}}})
-    assert [(n, t) for n, t, _ in actor_plan(c)] == [("mine", "pkg.mod:Mine")]
+    builtins = [(n, t) for n, t in BUILTIN_ACTORS.items() if n != "echo"]
+    assert [(n, t) for n, t, _ in actor_plan(c)] == [*builtins, ("mine", "pkg.mod:Mine")]
 
 
 def test_state_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

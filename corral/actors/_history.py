@@ -1,0 +1,113 @@
+"""The conversation history a harness sees: rehydration, dedup, media (D-23..D-28, D-33).
+
+Pure functions plus one async media resolver; the dispatch actor owns the cache.
+
+* A cold cache is filled from the server's ``/items`` (D-23), normalised to
+  ``{"type": "message", "role", "content": [blocks]}`` (D-28).
+* Exactly the stored item named by ``persisted_item_id`` is dropped and the runner's own copy
+  of the message is appended (D-24); with no ``persisted_item_id`` nothing is dropped — a
+  trailing stored user message stays (D-25) — and the new message is appended (D-26).
+* Blocks that reference a ``file_id`` are resolved to ``data:`` URLs before forwarding; no
+  ``file_id`` reaches a worker (D-27).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+FetchFile = Callable[[str], Awaitable[tuple[bytes, str]]]
+
+_TEXT_BLOCKS = {"input_text", "output_text", "text"}
+
+
+def user_item(content: Any) -> dict[str, Any]:
+    """The history item of a user message whose ``content`` is text, blocks or items."""
+    return {"type": "message", "role": "user", "content": _blocks(content, "input_text")}
+
+
+def assistant_item(text: str) -> dict[str, Any]:
+    """The history item committed for a turn's streamed assistant text (D-33)."""
+    return {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text}],
+    }
+
+
+def _blocks(content: Any, text_type: str) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": text_type, "text": content}]
+    blocks: list[dict[str, Any]] = []
+    for part in content if isinstance(content, list) else [content]:
+        if isinstance(part, str):
+            blocks.append({"type": text_type, "text": part})
+        elif isinstance(part, dict) and part.get("type") == "message":
+            blocks.extend(_blocks(part.get("content"), text_type))
+        elif isinstance(part, dict):
+            blocks.append(dict(part))
+    return blocks
+
+
+def normalise(item: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored item as a history message, or None for items that are not messages."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type", "message")
+    role = item.get("role")
+    if kind != "message" or role not in ("user", "assistant", "system", "developer"):
+        return None
+    text_type = "output_text" if role == "assistant" else "input_text"
+    return {"type": "message", "role": role, "content": _blocks(item.get("content"), text_type)}
+
+
+def rehydrate(stored: list[dict[str, Any]], persisted_item_id: str | None) -> list[dict[str, Any]]:
+    """History from the server's items, minus the one the new message was stored as."""
+    out = []
+    for item in stored:
+        if persisted_item_id is not None and item.get("id") == persisted_item_id:
+            continue
+        normalised = normalise(item)
+        if normalised is not None:
+            out.append(normalised)
+    return out
+
+
+async def resolve_media(items: list[dict[str, Any]], fetch: FetchFile) -> list[dict[str, Any]]:
+    """Replace every ``file_id`` block by an inline ``data:`` URL (D-27)."""
+    out = []
+    for item in items:
+        content = item.get("content")
+        if not isinstance(content, list) or not any(
+            isinstance(b, dict) and "file_id" in b for b in content
+        ):
+            out.append(item)
+            continue
+        blocks = []
+        for block in content:
+            if isinstance(block, dict) and "file_id" in block:
+                data, content_type = await fetch(str(block["file_id"]))
+                url = f"data:{content_type};base64,{base64.b64encode(data).decode()}"
+                resolved = {k: v for k, v in block.items() if k not in ("file_id", "filename")}
+                if block.get("type") == "input_image" or content_type.startswith("image/"):
+                    resolved.update(type="input_image", image_url=url)
+                else:
+                    resolved.update(type="input_file", file_data=url)
+                    if "filename" in block:
+                        resolved["filename"] = block["filename"]
+                blocks.append(resolved)
+            else:
+                blocks.append(block)
+        out.append({**item, "content": blocks})
+    return out
+
+
+def texts(items: list[dict[str, Any]]) -> list[str]:
+    """The text of each item (for tests and logs)."""
+    return [
+        "".join(b.get("text", "") for b in item.get("content", []) if b.get("type") in _TEXT_BLOCKS)
+        for item in items
+    ]

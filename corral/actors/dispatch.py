@@ -1,0 +1,823 @@
+"""The dispatch actor: sessions and turns, end to end (BEHAVIOURS.md D-01..D-33, E-04).
+
+Handles:
+    HttpRequest (from the gateway)   POST /v1/sessions, GET /v1/sessions/{id},
+                                     POST /v1/sessions/{id}/events[?stream=true]
+    Output (from harness workers)    response.* events of the session's active turn
+    ResponseCompleted / ResponseFailed / ResponseCancelled (durable, from the harness actor)
+                                     the turn's one terminal event
+
+Publishes, in order, per session: :class:`~corral.routes.SessionEvent` to each subscriber (the
+gateway) and every event to the journal actor (one run per turn). A ``?stream=true`` request
+gets the turn's events as SSE :class:`~corral.routes.HttpChunk` messages too.
+
+Turns. A message with no active turn starts one (202 ``accepted`` in the background, or 200
+SSE when streaming); a message during a turn is buffered (202 ``buffered``), offered to the
+worker as an injection, dropped from the buffer on ``injection.consumed``, and otherwise runs
+as the next turn with the full history and no ``idle`` edge in between. Each turn publishes
+``session.status running`` and exactly one terminal edge — ``idle``, or ``failed`` with
+``error: {code, message}`` — and a per-turn watchdog guarantees that edge even if everything
+else misbehaves.
+
+Crash safety. Sessions (agent, overrides, the active turn's id, buffered messages, the stream
+sequence) are written to ``sessions.log`` (fsynced) before a request is answered. After a
+restart the state is rebuilt from it; an active turn **resumes**: its worker keeps streaming
+to the new dispatch, and its terminal event — durable, from the harness actor — still ends
+it. If the harness actor has no record of the turn, its watchdog ends it ``failed`` with code
+``runner_restarted``. Never two terminal edges for one turn: edges are published only for the
+turn id that is active.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+import msgspec
+import trio
+
+from .._exceptions import CorralError
+from ..bus import Incoming, Message, Outbox
+from ..harnesses.protocol import (
+    HARNESS_ACTOR,
+    Approval,
+    Inject,
+    InputAccepted,
+    Interrupt,
+    Output,
+    OutputItemDone,
+    OutputTextDelta,
+    ResponseCancelled,
+    ResponseCompleted,
+    ResponseFailed,
+    ToolResult,
+    TurnStart,
+)
+from ..routes import (
+    HttpChunk,
+    HttpRequest,
+    HttpResponse,
+    SessionEvent,
+    empty_response,
+    json_response,
+    sse_frame,
+)
+from . import _history as history
+from ._actor import Actor, ActorContext, every, handles
+from .journal import JournalAppend, JournalEvent
+
+log = logging.getLogger("corral.actors.dispatch")
+
+#: Stream sequence numbers of a dispatch incarnation start at ``epoch << _EPOCH_SHIFT``.
+_EPOCH_SHIFT = 32
+GENERIC_DETAIL = "Request failed on the runner; see runner logs for details."
+SPEC_FAILED_IN_STREAM = "Failed to resolve the agent spec for this turn."
+#: Events the session stream never carries (PROTOCOL_FACTS.md §ii.6).
+_NOT_ON_STREAM = {"response.created", "policy_evaluation.requested"}
+
+
+class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[actors.dispatch.options]``."""
+
+    server_url: str | None = None
+    token: str | None = None
+    default_harness: str = "scripted"
+    subscribers: list[str] = msgspec.field(default_factory=lambda: ["gateway"])
+    journal: str | None = "journal"
+    turn_timeout_s: float = 3600.0
+    turn_idle_timeout_s: float = 900.0
+
+
+# --- session events (the bodies of POST .../events) ------------------------------------------
+
+
+class _Event(msgspec.Struct, tag_field="type", kw_only=True):
+    pass
+
+
+class MessageEvent(_Event, tag="message"):
+    role: str = "user"
+    content: Any = None
+    model: str | None = None
+    agent_id: str | None = None
+    harness: str | None = None
+    instructions: str | None = None
+    connection_params: dict[str, Any] | None = None
+    persisted_item_id: str | None = None
+    harness_override: str | None = None
+    model_override: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class ApprovalEvent(_Event, tag="approval"):
+    data: dict[str, Any] | None = None
+    elicitation_id: str | None = None
+    action: str | None = None
+    content: dict[str, Any] | None = None
+
+
+class InterruptEvent(_Event, tag="interrupt"):
+    pass
+
+
+class StopSessionEvent(_Event, tag="stop_session"):
+    pass
+
+
+class CompactEvent(_Event, tag="compact"):
+    pass
+
+
+SessionEventBody = MessageEvent | ApprovalEvent | InterruptEvent | StopSessionEvent | CompactEvent
+_event_decoder = msgspec.json.Decoder(SessionEventBody)
+
+
+class BadEvent(CorralError):
+    """A session event that is malformed or of an unknown type (answered 4xx)."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+
+
+def parse_event(body: bytes) -> SessionEventBody:
+    """Decode one session event strictly.
+
+    Raises:
+        BadEvent: 400 for a body that is not a JSON object, 422 for an unknown type or
+            wrong field types.
+    """
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        raise BadEvent(400, "invalid_request", "the event body is not JSON") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        raise BadEvent(400, "invalid_request", "an event is a JSON object with a string type")
+    try:
+        return _event_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadEvent(422, "invalid_event", str(exc)) from None
+
+
+def flatten_approval(event: ApprovalEvent, session_id: str) -> Approval:
+    """The nested ``{type: approval, data: {...}}`` envelope, flat for the harness (E-01..E-03)."""
+    data = dict(event.data or {})
+    elicitation_id = data.get("elicitation_id", event.elicitation_id)
+    action = data.get("action", event.action)
+    content = data.get("content", event.content)
+    if not isinstance(elicitation_id, str) or action not in ("accept", "decline", "cancel"):
+        raise BadEvent(422, "invalid_event", "an approval needs elicitation_id and action")
+    if content is None:
+        return Approval(session_id=session_id, elicitation_id=elicitation_id, action=action)
+    return Approval(
+        session_id=session_id, elicitation_id=elicitation_id, action=action, content=content
+    )
+
+
+# --- state -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    """The active turn of a session."""
+
+    turn_id: str
+    started: float = field(default_factory=time.monotonic)
+    last_event: float = field(default_factory=time.monotonic)
+    text: list[str] = field(default_factory=list)
+    stream_to: tuple[str, str] | None = None  # (reply_to, request_id) of a ?stream=true POST
+    spec_resolved: bool = True
+
+
+class SessionRecord(msgspec.Struct, kw_only=True):
+    """What survives a dispatch restart (one line of ``sessions.log``)."""
+
+    id: str
+    agent_id: str | None = None
+    runner_id: str | None = None
+    sub_agent_name: str | None = None
+    harness_override: str | None = None
+    model_override: str | None = None
+    created_at: float = 0.0
+    turn_id: str | None = None
+    buffer: list[dict[str, Any]] = []
+    seq: int = 0
+    status: str = "idle"
+
+
+@dataclass
+class Session:
+    """A session as dispatch holds it."""
+
+    record: SessionRecord
+    spec: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None
+    turn: Turn | None = None
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+
+class DispatchActor(Actor):
+    """Owns every session of this host."""
+
+    def __init__(self, ctx: ActorContext, peer: Any) -> None:
+        super().__init__(ctx, peer)
+        self.options = msgspec.convert(ctx.options, DispatchOptions)
+        self.sessions: dict[str, Session] = {}
+        self.outbox = Outbox(peer)
+        self.state_path = ctx.data_dir / "sessions.log"
+        self._io = trio.CapacityLimiter(1)
+        self.server: Any = None
+        self.epoch = 0
+        self.stats = {"turns": 0, "buffered": 0, "failed": 0, "watchdog": 0}
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        assert self.nursery is not None
+        self.nursery.start_soon(self.outbox.run)
+        if self.options.server_url:
+            from ..server_client import ServerClient
+
+            self.server = ServerClient(self.options.server_url, token=self.options.token)
+        self.epoch = await trio.to_thread.run_sync(self._next_epoch, limiter=self._io)
+        for record in await trio.to_thread.run_sync(self._load, limiter=self._io):
+            # Events published after the last save were numbered past record.seq; a new
+            # epoch starts above anything the previous incarnation could have used.
+            record.seq = max(record.seq, self.epoch << _EPOCH_SHIFT)
+            session = Session(record)
+            if record.turn_id:
+                session.turn = Turn(record.turn_id)  # resumes: its terminal still comes
+            self.sessions[record.id] = session
+        if self.sessions:
+            log.info("recovered %d sessions", len(self.sessions))
+
+    async def terminate(self) -> None:
+        await self.outbox.flush()
+        if self.server is not None:
+            await self.server.aclose()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            **super().snapshot(),
+            **self.stats,
+            "sessions": len(self.sessions),
+            "active_turns": sum(1 for s in self.sessions.values() if s.turn),
+        }
+
+    def _next_epoch(self) -> int:
+        path = self.ctx.data_dir / "epoch"
+        try:
+            epoch = int(path.read_text()) + 1
+        except (FileNotFoundError, ValueError):
+            epoch = 1
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(epoch))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return epoch
+
+    def _load(self) -> list[SessionRecord]:
+        records: dict[str, SessionRecord] = {}
+        try:
+            data = self.state_path.read_bytes()
+        except FileNotFoundError:
+            return []
+        for line in data.splitlines():
+            try:
+                record = msgspec.json.decode(line, type=SessionRecord)
+            except msgspec.DecodeError:
+                continue  # a torn last line
+            records[record.id] = record
+        if len(data) > 4 * 1024 * 1024:
+            self._rewrite(list(records.values()))
+        return list(records.values())
+
+    def _rewrite(self, records: list[SessionRecord]) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in records))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    async def _save(self, session: Session) -> None:
+        line = msgspec.json.encode(session.record) + b"\n"
+        await trio.to_thread.run_sync(self._append, line, limiter=self._io)
+
+    def _append(self, line: bytes) -> None:
+        fd = os.open(self.state_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # --- HTTP routes -----------------------------------------------------------------------
+
+    @handles(HttpRequest)
+    async def http(self, msg: HttpRequest, incoming: Incoming) -> HttpResponse | None:
+        parts = msg.path.strip("/").split("/")
+        if parts[:2] != ["v1", "sessions"]:
+            return _error(404, "not_found", f"no route {msg.method} {msg.path}")
+        if msg.method == "POST" and len(parts) == 2:
+            incoming.deferred = True
+            self.in_order("init", lambda: self._reply(incoming, self._init(msg)))
+            return None
+        if len(parts) < 3:
+            return _error(404, "not_found", f"no route {msg.method} {msg.path}")
+        session_id = parts[2]
+        if msg.method == "GET" and len(parts) == 3:
+            return self._get_session(session_id)
+        if msg.method == "POST" and parts[3:] == ["events"]:
+            incoming.deferred = True
+            self.in_order(session_id, lambda: self._reply(incoming, self._event(session_id, msg)))
+            return None
+        return _error(404, "not_found", f"no route {msg.method} {msg.path}")
+
+    async def _reply(self, incoming: Incoming, work: Any) -> None:
+        try:
+            response = await work
+        except BadEvent as exc:
+            response = _error(exc.status, exc.code, str(exc))
+        except Exception:
+            log.exception("request %s failed", incoming.env.id)
+            response = _error(500, "runner_error", GENERIC_DETAIL)
+        if response is not None:
+            await self.peer.reply(incoming, response)
+        self.peer.ack(incoming)
+
+    async def _init(self, msg: HttpRequest) -> HttpResponse:
+        try:
+            body = msg.json()
+        except ValueError:
+            raise BadEvent(400, "invalid_request", "the body is not JSON") from None
+        if not isinstance(body, dict) or not isinstance(body.get("session_id"), str):
+            raise BadEvent(400, "invalid_request", "session_id is required")
+        session_id = body["session_id"]
+        init = body.get("session_init") if isinstance(body.get("session_init"), dict) else None
+        snapshot = (init or {}).get("snapshot") or {}
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = Session(
+                SessionRecord(id=session_id, created_at=time.time(), seq=self.epoch << _EPOCH_SHIFT)
+            )
+        record = session.record
+        # Re-init keeps the session's turn, buffer and state; only bindings refresh (D-32).
+        record.agent_id = body.get("agent_id") or record.agent_id
+        record.sub_agent_name = body.get("sub_agent_name") or record.sub_agent_name
+        record.runner_id = msg.runner_id or record.runner_id
+        if init is not None:
+            record.harness_override = snapshot.get("harness_override") or record.harness_override
+            record.model_override = snapshot.get("model_override") or record.model_override
+        await self._save(session)
+        return json_response(
+            201, {**self._view(session), "session_init_protocol_version": 2 if init else None}
+        )
+
+    def _view(self, session: Session) -> dict[str, Any]:
+        r = session.record
+        return {
+            "id": r.id,
+            "agent_id": r.agent_id,
+            "status": r.status,
+            "created_at": int(r.created_at),
+            "title": None,
+            "labels": {},
+            "runner_id": r.runner_id,
+            "reasoning_effort": None,
+            "items": [],
+            "permission_level": None,
+            "terminal_ready": None,
+        }
+
+    def _get_session(self, session_id: str) -> HttpResponse:
+        session = self.sessions.get(session_id)
+        if session is None:
+            return json_response(
+                404, {"error": "not_found", "detail": f"No session '{session_id}' on this runner."}
+            )
+        return json_response(200, self._view(session))
+
+    async def _event(self, session_id: str, msg: HttpRequest) -> HttpResponse | None:
+        event = parse_event(msg.body)
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = Session(
+                SessionRecord(
+                    id=session_id,
+                    created_at=time.time(),
+                    runner_id=msg.runner_id,
+                    seq=self.epoch << _EPOCH_SHIFT,
+                )
+            )
+        stream = parse_qs(msg.query).get("stream", [""])[0].lower() == "true"
+        if isinstance(event, MessageEvent):
+            return await self._message(session, event, msg if stream else None)
+        if isinstance(event, ApprovalEvent):
+            # A control event: it goes to the worker that parked the elicitation and never
+            # starts, buffers or ends a turn (E-04).
+            reply = await self._to_harness(flatten_approval(event, session_id), durable=True)
+            return _from_harness(reply)
+        if isinstance(event, InterruptEvent | StopSessionEvent):
+            if session.turn is not None:
+                await self._to_harness(Interrupt(session_id=session_id))
+            return empty_response(204)
+        return empty_response(204)  # compact: nothing to compact on this runner
+
+    async def _to_harness(self, msg: Message, *, durable: bool = False) -> Message | None:
+        try:
+            return await self.peer.call(HARNESS_ACTOR, msg, durable=durable, timeout=15)
+        except Exception as exc:
+            log.warning("the harness actor did not answer %s: %s", type(msg).__name__, exc)
+            return None
+
+    # --- turns -----------------------------------------------------------------------------
+
+    async def _message(
+        self, session: Session, event: MessageEvent, stream: HttpRequest | None
+    ) -> HttpResponse | None:
+        record = session.record
+        record.harness_override = event.harness_override or record.harness_override
+        record.model_override = event.model_override or record.model_override
+        if event.agent_id and event.agent_id != record.agent_id:
+            record.agent_id = event.agent_id
+            session.spec = None
+        body = msgspec.to_builtins(event)
+        if session.turn is not None:
+            injection_id = f"inj_{uuid.uuid4().hex[:16]}"
+            record.buffer.append({**body, "injection_id": injection_id})
+            await self._save(session)
+            self.stats["buffered"] += 1
+            await self._to_harness(
+                Inject(
+                    session_id=session.id,
+                    turn_id=session.turn.turn_id,
+                    injection_id=injection_id,
+                    message={**body, "injection_id": injection_id},
+                )
+            )
+            return json_response(
+                202,
+                {"status": "buffered", "detail": "Message buffered; active turn will process it."},
+            )
+        return await self._start_turn(session, [body], stream)
+
+    async def _start_turn(
+        self,
+        session: Session,
+        messages: list[dict[str, Any]],
+        stream: HttpRequest | None,
+        *,
+        continuation: bool = False,
+    ) -> HttpResponse | None:
+        turn = Turn(turn_id=f"turn_{uuid.uuid4().hex}")
+        session.turn = turn
+        session.record.turn_id = turn.turn_id
+        session.record.status = "running"
+        await self._save(session)
+        self.stats["turns"] += 1
+        if not continuation:
+            await self._publish(session, {"type": "session.status", "status": "running"})
+        last = messages[-1]
+        explicit_harness = last.get("harness")
+        try:
+            spec = await self._resolve_spec(session, last.get("agent_id"))
+        except Exception as exc:
+            if explicit_harness:
+                # D-07: an explicit harness opens the turn; the spec is resolved when needed.
+                log.warning("spec for session %s unresolved: %s", session.id, exc)
+                spec, turn.spec_resolved = {}, False
+            else:
+                log.warning("spec resolver failed for session %s: %s", session.id, exc)
+                await self._finish(
+                    session,
+                    turn,
+                    "failed",
+                    {"code": "spec_resolver_failed", "message": GENERIC_DETAIL},
+                )
+                if stream is not None:
+                    return _error(503, "spec_resolver_failed", GENERIC_DETAIL)
+                return _accepted() if not continuation else None
+        harness = (
+            explicit_harness
+            or session.record.harness_override
+            or _spec_harness(spec)
+            or self.options.default_harness
+        )
+        try:
+            content = await self._history(session, messages)
+        except Exception as exc:
+            log.warning("history for session %s failed: %s", session.id, exc)
+            await self._finish(
+                session,
+                turn,
+                "failed",
+                {"code": "runner_error", "message": f"turn setup failed: {exc}"},
+            )
+            return (
+                _accepted()
+                if stream is None and not continuation
+                else _error(503, "runner_error", GENERIC_DETAIL)
+            )
+        response: HttpResponse | None = _accepted() if not continuation else None
+        if stream is not None:
+            turn.stream_to = (stream.reply_to, stream.request_id)
+            response = HttpResponse(
+                status=200,
+                headers=[
+                    ("content-type", "text/event-stream; charset=utf-8"),
+                    ("cache-control", "no-cache"),
+                ],
+                streaming=True,
+            )
+        message = {
+            "type": "message",
+            "role": "user",
+            "model": last.get("model") or spec.get("name") or "agent",
+            "content": content,
+            "instructions": last.get("instructions")
+            or spec.get("prompt")
+            or spec.get("instructions"),
+            "tools": last.get("tools") or [],
+            "conversation_id": session.id,
+        }
+        try:
+            await self.peer.cast(
+                HARNESS_ACTOR,
+                TurnStart(
+                    session_id=session.id,
+                    turn_id=turn.turn_id,
+                    spec=spec,
+                    message=message,
+                    harness=harness,
+                    model_override=session.record.model_override,
+                    harness_override=session.record.harness_override,
+                    reply_to=self.peer.name,
+                ),
+                durable=True,
+                session_id=session.id,
+            )
+        except Exception as exc:
+            log.warning("could not start turn %s: %s", turn.turn_id, exc)
+            await self._finish(
+                session,
+                turn,
+                "failed",
+                {"code": "runner_error", "message": f"turn setup failed: {exc}"},
+            )
+        return response
+
+    async def _resolve_spec(self, session: Session, agent_id: str | None) -> dict[str, Any]:
+        if session.spec is not None:
+            return session.spec
+        if self.server is None:
+            return {}
+        from ..spec import spec_to_dict
+
+        if not (agent_id or session.record.agent_id):
+            # The first-message race (D-09): the server's snapshot knows the agent.
+            snapshot = await self.server.session_snapshot(session.id)
+            session.record.agent_id = snapshot.get("agent_id")
+        spec = spec_to_dict(await self.server.agent_bundle(session.id))
+        session.spec = spec
+        return spec
+
+    async def _history(
+        self, session: Session, messages: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        if session.history is None:
+            stored: list[dict[str, Any]] = []
+            if self.server is not None:
+                stored = await self.server.items(session.id)
+            persisted = {m.get("persisted_item_id") for m in messages} - {None}
+            items = stored
+            for pid in persisted:
+                items = [i for i in items if i.get("id") != pid]
+            session.history = history.rehydrate(items, None)
+        for m in messages:
+            session.history.append(history.user_item(m.get("content")))
+        if self.server is not None:
+            session.history = await history.resolve_media(session.history, self._fetch_file)
+        return list(session.history)
+
+    async def _fetch_file(self, file_id: str) -> tuple[bytes, str]:
+        return await self.server.file_content(file_id)
+
+    # --- harness output --------------------------------------------------------------------
+
+    @handles(
+        *(
+            c
+            for c in Output.__subclasses__()
+            if c not in (ResponseCompleted, ResponseFailed, ResponseCancelled)
+        )
+    )
+    async def output(self, msg: Output, incoming: Incoming) -> None:
+        session = self.sessions.get(incoming.env.session_id or "")
+        if session is None or session.turn is None or session.turn.turn_id != msg.turn_id:
+            return
+        turn = session.turn
+        turn.last_event = time.monotonic()
+        if isinstance(msg, OutputTextDelta):
+            turn.text.append(msg.delta)
+        tag = msg.__struct_config__.tag
+        if isinstance(msg, OutputItemDone) and msg.item.get("status") == "action_required":
+            self.in_order(session.id, lambda: self._tool_call(session, turn, msg.item))
+            await self._stream_chunk(turn, msg)
+            return
+        if tag == "injection.consumed":
+            consumed = getattr(msg, "injection_id", None)
+            session.record.buffer = [
+                m for m in session.record.buffer if m.get("injection_id") != consumed
+            ]
+            self.in_order(session.id, lambda: self._save(session))
+        await self._stream_chunk(turn, msg)
+        if tag not in _NOT_ON_STREAM:
+            await self._publish(session, msgspec.to_builtins(msg), run_id=turn.turn_id)
+
+    async def _tool_call(self, session: Session, turn: Turn, item: dict[str, Any]) -> None:
+        if not turn.spec_resolved:
+            try:
+                session.spec = await self._resolve_spec(session, session.record.agent_id)
+                turn.spec_resolved = True
+            except Exception as exc:
+                log.warning("spec resolver failed inside turn %s: %s", turn.turn_id, exc)
+                failed = ResponseFailed(
+                    turn_id=turn.turn_id,
+                    error={
+                        "type": type(exc).__name__,
+                        "code": "spec_resolver_failed",
+                        "message": SPEC_FAILED_IN_STREAM,
+                    },
+                )
+                await self._to_harness(Interrupt(session_id=session.id))
+                await self._terminal(session, failed)
+                return
+        output = json.dumps(
+            {"error": f"the tool {item.get('name')!r} is not available on this runner"}
+        )
+        await self._to_harness(
+            ToolResult(session_id=session.id, call_id=str(item.get("call_id")), output=output)
+        )
+
+    @handles(ResponseCompleted, ResponseFailed, ResponseCancelled)
+    async def terminal(self, msg: Output, incoming: Incoming) -> None:
+        session = self.sessions.get(incoming.env.session_id or "")
+        if session is None or session.turn is None or session.turn.turn_id != msg.turn_id:
+            log.info("ignoring a terminal event for turn %s, which is not active", msg.turn_id)
+            return
+        await self._terminal(session, msg)
+
+    async def _terminal(self, session: Session, msg: Output) -> None:
+        turn = session.turn
+        if turn is None or turn.turn_id != msg.turn_id:
+            return
+        await self._stream_chunk(turn, msg)
+        await self._publish(session, msgspec.to_builtins(msg), run_id=turn.turn_id)
+        if isinstance(msg, ResponseFailed):
+            error = dict(msg.error)
+            code = str(error.get("code") or error.get("type") or "runner_error")
+            message = str(error.get("message") or "turn failed")
+            await self._finish(session, turn, "failed", {"code": code, "message": message})
+        else:
+            if isinstance(msg, ResponseCompleted) and session.history is not None and turn.text:
+                session.history.append(history.assistant_item("".join(turn.text)))
+            await self._finish(session, turn, "idle", None)
+
+    async def _finish(
+        self, session: Session, turn: Turn, status: str, error: dict[str, Any] | None
+    ) -> None:
+        """End a turn: one terminal edge, or straight into the continuation turn (D-31)."""
+        if session.turn is not turn:
+            return
+        session.turn = None
+        if turn.stream_to is not None:
+            await self.outbox.flush()
+            await self.peer.cast(
+                turn.stream_to[0], HttpChunk(request_id=turn.stream_to[1], end=True)
+            )
+        buffered, session.record.buffer = session.record.buffer, []
+        session.record.turn_id = None
+        if status == "failed":
+            self.stats["failed"] += 1
+        if buffered and status == "idle":
+            self.in_order(
+                session.id, lambda: self._start_turn(session, buffered, None, continuation=True)
+            )
+            return
+        session.record.status = status
+        edge: dict[str, Any] = {"type": "session.status", "status": status}
+        if error is not None:
+            edge["error"] = error
+        await self._publish(session, edge, run_id=turn.turn_id, terminal=True)
+        await self._save(session)
+        if buffered:
+            self.in_order(session.id, lambda: self._start_turn(session, buffered, None))
+
+    # --- publishing ------------------------------------------------------------------------
+
+    async def _publish(
+        self,
+        session: Session,
+        event: dict[str, Any],
+        *,
+        run_id: str | None = None,
+        terminal: bool = False,
+    ) -> None:
+        session.record.seq += 1
+        data = msgspec.json.encode(event)
+        for name in self.options.subscribers:
+            await self.outbox.put(
+                name,
+                SessionEvent(
+                    session_id=session.id,
+                    seq=session.record.seq,
+                    event=data,
+                    runner_id=session.record.runner_id,
+                ),
+                session_id=session.id,
+            )
+        journal = self.options.journal
+        run = run_id or session.record.turn_id
+        if journal and run:
+            append = JournalAppend(
+                session_id=session.id,
+                run_id=run,
+                events=[JournalEvent(event=str(event.get("type")), payload=event)],
+            )
+            if terminal:
+                await self.outbox.flush()
+                try:
+                    await self.peer.cast(journal, append, durable=True, session_id=session.id)
+                except Exception as exc:
+                    log.warning("journal append failed: %s", exc)
+            else:
+                await self.outbox.put(journal, append, session_id=session.id)
+
+    async def _stream_chunk(self, turn: Turn, msg: Output) -> None:
+        if turn.stream_to is None:
+            return
+        frame = sse_frame(msg.__struct_config__.tag, msgspec.json.encode(msg))
+        await self.outbox.put(
+            turn.stream_to[0], HttpChunk(request_id=turn.stream_to[1], data=frame)
+        )
+
+    # --- the watchdog ----------------------------------------------------------------------
+
+    @every(1.0)
+    async def _watchdog(self) -> None:
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            turn = session.turn
+            if turn is None:
+                continue
+            too_long = now - turn.started > self.options.turn_timeout_s
+            silent = now - turn.last_event > self.options.turn_idle_timeout_s
+            if too_long or silent:
+                self.stats["watchdog"] += 1
+                why = "took too long" if too_long else "went silent"
+                log.warning("turn %s %s; ending it", turn.turn_id, why)
+                await self._to_harness(Interrupt(session_id=session.id))
+                await self._terminal(
+                    session,
+                    ResponseFailed(
+                        turn_id=turn.turn_id,
+                        error={
+                            "code": "turn_watchdog",
+                            "message": f"the turn {why} and was ended by the runner",
+                        },
+                    ),
+                )
+
+
+def _spec_harness(spec: dict[str, Any]) -> str | None:
+    executor = spec.get("executor") or {}
+    harness = executor.get("harness") or (executor.get("config") or {}).get("harness")
+    return str(harness) if harness else None
+
+
+def _accepted() -> HttpResponse:
+    return json_response(202, {"status": "accepted", "detail": "Turn started."})
+
+
+def _error(status: int, code: str, detail: str) -> HttpResponse:
+    return json_response(status, {"error": code, "detail": detail})
+
+
+def _from_harness(reply: Message | None) -> HttpResponse:
+    """The harness's answer to a control event, passed through (H-01, H-02)."""
+    if not isinstance(reply, InputAccepted):
+        return _error(502, "harness_forward_failed", GENERIC_DETAIL)
+    if reply.status in (204, 304) or reply.error is None:
+        return empty_response(reply.status)
+    return json_response(reply.status, {"error": reply.error})

@@ -1,0 +1,666 @@
+"""The journal actor: the durable run journal on the bus (BEHAVIOURS.md J-01..J-19, J-32).
+
+Handles:
+    JournalAppend    → JournalAppended      append a batch of events to one run (stream or
+                                            durable); the reply comes once they are durable
+    JournalRead      → JournalReadReply     replay after a cursor, bounded by rows and bytes
+    JournalSummary   → JournalSummaryReply  a run's summary (terminal state, runtime model)
+    JournalSnapshot  → JournalSnapshotReply the live snapshot of a run found by id alone
+    JournalList      → JournalListReply     the sessions, or one session's runs
+
+Bad input is answered with an :class:`~corral.bus.ErrorReply` whose code is
+``invalid_id``, ``invalid_event``, ``invalid_payload``, ``invalid_cursor`` or
+``invalid_argument`` (nothing is written); a disk failure is ``io_error``.
+
+Ordering (J-32). Handlers run one at a time in arrival order, and each event is handed to the
+:class:`~corral.journal.JournalWriter` with ``submit()``, which fixes its seq synchronously.
+So a run's events land in the order their messages arrived, while the handler never waits
+for a disk: the reply (and, for a durable message, the ack) is sent from a task once the
+records are durable, and every append waiting at that moment shares one fsync round.
+
+Arrival order is send order within one durability class. Across classes it is not: a durable
+message is fsynced by the broker before it is delivered, so a stream append sent after it can
+overtake it. A sender that mixes the classes on one run names, in each stream append's
+``after``, the id of the last durable append it sent to that run (``await peer.cast(...,
+durable=True)`` returns it); the actor holds that stream append (and whatever arrives behind
+it for the run) until the durable one is applied, or gives up after ``hold_timeout_s``.
+
+Idempotency. A durable message is delivered at least once: the actor may crash after storing
+its records but before its ack reaches the broker. So each record of a durable append carries
+the key ``"<message id>/<index>"`` in the same line, fsynced together with the record; the
+first durable append to a run after a (re)start reads the run's stored keys, and events whose
+key is already there are skipped (and reported in ``duplicates``), so a redelivery never
+appends twice, and a batch torn by a crash is completed rather than repeated. Stream appends
+carry no key: they may be lost, never duplicated by the actor.
+
+Options (``[actors.journal] options = {...}`` in corral.toml): see :class:`JournalOptions`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import msgspec
+import trio
+
+from .._exceptions import ConfigError
+from ..bus import ErrorReply, Incoming, Message
+from ..config import NonNegative, Positive, PositiveInt
+from ..instance import Instance
+from ..journal import (
+    InvalidCursorError,
+    InvalidEventError,
+    InvalidIdError,
+    JournalIOError,
+    JournalWriter,
+    PayloadError,
+    PendingAppend,
+    RunJournal,
+)
+from ._actor import Actor, ActorContext, handles
+
+log = logging.getLogger("corral.actors.journal")
+
+# --- messages --------------------------------------------------------------------------------
+
+
+class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One event of an append: its name and its JSON payload (``None`` is stored as ``{}``)."""
+
+    event: str
+    payload: Any = None
+
+
+class JournalAppend(Message, tag="journal.append"):
+    """Append ``events``, in order, to one run.
+
+    Send it as a stream message for deltas (may be lost, never duplicated) or durable for
+    state and terminal events (stored exactly once, even across crashes). ``after``, on a
+    stream append, is the id of the last durable append the sender sent to this run: the
+    append waits until that one is applied (see the module docs). Durable appends ignore it.
+    """
+
+    session_id: str
+    run_id: str
+    events: list[JournalEvent]
+    after: str | None = None
+
+    @classmethod
+    def one(
+        cls, session_id: str, run_id: str, event: str, payload: Any = None, **kw: Any
+    ) -> JournalAppend:
+        """An append of a single event."""
+        return cls(
+            session_id=session_id,
+            run_id=run_id,
+            events=[JournalEvent(event=event, payload=payload)],
+            **kw,
+        )
+
+
+class JournalAppended(Message, tag="journal.appended"):
+    """The events of an append are durable (per the fsync policy): their seqs, in order.
+
+    ``duplicates`` counts events that an earlier delivery of the same durable message had
+    already stored; their seqs are the stored ones.
+    """
+
+    session_id: str
+    run_id: str
+    seqs: list[int]
+    duplicates: int = 0
+
+
+class JournalRead(Message, tag="journal.read"):
+    """Replay a run after ``after`` (a seq or an event id ``"<run_id>:<seq>"``).
+
+    ``limit`` bounds rows and ``max_bytes`` the encoded records; the actor also caps the
+    bytes so the reply fits in one bus message (page with ``next_after_seq``).
+    """
+
+    session_id: str
+    run_id: str
+    after: int | str = 0
+    limit: int | None = None
+    max_bytes: int | None = None
+    strict: bool = False
+
+
+class JournalReadReply(Message, tag="journal.read_reply"):
+    """``RunJournal.read``'s dict: ``events``, ``malformed``, ``complete``, ``limit_reason``,
+    ``next_after_seq``, ``last_seq``, ``cursor_reset``, ``incomplete_tail``, ..."""
+
+    result: dict[str, Any]
+
+
+class JournalSummary(Message, tag="journal.summary"):
+    """Ask for a run's summary; a run without records has ``terminal_state`` ``unknown``."""
+
+    session_id: str
+    run_id: str
+
+
+class JournalSummaryReply(Message, tag="journal.summary_reply"):
+    """``RunJournal.summary``'s dict (always with ``runtime_model``)."""
+
+    summary: dict[str, Any]
+
+
+class JournalSnapshot(Message, tag="journal.snapshot"):
+    """Ask for the live snapshot of a run found by its id alone (J-16)."""
+
+    run_id: str
+
+
+class JournalSnapshotReply(Message, tag="journal.snapshot_reply"):
+    """The snapshot (``None`` for a run without records) and its session-payload projection."""
+
+    snapshot: dict[str, Any] | None
+    session_payload: dict[str, Any] | None
+
+
+class JournalList(Message, tag="journal.list"):
+    """List the sessions, or (with ``session_id``) one session's runs."""
+
+    session_id: str | None = None
+
+
+class JournalListReply(Message, tag="journal.list_reply"):
+    """``RunJournal.listing``'s dict (``sessions``, or ``session_id`` and ``runs``)."""
+
+    listing: dict[str, Any]
+
+
+# --- options ---------------------------------------------------------------------------------
+
+
+class JournalOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The journal actor's options, from ``[actors.journal] options`` in corral.toml."""
+
+    #: When a record is forced to disk: ``every`` (before the reply), ``terminal``, ``interval``.
+    fsync: Literal["every", "terminal", "interval"] = "every"
+    #: Seconds a record may stay unsynced under the ``interval`` policy.
+    interval_s: Positive = 1.0
+    #: Extra milliseconds a group-commit round waits to gather more appends.
+    window_ms: NonNegative = 0.0
+    #: Worker threads a round's writes and fsyncs spread over.
+    fsync_threads: PositiveInt = 8
+    #: Idle run files kept open by the writer.
+    max_open_runs: PositiveInt = 1024
+    #: Events submitted but not yet durable, at most; past it the actor stops taking messages
+    #: (its inbox fills and senders slow down) until the disk catches up.
+    max_pending_events: PositiveInt = 100_000
+    #: How long a stream append waits for the durable append it names in ``after``.
+    hold_timeout_s: Positive = 5.0
+    #: Stream appends held at once, at most; past it the oldest wait is given up.
+    max_held: PositiveInt = 10_000
+    #: Durable message ids remembered per run (redeliveries concern the last few hundred).
+    remember_ids: Annotated[int, msgspec.Meta(ge=256)] = 1024
+    #: Runs whose ids are kept in memory; idle ones beyond this are forgotten (and re-read
+    #: from their file if they are appended to again).
+    max_tracked_runs: PositiveInt = 4096
+    #: Threads for reads, summaries and snapshots.
+    read_threads: PositiveInt = 4
+
+
+# --- the actor -------------------------------------------------------------------------------
+
+_Key = tuple[str, str]
+# What is known of one event of a durable message: its stored seq, or its pending append.
+_Stored = int | PendingAppend
+
+# JSON payloads nest at most this deep (msgpack would carry deeper ones; JSON encoders balk).
+_MAX_DEPTH = 100
+
+
+class _Held:
+    __slots__ = ("deadline", "incoming", "msg")
+
+    def __init__(self, msg: JournalAppend, incoming: Incoming, deadline: float) -> None:
+        self.msg = msg
+        self.incoming = incoming
+        self.deadline = deadline
+
+
+class _RunState:
+    """What the actor tracks of one run: applied durable ids, held appends, the last write."""
+
+    __slots__ = ("applied", "held", "key", "last", "loaded", "pending", "timer")
+
+    def __init__(self, key: _Key) -> None:
+        self.key = key
+        # Durable message id -> event index -> what is known of it. Also holds the ids a
+        # held append gave up waiting for (empty dicts), so that they count as applied.
+        self.applied: OrderedDict[str, dict[int, _Stored]] = OrderedDict()
+        # Whether the keys stored in the run's file were merged into ``applied``.
+        self.loaded = False
+        self.held: deque[_Held] = deque()
+        self.timer = False
+        # Append messages submitted and not yet complete (the state must outlive them).
+        self.pending = 0
+        self.last: PendingAppend | None = None
+
+    def idle(self) -> bool:
+        return not (self.pending or self.held or self.timer)
+
+
+class JournalActor(Actor):
+    """Owns the run journal under ``<state_dir>/journal`` and serves it on the bus."""
+
+    def __init__(self, ctx: ActorContext, peer: Any) -> None:
+        super().__init__(ctx, peer)
+        try:
+            self.options = msgspec.convert(ctx.options, JournalOptions)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(
+                f"invalid config: actors.{ctx.name}.options: {exc}", key=f"actors.{ctx.name}"
+            ) from None
+        self.journal = RunJournal(
+            Instance(ctx.state_dir).journal_dir,
+            fsync=self.options.fsync,
+            interval=self.options.interval_s,
+        )
+        self.writer: JournalWriter | None = None
+        self._runs: OrderedDict[_Key, _RunState] = OrderedDict()
+        self._read_limiter = trio.CapacityLimiter(self.options.read_threads)
+        self._pending_events = 0
+        self._drained = trio.Event()
+        self._held = 0
+        self.stats = {
+            "append_messages": 0,
+            "events": 0,
+            "duplicates": 0,
+            "held_total": 0,
+            "hold_timeouts": 0,
+            "queries": 0,
+            "rejected": 0,
+            "io_errors": 0,
+        }
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        assert self.nursery is not None
+        self.writer = await self.nursery.start(self._run_writer)
+        log.info(
+            "journal at %s (fsync=%s, window=%sms)",
+            self.journal.root,
+            self.options.fsync,
+            self.options.window_ms,
+        )
+
+    async def _run_writer(self, *, task_status: trio.TaskStatus[JournalWriter]) -> None:
+        # The writer lives in the actor's nursery: when the actor stops (or is cancelled)
+        # it commits and fsyncs everything submitted before it closes. Messages whose
+        # completion task was cancelled are not acked; their redelivery finds the records.
+        async with JournalWriter(
+            self.journal,
+            window=self.options.window_ms / 1000,
+            fsync_threads=self.options.fsync_threads,
+            max_open_runs=self.options.max_open_runs,
+        ) as writer:
+            task_status.started(writer)
+            await trio.sleep_forever()
+
+    def snapshot(self) -> dict[str, Any]:
+        writer = self.writer.statistics() if self.writer is not None else None
+        return {
+            **super().snapshot(),
+            **self.stats,
+            "policy": self.options.fsync,
+            "appends": writer.appends if writer else 0,
+            "fsync_rounds": writer.fsync_rounds if writer else 0,
+            "open_runs": writer.open_runs if writer else 0,
+            "pending_events": self._pending_events,
+            "held": self._held,
+            "tracked_runs": len(self._runs),
+            "writer": msgspec.structs.asdict(writer) if writer else None,
+        }
+
+    # --- appends -----------------------------------------------------------------------------
+
+    @handles(JournalAppend)
+    async def append(self, msg: JournalAppend, incoming: Incoming) -> Message | None:
+        problem = self._check_append(msg)
+        if problem is not None:
+            self.stats["rejected"] += 1
+            return problem
+        self.stats["append_messages"] += 1
+        durable = incoming.env.durability == "durable"
+        state = self._state((msg.session_id, msg.run_id))
+        # Pin the state while this handler awaits, so it is never forgotten meanwhile.
+        state.pending += 1
+        try:
+            if durable or msg.after is not None:
+                await self._load(state)
+            while self._pending_events >= self.options.max_pending_events:
+                self._drained = trio.Event()
+                await self._drained.wait()
+        finally:
+            state.pending -= 1
+        # Keys read just now may be what a held append was waiting for.
+        self._release(state)
+        incoming.deferred = True
+        if durable:
+            self._apply(state, msg, incoming, durable=True)
+            self._release(state)
+        elif state.held or not self._ready(state, msg.after):
+            self._hold(state, msg, incoming)
+        else:
+            self._apply(state, msg, incoming, durable=False)
+        return None
+
+    def _check_append(self, msg: JournalAppend) -> ErrorReply | None:
+        # The whole batch is checked before any of it is submitted: all or nothing.
+        try:
+            self.journal.path(msg.session_id, msg.run_id)
+        except InvalidIdError as exc:
+            return ErrorReply(code="invalid_id", message=str(exc))
+        if not msg.events:
+            return ErrorReply(code="invalid_argument", message="an append needs at least 1 event")
+        for index, item in enumerate(msg.events):
+            if not item.event.strip():
+                return ErrorReply(
+                    code="invalid_event",
+                    message=f"events[{index}].event must be a non-empty name",
+                )
+            problem = _json_problem(item.payload, 0)
+            if problem is not None:
+                return ErrorReply(
+                    code="invalid_payload",
+                    message=f"events[{index}].payload {problem}; payloads must be JSON values",
+                )
+        return None
+
+    def _apply(
+        self, state: _RunState, msg: JournalAppend, incoming: Incoming, *, durable: bool
+    ) -> None:
+        # Synchronous from the first submit to the last: nothing can slip in between, so the
+        # batch gets consecutive seqs in the order of arrival.
+        assert self.writer is not None and self.nursery is not None
+        mid = incoming.env.id if durable else None
+        known = state.applied.get(mid, {}) if mid is not None else {}
+        entries: list[_Stored] = []
+        submitted = 0
+        for index, item in enumerate(msg.events):
+            stored = known.get(index)
+            if stored is not None:
+                entries.append(stored)
+                continue
+            key = f"{mid}/{index}" if mid is not None else None
+            pending = self.writer.submit(
+                msg.session_id, msg.run_id, item.event, item.payload, key=key
+            )
+            entries.append(pending)
+            state.last = pending
+            submitted += 1
+        duplicates = len(entries) - submitted
+        if mid is not None:
+            state.applied[mid] = dict(enumerate(entries))
+            state.applied.move_to_end(mid)
+            while len(state.applied) > self.options.remember_ids:
+                state.applied.popitem(last=False)
+        self.stats["events"] += submitted
+        self.stats["duplicates"] += duplicates
+        if duplicates:
+            log.info(
+                "%s: %d of %d events already stored for %s (redelivery)",
+                msg.run_id,
+                duplicates,
+                len(entries),
+                mid,
+            )
+        state.pending += 1
+        self._pending_events += submitted
+        self.nursery.start_soon(self._complete, state, msg, incoming, mid, entries, submitted)
+
+    async def _complete(
+        self,
+        state: _RunState,
+        msg: JournalAppend,
+        incoming: Incoming,
+        mid: str | None,
+        entries: list[_Stored],
+        submitted: int,
+    ) -> None:
+        try:
+            seqs = [
+                entry if isinstance(entry, int) else await entry.wait_seq() for entry in entries
+            ]
+        except JournalIOError as exc:
+            self.stats["io_errors"] += 1
+            if mid is not None:
+                # The file, not memory, says what got stored: re-read it on the retry.
+                state.applied.pop(mid, None)
+                state.loaded = False
+            log.error("%s/%s: append failed: %s", msg.session_id, msg.run_id, exc)
+            await self._answer(incoming, ErrorReply(code="io_error", message=str(exc)))
+            await self.peer.nack(incoming, f"JournalIOError: {exc}")
+            return
+        finally:
+            state.pending -= 1
+            self._pending_events -= submitted
+            if self._pending_events < self.options.max_pending_events:
+                self._drained.set()
+        self.peer.ack(incoming)
+        duplicates = len(entries) - submitted
+        await self._answer(
+            incoming,
+            JournalAppended(
+                session_id=msg.session_id, run_id=msg.run_id, seqs=seqs, duplicates=duplicates
+            ),
+        )
+
+    async def _load(self, state: _RunState) -> None:
+        """Merge the idempotency keys stored in the run's file into ``state.applied``."""
+        if state.loaded:
+            return
+        keys = await trio.to_thread.run_sync(
+            self.journal.keys, *state.key, limiter=self._read_limiter
+        )
+        for key, seq in keys.items():
+            mid, _, index = key.rpartition("/")
+            if mid and index.isdigit():
+                state.applied.setdefault(mid, {}).setdefault(int(index), seq)
+        while len(state.applied) > self.options.remember_ids:
+            state.applied.popitem(last=False)
+        state.loaded = True
+
+    # --- holding stream appends for the durable one they follow ------------------------------
+
+    @staticmethod
+    def _ready(state: _RunState, after: str | None) -> bool:
+        return after is None or after in state.applied
+
+    def _hold(self, state: _RunState, msg: JournalAppend, incoming: Incoming) -> None:
+        assert self.nursery is not None
+        deadline = trio.current_time() + self.options.hold_timeout_s
+        state.held.append(_Held(msg, incoming, deadline))
+        self._held += 1
+        self.stats["held_total"] += 1
+        if not state.timer:
+            state.timer = True
+            self.nursery.start_soon(self._hold_timer, state)
+        if self._held > self.options.max_held:
+            self._give_up(state, "too many held appends")
+
+    def _release(self, state: _RunState) -> None:
+        while state.held and self._ready(state, state.held[0].msg.after):
+            held = state.held.popleft()
+            self._held -= 1
+            self._apply(state, held.msg, held.incoming, durable=False)
+
+    def _give_up(self, state: _RunState, why: str) -> None:
+        after = state.held[0].msg.after
+        if after is None:
+            self._release(state)
+            return
+        log.warning(
+            "%s/%s: stopped waiting for durable append %s (%s); appending what followed it",
+            *state.key,
+            after,
+            why,
+        )
+        self.stats["hold_timeouts"] += 1
+        # Count it as applied from now on: if it does turn up, it is appended then.
+        state.applied[after] = {}
+        self._release(state)
+
+    async def _hold_timer(self, state: _RunState) -> None:
+        try:
+            while state.held:
+                await trio.sleep_until(state.held[0].deadline)
+                if state.held and state.held[0].deadline <= trio.current_time():
+                    self._give_up(state, f"not applied within {self.options.hold_timeout_s}s")
+        finally:
+            state.timer = False
+
+    # --- queries -----------------------------------------------------------------------------
+
+    @handles(JournalRead)
+    async def read(self, msg: JournalRead, incoming: Incoming) -> None:
+        # Over the bus the reply must fit in one message: cap the bytes, the client pages.
+        cap = self.peer.bus.max_message_bytes // 2
+        max_bytes = cap if msg.max_bytes is None else min(msg.max_bytes, cap)
+
+        def run() -> Message:
+            result = self.journal.read(
+                msg.session_id,
+                msg.run_id,
+                after_seq=msg.after,
+                limit=msg.limit,
+                max_bytes=max_bytes,
+                strict=msg.strict,
+            )
+            return JournalReadReply(result=result)
+
+        self._query(incoming, run, self._waits_for(msg.session_id, msg.run_id))
+
+    @handles(JournalSummary)
+    async def summary(self, msg: JournalSummary, incoming: Incoming) -> None:
+        def run() -> Message:
+            return JournalSummaryReply(summary=self.journal.summary(msg.session_id, msg.run_id))
+
+        self._query(incoming, run, self._waits_for(msg.session_id, msg.run_id))
+
+    @handles(JournalSnapshot)
+    async def snapshot_query(self, msg: JournalSnapshot, incoming: Incoming) -> None:
+        def run() -> Message:
+            snapshot = self.journal.snapshot(msg.run_id)
+            payload = None if snapshot is None else self.journal.session_payload(snapshot)
+            return JournalSnapshotReply(snapshot=snapshot, session_payload=payload)
+
+        waits = [state.last for key, state in self._runs.items() if key[1] == msg.run_id]
+        self._query(incoming, run, [pending for pending in waits if pending is not None])
+
+    @handles(JournalList)
+    async def list_query(self, msg: JournalList, incoming: Incoming) -> None:
+        self._query(
+            incoming, lambda: JournalListReply(listing=self.journal.listing(msg.session_id))
+        )
+
+    def _waits_for(self, session_id: str, run_id: str) -> list[PendingAppend]:
+        state = self._runs.get((session_id, run_id))
+        return [state.last] if state is not None and state.last is not None else []
+
+    def _query(
+        self,
+        incoming: Incoming,
+        run: Callable[[], Message],
+        waits: list[PendingAppend] | None = None,
+    ) -> None:
+        """Answer a query from a task: after the run's appends so far are written, read
+        the files in a thread. Queries never hold up the appends queued behind them."""
+        assert self.nursery is not None
+        if not incoming.env.wants_reply:
+            return
+        self.stats["queries"] += 1
+        self.nursery.start_soon(self._run_query, incoming, run, waits or [])
+
+    async def _run_query(
+        self, incoming: Incoming, run: Callable[[], Message], waits: list[PendingAppend]
+    ) -> None:
+        for pending in waits:
+            # Read your writes: what was submitted before the query is in the file.
+            with contextlib.suppress(JournalIOError):
+                await pending.wait_seq()
+        try:
+            reply = await trio.to_thread.run_sync(run, limiter=self._read_limiter)
+        except (ValueError, OSError) as exc:
+            reply = _error_reply(exc)
+        except Exception:
+            log.exception("query %s failed", incoming)
+            reply = ErrorReply(code="handler_error", message="the journal failed to answer")
+        await self._answer(incoming, reply)
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    async def _answer(self, incoming: Incoming, reply: Message) -> None:
+        try:
+            await self.peer.reply(incoming, reply)
+        except Exception as exc:  # a reply too large, or the bus closing under us
+            log.warning("could not answer %s: %s", incoming, exc)
+            if not isinstance(reply, ErrorReply):
+                code = getattr(exc, "code", "handler_error")
+                with contextlib.suppress(Exception):
+                    await self.peer.reply(incoming, ErrorReply(code=code, message=str(exc)))
+
+    def _state(self, key: _Key) -> _RunState:
+        state = self._runs.get(key)
+        if state is not None:
+            self._runs.move_to_end(key)
+            return state
+        state = self._runs[key] = _RunState(key)
+        if len(self._runs) > self.options.max_tracked_runs:
+            excess = len(self._runs) - self.options.max_tracked_runs
+            idle = [k for k, s in self._runs.items() if s.idle() and k != key][:excess]
+            for old in idle:
+                del self._runs[old]
+        return state
+
+
+def _error_reply(exc: BaseException) -> ErrorReply:
+    """The typed error answering a query or append that the journal refused."""
+    codes: list[tuple[type[BaseException], str]] = [
+        (InvalidIdError, "invalid_id"),
+        (InvalidEventError, "invalid_event"),
+        (PayloadError, "invalid_payload"),
+        (InvalidCursorError, "invalid_cursor"),
+        (JournalIOError, "io_error"),
+        (OSError, "io_error"),
+        (ValueError, "invalid_argument"),
+    ]
+    code = next(code for cls, code in codes if isinstance(exc, cls))
+    return ErrorReply(code=code, message=str(exc))
+
+
+def _json_problem(value: Any, depth: int) -> str | None:
+    """Why ``value`` is not a plain JSON value, or ``None`` if it is.
+
+    msgpack carries more than JSON can (bytes, timestamps, extension types, non-string
+    keys); stored as JSON they would silently change meaning, so they are refused.
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return None
+    if depth >= _MAX_DEPTH:
+        return f"nests deeper than {_MAX_DEPTH} levels"
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return f"has a non-string key {key!r}"
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if kind is list:
+        for item in value:
+            problem = _json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    return f"contains a {kind.__name__}"

@@ -1,0 +1,605 @@
+"""The runner → server client: the plain HTTP calls a runner makes to its omnigent server.
+
+A runner is driven through its tunnel, but it also calls the server directly (PROTOCOL_FACTS
+§iii): it fetches the agent bundle of a session, its snapshot and its items (history), reads
+and sets labels, asks for policy verdicts, executes tools through the server's MCP endpoint
+and posts conversation items. Every call carries the runner's credential, the binding token,
+as ``X-Omnigent-Runner-Tunnel-Token`` together with ``Origin: omnigent://internal``.
+
+The client is built on :class:`httpx.AsyncClient`, which runs on trio (through anyio): one
+pooled keep-alive connection serves the many small calls of a turn, and timeouts are split
+into connect and read phases.
+
+Failures are typed (see :mod:`corral._exceptions`): a connection that fails or an answer of
+502/503/504 is :class:`ServerUnavailable` (:class:`ServerTimeout` when a deadline passed),
+any other error status is :class:`ServerRejected` with the ``status`` and ``body``, and a 2xx
+whose body is not the shape of §iii is :class:`ServerProtocolError`.
+
+Retries are bounded and only where they cannot do harm. Idempotent calls (the GETs, and the
+label ``PATCH``, which sets values) are retried with exponential backoff after connection
+errors, timeouts and 502/503/504. The others (tool calls, events, policy evaluations, token
+minting) are retried only when the connection could not even be opened, because then the
+server never saw the request; a 503 or a read timeout on them is raised at once, since the
+server may already have acted.
+
+The binding token is never logged and never part of an error message or ``repr()``. Ids are
+checked against ``^[A-Za-z0-9_.-]+$`` before they become part of a URL.
+
+This module is a floor module: it imports nothing from ``corral.actors``, ``corral.server``
+or ``corral.cli``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import random
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+
+from ._exceptions import (
+    ServerProtocolError,
+    ServerRejected,
+    ServerTimeout,
+    ServerUnavailable,
+)
+from .spec import MAX_BUNDLE_BYTES, AgentSpec, load_bundle
+
+__all__ = [
+    "ORIGIN",
+    "AgentBundle",
+    "ClientStatistics",
+    "InputRequired",
+    "ServerClient",
+    "runner_id_for_token",
+]
+
+log = logging.getLogger(__name__)
+
+#: The ``Origin`` header every runner call carries (§iii).
+ORIGIN = "omnigent://internal"
+TOKEN_HEADER = "X-Omnigent-Runner-Tunnel-Token"
+#: Statuses that mean "try again later" rather than "no".
+UNAVAILABLE_STATUS = frozenset({502, 503, 504})
+#: Largest JSON answer read (items pages, snapshots); protects the runner from a broken server.
+MAX_JSON_BYTES = 32 * 1024 * 1024
+#: Largest file read by :meth:`ServerClient.file_content`.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
+
+#: What an ``on_input_required`` callback gets and returns: the JSON-RPC ``result`` whose
+#: ``resultType`` is ``input_required``, and the ``inputResponses`` mapping
+#: (``{elicitation_id: {"action": "accept" | "decline" | "cancel", ...}}``), or ``None`` to
+#: give up and return the ``input_required`` result as is.
+InputRequired = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
+def runner_id_for_token(token: str) -> str:
+    """The runner id the server derives from a binding token (§i.1).
+
+    ``"runner_token_" + sha256("omnigent-runner:" + token).hexdigest()[:32]``.
+    """
+    digest = hashlib.sha256(f"omnigent-runner:{token}".encode()).hexdigest()
+    return f"runner_token_{digest[:32]}"
+
+
+class AgentBundle(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent bundle and what its response headers said (§iii.3).
+
+    ``version`` (``x-agent-version``) changes when the agent is edited, so a caller may cache
+    the parsed spec by it.
+    """
+
+    spec: AgentSpec
+    name: str | None = None
+    version: str | None = None
+    session_scoped: bool | None = None
+    size: int = 0
+
+
+class ClientStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters since the client was created."""
+
+    requests: int
+    retries: int
+    failures: int
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    retries: int = 0
+    failures: int = 0
+
+
+class ServerClient:
+    """An async client for the runner → server calls of PROTOCOL_FACTS §iii.
+
+    Use it as ``async with ServerClient(url, token=...) as client:`` (or call :meth:`aclose`).
+
+    Args:
+        base_url: the server's URL; a path prefix is kept (``http://h/prefix`` →
+            ``http://h/prefix/v1/...``).
+        token: the runner's binding token, sent as ``X-Omnigent-Runner-Tunnel-Token``.
+        bearer: sent as ``Authorization: Bearer …`` when the server wants one as well.
+        connect_timeout_s: to open a connection.
+        read_timeout_s: between bytes of an answer (also the write and pool timeout).
+        tool_timeout_s: the read timeout of :meth:`mcp_call`, which lasts as long as the tool.
+        retries: extra attempts of a retryable call (0 disables retrying).
+        backoff_base_s, backoff_max_s: the first retry waits ``backoff_base_s``, doubling up
+            to ``backoff_max_s``, each ±50% jitter; a ``Retry-After`` on a 503 is honoured up to
+            ``backoff_max_s``.
+        transport: an httpx transport (tests); the default opens TCP connections.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        bearer: str | None = None,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        tool_timeout_s: float = 600.0,
+        retries: int = 3,
+        backoff_base_s: float = 0.25,
+        backoff_max_s: float = 5.0,
+        max_bundle_bytes: int = MAX_BUNDLE_BYTES,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        if connect_timeout_s <= 0 or read_timeout_s <= 0 or tool_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0")
+        if backoff_base_s < 0 or backoff_max_s < backoff_base_s:
+            raise ValueError("backoff must satisfy 0 <= backoff_base_s <= backoff_max_s")
+        headers = {"Origin": ORIGIN}
+        if token:
+            headers[TOKEN_HEADER] = token
+        if bearer:
+            headers["Authorization"] = f"Bearer {bearer}"
+        self.base_url = base_url.rstrip("/")
+        self.has_token = bool(token)
+        self.retries = retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.max_bundle_bytes = max_bundle_bytes
+        self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self._tool_timeout = httpx.Timeout(tool_timeout_s, connect=connect_timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url + "/",
+            headers=headers,
+            timeout=self._timeout,
+            transport=transport,
+            follow_redirects=False,
+        )
+        self._rpc_ids = itertools.count(1)
+        self._counters = _Counters()
+
+    def __repr__(self) -> str:
+        token = "set" if self.has_token else "none"
+        return f"<ServerClient {self.base_url} token={token}>"
+
+    async def __aenter__(self) -> ServerClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the pooled connections."""
+        await self._http.aclose()
+
+    def statistics(self) -> ClientStatistics:
+        """Requests sent (attempts included), retries made, calls that raised."""
+        c = self._counters
+        return ClientStatistics(requests=c.requests, retries=c.retries, failures=c.failures)
+
+    # -- the calls of §iii -----------------------------------------------------------------
+
+    async def version(self) -> str:
+        """``GET /api/version`` (§iii.2): the server's version string."""
+        body = await self._json("GET", "/api/version", idempotent=True)
+        version = body.get("version") if isinstance(body, dict) else None
+        if not isinstance(version, str):
+            raise self._shape("GET", "/api/version", "no 'version' string")
+        return version
+
+    async def runner_token(self, runner_id: str) -> dict[str, Any]:
+        """``POST /v1/runners/{runner_id}/token`` (§iii.1): mint a runner JWT.
+
+        Returns ``{"token", "expires_at"}``. A server without an auth provider answers 401
+        (no session bound yet) or 400 (``invalid_input``); both raise :class:`ServerRejected`,
+        and a runner may go on without the JWT, as the captured runner did.
+        """
+        path = f"/v1/runners/{_id(runner_id, 'runner_id')}/token"
+        body = await self._json("POST", path, content=b"", idempotent=False)
+        if not isinstance(body, dict) or not isinstance(body.get("token"), str):
+            raise self._shape("POST", path, "no 'token' string")
+        return body
+
+    async def agent_bundle(self, session_id: str) -> AgentSpec:
+        """``GET /v1/sessions/{id}/agent/contents`` (§iii.3), parsed.
+
+        Raises:
+            SpecError: the bundle or its YAML is invalid (naming the field).
+        """
+        return (await self.agent_bundle_info(session_id)).spec
+
+    async def agent_bundle_info(self, session_id: str) -> AgentBundle:
+        """Like :meth:`agent_bundle`, with the ``x-agent-*`` headers of the answer."""
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}/agent/contents"
+        response, content = await self._request(
+            "GET", path, idempotent=True, max_bytes=self.max_bundle_bytes
+        )
+        scoped = response.headers.get("x-agent-session-scoped")
+        return AgentBundle(
+            spec=load_bundle(content, max_bytes=self.max_bundle_bytes),
+            name=response.headers.get("x-agent-name"),
+            version=response.headers.get("x-agent-version"),
+            session_scoped=None if scoped is None else scoped.lower() == "true",
+            size=len(content),
+        )
+
+    async def session_snapshot(self, session_id: str) -> dict[str, Any]:
+        """``GET /v1/sessions/{id}`` (§iii.4): the server's full view of the session.
+
+        Fields the runner uses: ``agent_id``, ``agent_name``, ``status``, ``labels``,
+        ``runner_id``, ``harness``, ``llm_model``, ``model_override``, ``pending_elicitations``,
+        ``pending_inputs``, ``active_response_id``, ``parent_session_id``.
+        """
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}"
+        return await self._object("GET", path, idempotent=True)
+
+    async def patch_session(self, session_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``PATCH /v1/sessions/{id}`` (§iii.5), e.g. ``{"labels": {"omnigent.ui":
+        "terminal"}}``; returns the updated snapshot.
+
+        Retried like a GET: it sets values, so sending it twice leaves the same state.
+        """
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}"
+        return await self._object("PATCH", path, json=body, idempotent=True)
+
+    async def items(
+        self, session_id: str, *, page_size: int = 100, max_items: int = 100_000
+    ) -> list[dict[str, Any]]:
+        """``GET /v1/sessions/{id}/items?limit=100&order=asc`` (§iii.6): the whole history.
+
+        Pages are followed while ``has_more`` is true, asking for the items ``after`` the
+        previous page's ``last_id`` (the server's list cursor; the captured histories fit in one
+        page). Items keep the server's shape: ``id, response_id, type, status, created_at``
+        plus the type's fields flattened.
+
+        Raises:
+            ServerProtocolError: a page that is not a list object, a cursor that does not
+                move, or more than ``max_items`` items.
+        """
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}/items"
+        items: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            params = {"limit": str(page_size), "order": "asc"}
+            if after is not None:
+                params["after"] = after
+            page = await self._object("GET", path, params=params, idempotent=True)
+            data = page.get("data")
+            if not isinstance(data, list) or not all(isinstance(i, dict) for i in data):
+                raise self._shape("GET", path, "'data' is not a list of objects")
+            items.extend(data)
+            if len(items) > max_items:
+                raise self._shape("GET", path, f"more than {max_items} items")
+            if not page.get("has_more"):
+                return items
+            last = page.get("last_id") or (data[-1].get("id") if data else None)
+            if not isinstance(last, str) or not data or last == after:
+                raise self._shape("GET", path, "has_more is true but the cursor did not move")
+            after = last
+
+    async def labels(self, session_id: str) -> dict[str, str]:
+        """``GET /v1/sessions/{id}/labels`` (§iii.7): the session's labels."""
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}/labels"
+        body = await self._object("GET", path, idempotent=True)
+        labels = body.get("labels")
+        if not isinstance(labels, dict):
+            raise self._shape("GET", path, "no 'labels' object")
+        return labels
+
+    async def evaluate_policy(self, session_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/sessions/{id}/policies/evaluate`` (§iii.8).
+
+        ``body`` is ``{"event": {"type": <phase>, "data": {...}}}``; the answer is e.g.
+        ``{"result": "POLICY_ACTION_ALLOW"}``.
+        """
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}/policies/evaluate"
+        return await self._object("POST", path, json=body, idempotent=False)
+
+    async def mcp_call(
+        self,
+        session_id: str,
+        name: str,
+        arguments: Mapping[str, Any],
+        *,
+        on_input_required: InputRequired | None = None,
+        max_rounds: int = 8,
+    ) -> dict[str, Any]:
+        """Execute a tool through the server: JSON-RPC 2.0 ``tools/call`` on ``POST
+        /v1/sessions/{id}/mcp`` (§iii.9). Returns the JSON-RPC ``result``
+        (``{"content": [...]}``).
+
+        When policy asks a human, the result is ``{"resultType": "input_required",
+        "inputRequests": {eid: {...}}, "requestState": "..."}``. Then ``on_input_required``
+        is awaited with that result; it waits for the verdict (an ``approval`` event reaches the
+        runner through the tunnel) and returns ``inputResponses`` (``{eid: {"action":
+        "accept"}}``). The call is sent again with the same ``name`` and ``arguments`` plus
+        ``requestState`` and ``inputResponses``, under a new JSON-RPC id. Without a callback,
+        or when it returns ``None``, the ``input_required`` result is returned as is.
+
+        The read timeout is ``tool_timeout_s``; the call is never retried once sent.
+
+        Raises:
+            ServerRejected: a JSON-RPC ``error`` (``code`` is its code, as a string).
+            ServerProtocolError: not a JSON-RPC answer, or more than ``max_rounds`` rounds.
+        """
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}/mcp"
+        params: dict[str, Any] = {"name": name, "arguments": dict(arguments)}
+        for _ in range(max_rounds):
+            rpc_id = next(self._rpc_ids)
+            request = {"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call", "params": params}
+            answer = await self._object(
+                "POST", path, json=request, idempotent=False, timeout=self._tool_timeout
+            )
+            if isinstance(answer.get("error"), dict):
+                error = answer["error"]
+                raise ServerRejected(
+                    f"POST {path}: tools/call {name!r} failed: {_clip(str(error.get('message')))}",
+                    status=200,
+                    body=msgspec.json.encode(answer),
+                    method="POST",
+                    path=path,
+                    code=str(error.get("code")),
+                )
+            result = answer.get("result")
+            if not isinstance(result, dict):
+                raise self._shape("POST", path, "a JSON-RPC answer with neither result nor error")
+            if result.get("resultType") != "input_required" or on_input_required is None:
+                return result
+            responses = await on_input_required(result)
+            if responses is None:
+                return result
+            params = {
+                "name": name,
+                "arguments": dict(arguments),
+                "requestState": result.get("requestState"),
+                "inputResponses": responses,
+            }
+        raise self._shape("POST", path, f"still input_required after {max_rounds} rounds")
+
+    async def post_event(self, session_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/sessions/{id}/events`` (§iii.10), e.g. an ``external_conversation_item``;
+        returns the answer (202 ``{"queued": false, "item_id": ...}``), ``{}`` when empty."""
+        path = f"/v1/sessions/{_id(session_id, 'session_id')}/events"
+        return await self._object("POST", path, json=body, idempotent=False, empty_ok=True)
+
+    async def file_content(self, file_id: str) -> tuple[bytes, str]:
+        """The bytes and content type of an uploaded file, for ``file_id`` media blocks.
+
+        The capture shows no file route (no turn used a file), so this calls the placeholder
+        ``GET /v1/files/{file_id}/content``; confirm it against a real server before relying on
+        it.
+        """
+        path = f"/v1/files/{_id(file_id, 'file_id')}/content"
+        response, content = await self._request(
+            "GET", path, idempotent=True, max_bytes=MAX_FILE_BYTES
+        )
+        kind = response.headers.get("content-type", "application/octet-stream")
+        return content, kind.split(";")[0].strip()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    async def _object(
+        self,
+        method: str,
+        path: str,
+        *,
+        empty_ok: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        body = await self._json(method, path, empty_ok=empty_ok, **kwargs)
+        if not isinstance(body, dict):
+            raise self._shape(method, path, f"expected a JSON object, got {type(body).__name__}")
+        return body
+
+    async def _json(self, method: str, path: str, *, empty_ok: bool = False, **kwargs: Any) -> Any:
+        _, content = await self._request(method, path, max_bytes=MAX_JSON_BYTES, **kwargs)
+        if not content.strip() and empty_ok:
+            return {}
+        try:
+            return msgspec.json.decode(content)
+        except msgspec.DecodeError as exc:
+            raise self._shape(method, path, f"the answer is not JSON ({exc})") from exc
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool,
+        max_bytes: int,
+        params: Mapping[str, str] | None = None,
+        json: Any = None,
+        content: bytes | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> tuple[httpx.Response, bytes]:
+        """Send with bounded retries; the 2xx response and its body (at most ``max_bytes``)."""
+        headers = {}
+        if json is not None:
+            content = msgspec.json.encode(json)
+            headers["Content-Type"] = "application/json"
+        attempt = 0
+        while True:
+            attempt += 1
+            self._counters.requests += 1
+            retry_after: float | None = None
+            try:
+                request = self._http.build_request(
+                    method,
+                    path.lstrip("/"),
+                    params=params,
+                    content=content,
+                    headers=headers,
+                    timeout=timeout or self._timeout,
+                )
+                response = await self._http.send(request, stream=True)
+                try:
+                    body = await _read_capped(response, max_bytes, method, path)
+                finally:
+                    await response.aclose()
+            except httpx.TimeoutException as exc:
+                sent = not isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout)
+                error: Exception = ServerTimeout(
+                    f"{method} {path}: no answer in time ({type(exc).__name__})",
+                    method=method,
+                    path=path,
+                )
+                cause: BaseException | None = exc
+            except httpx.TransportError as exc:
+                sent = not isinstance(exc, httpx.ConnectError)
+                error = ServerUnavailable(
+                    f"{method} {path}: {type(exc).__name__}: {_clip(str(exc))}",
+                    method=method,
+                    path=path,
+                )
+                cause = exc
+            except httpx.RequestError as exc:  # e.g. a body that fails to decode: not transient
+                self._counters.failures += 1
+                raise ServerProtocolError(
+                    f"{method} {path}: {type(exc).__name__}: {_clip(str(exc))}",
+                    method=method,
+                    path=path,
+                ) from exc
+            else:
+                status = response.status_code
+                log.debug("%s %s -> %d (%d bytes)", method, path, status, len(body))
+                if 200 <= status < 300:
+                    return response, body
+                if status not in UNAVAILABLE_STATUS:
+                    self._counters.failures += 1
+                    raise _rejected(method, path, status, body)
+                sent = True
+                retry_after = _retry_after(response.headers.get("retry-after"))
+                error = ServerUnavailable(
+                    f"{method} {path} -> {status}: {_detail(body)}",
+                    method=method,
+                    path=path,
+                    status=status,
+                    body=body,
+                )
+                cause = None
+            if attempt > self.retries or (sent and not idempotent):
+                self._counters.failures += 1
+                raise error from cause
+            delay = self._backoff(attempt, retry_after)
+            self._counters.retries += 1
+            log.warning("%s; retry %d/%d in %.2fs", str(error), attempt, self.retries, delay)
+            await trio.sleep(delay)
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.backoff_max_s)
+        delay = min(self.backoff_base_s * 2 ** (attempt - 1), self.backoff_max_s)
+        return delay * random.uniform(0.5, 1.5)
+
+    def _shape(self, method: str, path: str, what: str) -> ServerProtocolError:
+        self._counters.failures += 1
+        return ServerProtocolError(
+            f"{method} {path}: unexpected answer: {what}", method=method, path=path
+        )
+
+
+async def _read_capped(response: httpx.Response, limit: int, method: str, path: str) -> bytes:
+    declared = response.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ServerProtocolError(
+            f"{method} {path}: answer of {declared} bytes is over the {limit}-byte limit",
+            method=method,
+            path=path,
+            status=response.status_code,
+        )
+    chunks = bytearray()
+    async for chunk in response.aiter_bytes():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise ServerProtocolError(
+                f"{method} {path}: answer is over the {limit}-byte limit",
+                method=method,
+                path=path,
+                status=response.status_code,
+            )
+    return bytes(chunks)
+
+
+def _rejected(method: str, path: str, status: int, body: bytes) -> ServerRejected:
+    code = None
+    try:
+        decoded = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        decoded = None
+    if isinstance(decoded, dict):
+        error = decoded.get("error")
+        if isinstance(error, dict) and error.get("code") is not None:
+            code = str(error["code"])
+        elif isinstance(error, str):  # the runner-side shape {"error": "not_found", "detail"}
+            code = error
+    return ServerRejected(
+        f"{method} {path} -> {status}: {_detail(body)}",
+        status=status,
+        body=body,
+        method=method,
+        path=path,
+        code=code,
+    )
+
+
+def _detail(body: bytes) -> str:
+    """A short human message from an error body."""
+    try:
+        decoded = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return _clip(body.decode("utf-8", "replace")) or "(empty body)"
+    if isinstance(decoded, dict):
+        error = decoded.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return _clip(str(error["message"]))
+        if decoded.get("detail"):
+            return _clip(str(decoded["detail"]))
+    return _clip(body.decode("utf-8", "replace"))
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _id(value: str, what: str) -> str:
+    """``value`` if it is safe as one URL path segment; else ``ValueError`` (value not echoed)."""
+    if not isinstance(value, str) or not _SAFE_ID.match(value) or set(value) == {"."}:
+        raise ValueError(f"{what} must match ^[A-Za-z0-9_.-]+$ (1-256 characters, not only dots)")
+    return value

@@ -1,0 +1,445 @@
+"""The agent spec: what the runner needs to know about an agent, as typed msgspec Structs.
+
+An omnigent server hands the runner its agents as a bundle (``GET /v1/sessions/{id}/agent/
+contents``: a tar.gz holding one agent YAML, PROTOCOL_FACTS §iii.3)::
+
+    name: proto-tool-021697
+    executor:
+      harness: openai-agents          # or executor.config.harness
+      model: fake-tool-xb0f7b6
+      auth: {type: api_key, api_key: mock-key, base_url: http://127.0.0.1:18933/v1}
+    os_env: {type: caller_process, cwd: ., sandbox: {type: none}}
+    prompt: terse
+
+Agent YAMLs are written for many runners, so two rules pull against each other:
+
+* **Fields corral knows are typed.** A wrong type is an error that names the field, in
+  msgspec's words: ``invalid agent spec: Expected str, got int - at $.executor.model``.
+* **Fields corral does not know are kept**, not rejected and not dropped. Each section
+  (the spec, ``executor``, ``executor.auth``, ``executor.config``, ``os_env``,
+  ``os_env.sandbox``) carries the keys it did not recognise in ``extra``, and
+  :func:`spec_to_dict` puts them back. Harness workers read tunables such as
+  ``executor.max_steps`` or ``executor.headers`` from the dict they are sent, so a round
+  trip over the bus must not lose them.
+
+``executor.harness`` is normalised: when only ``executor.config.harness`` is given, it is
+copied into ``executor.harness`` (``config`` is kept as it was).
+
+Bundles are untrusted input from the network. :func:`load_bundle` never extracts to disk
+and still refuses what an extracting reader would trip on (absolute or ``..`` paths, links,
+devices), and bounds both the compressed and the unpacked size, so a gzip bomb costs at
+most ``max_unpacked`` bytes of memory.
+
+This module is a floor module: it imports nothing from ``corral.actors``, ``corral.server``
+or ``corral.cli``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import tarfile
+import zlib
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+
+from ._exceptions import SpecError
+
+__all__ = [
+    "MAX_BUNDLE_BYTES",
+    "MAX_UNPACKED_BYTES",
+    "MAX_YAML_BYTES",
+    "AgentSpec",
+    "AuthSpec",
+    "ExecutorConfig",
+    "ExecutorSpec",
+    "OsEnvSpec",
+    "SandboxSpec",
+    "SpecError",
+    "load_bundle",
+    "load_spec_yaml",
+    "make_bundle",
+    "parse_spec",
+    "spec_to_dict",
+]
+
+#: Largest compressed bundle :func:`load_bundle` accepts.
+MAX_BUNDLE_BYTES = 8 * 1024 * 1024
+#: Largest total size of a bundle's members once unpacked.
+MAX_UNPACKED_BYTES = 32 * 1024 * 1024
+#: Largest agent YAML document.
+MAX_YAML_BYTES = 1024 * 1024
+#: Most members a bundle may hold.
+MAX_MEMBERS = 2048
+#: Most nodes a YAML document may expand to (aliases counted each time they are used), so an
+#: alias bomb ("billion laughs") is refused before anything walks it.
+MAX_YAML_NODES = 200_000
+
+#: Wire name of the ``extra`` field. Nobody writes this key in an agent YAML; it only exists so
+#: the field has a name of its own (the keys it holds are written back at the section's level).
+_EXTRA = "__corral_extra__"
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A mapping of the spec: typed known fields, plus the unknown keys kept in ``extra``."""
+
+    extra: dict[str, Any] = msgspec.field(default_factory=dict, name=_EXTRA)
+
+
+class AuthSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
+    """``executor.auth``: how the harness authenticates to its model provider.
+
+    ``api_key`` may be a literal or a ``$VAR`` reference that the host expands; it is masked
+    in ``repr()`` so a logged spec does not leak it.
+    """
+
+    type: str | None = None
+    api_key: str | None = None
+    base_url: str | None = None
+
+    def __repr__(self) -> str:
+        key = None if self.api_key is None else "***"
+        return f"AuthSpec(type={self.type!r}, api_key={key!r}, base_url={self.base_url!r})"
+
+    def __rich_repr__(self) -> Iterator[tuple[str, Any]]:
+        yield "type", self.type
+        yield "api_key", None if self.api_key is None else "***"
+        yield "base_url", self.base_url
+
+
+class ExecutorConfig(_Section, frozen=True, kw_only=True, omit_defaults=True):
+    """``executor.config``: the omnigent-style place for ``harness`` (and runner options)."""
+
+    harness: _Name | None = None
+
+
+class ExecutorSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
+    """``executor``: which harness runs the agent, on which model, with which credentials.
+
+    ``script`` is the free-form script of the ``scripted`` harness
+    (``shared/spec/SCRIPTED_HARNESS.md``); that harness validates it.
+    """
+
+    type: str | None = None
+    harness: _Name | None = None
+    config: ExecutorConfig | None = None
+    model: str | None = None
+    auth: AuthSpec | None = None
+    script: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.harness is None and self.config is not None and self.config.harness:
+            msgspec.structs.force_setattr(self, "harness", self.config.harness)
+
+
+class SandboxSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
+    """``os_env.sandbox``: how tool execution is isolated (``type: none`` for no sandbox)."""
+
+    type: str | None = None
+
+
+class OsEnvSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
+    """``os_env``: the OS environment the agent's tools run in.
+
+    ``type`` is e.g. ``caller_process``; ``cwd`` is relative to the session's workspace.
+    ``sandbox`` may also be a bare string (``sandbox: none``).
+    """
+
+    type: str | None = None
+    cwd: str | None = None
+    sandbox: SandboxSpec | str | None = None
+
+
+class AgentSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
+    """An agent, as the runner needs it.
+
+    ``prompt`` and ``instructions`` are two spellings of the system prompt (omnigent agent
+    YAMLs use ``prompt``); :attr:`system_prompt` picks one. ``os_env`` may be the string
+    ``inherit`` in a sub-agent. ``terminals``, ``tools`` and ``sub_agents`` are free-form
+    lists or mappings whose entries the owning actor interprets. ``agent_session_sharing`` is
+    one of ``none``, ``non-public``, ``public``.
+    """
+
+    name: _Name | None = None
+    executor: ExecutorSpec | None = msgspec.field(default_factory=ExecutorSpec)
+    prompt: str | None = None
+    instructions: str | None = None
+    os_env: OsEnvSpec | str | None = None
+    terminals: list[Any] | dict[str, Any] | None = None
+    tools: list[Any] | dict[str, Any] | None = None
+    sub_agents: list[Any] | dict[str, Any] | None = None
+    spawn: bool | None = None
+    agent_session_sharing: Literal["none", "non-public", "public"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.executor is None:  # ``executor:`` left empty in the YAML
+            msgspec.structs.force_setattr(self, "executor", ExecutorSpec())
+
+    @property
+    def harness(self) -> str | None:
+        """``executor.harness`` (or ``executor.config.harness``), if the spec names one."""
+        return self.executor.harness if self.executor is not None else None
+
+    @property
+    def model(self) -> str | None:
+        """``executor.model``, if set."""
+        return self.executor.model if self.executor is not None else None
+
+    @property
+    def system_prompt(self) -> str | None:
+        """``prompt`` if set, else ``instructions``."""
+        return self.prompt if self.prompt is not None else self.instructions
+
+
+def parse_spec(data: Any) -> AgentSpec:
+    """Validate a decoded agent spec (a mapping, e.g. from YAML or the bus).
+
+    Raises:
+        SpecError: naming the field, e.g. ``invalid agent spec: Expected str, got int - at
+            $.executor.model``; ``path`` is ``$.executor.model``.
+    """
+    _check_expansion(data, MAX_YAML_NODES)
+    try:
+        spec = msgspec.convert(data, AgentSpec)
+    except msgspec.ValidationError as exc:
+        # msgspec's words, without its backticks, and "str" rather than "str | null": every
+        # field may be left out or null, so saying so on each error is noise.
+        text = str(exc).replace("`", "")
+        text = re.sub(r"^(Expected .*?) \| null\b", r"\1", text)
+        match = re.search(r" - at (?:key in )?(\$\S*)$", text)
+        raise SpecError(
+            f"invalid agent spec: {text}", path=match.group(1) if match else "$"
+        ) from exc
+    return _with_extras(spec, data)
+
+
+def spec_to_dict(spec: AgentSpec) -> dict[str, Any]:
+    """The spec as plain builtins, unknown keys included: ``parse_spec(spec_to_dict(s)) == s``.
+
+    Fields left at their default are omitted. Values YAML decoded to non-JSON types (dates)
+    come back as strings, so the dict encodes as JSON or msgpack.
+    """
+    return msgspec.to_builtins(_section_to_dict(spec))
+
+
+def load_spec_yaml(text: str | bytes) -> AgentSpec:
+    """Parse one agent YAML document.
+
+    Raises:
+        SpecError: the YAML does not parse (with line and column), is not a mapping, is over
+            :data:`MAX_YAML_BYTES`, or does not validate (naming the field).
+    """
+    size = len(text.encode() if isinstance(text, str) else text)
+    if size > MAX_YAML_BYTES:
+        raise SpecError(f"agent YAML is too large: {size} bytes (limit {MAX_YAML_BYTES})")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        where = ""
+        if exc.problem_mark is not None:
+            where = f" at line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}"
+        raise SpecError(f"invalid agent YAML: {exc.problem or exc}{where}") from exc
+    except yaml.YAMLError as exc:
+        raise SpecError(f"invalid agent YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise SpecError("invalid agent YAML: nested too deeply") from exc
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else type(data).__name__
+        raise SpecError(f"invalid agent spec: expected a mapping at the top, got {kind}", path="$")
+    return parse_spec(data)
+
+
+def load_bundle(
+    data: bytes,
+    *,
+    max_bytes: int = MAX_BUNDLE_BYTES,
+    max_unpacked: int = MAX_UNPACKED_BYTES,
+) -> AgentSpec:
+    """Parse an agent bundle: a tar.gz holding one agent YAML (plus files it may ignore).
+
+    The YAML is ``config.yaml`` (or ``agent.yaml``) at the shallowest level that holds YAML
+    files, else the only ``*.yaml``/``*.yml`` file there.
+
+    Raises:
+        SpecError: the bundle is too large (compressed or unpacked), not gzip, not a tar
+            archive, has an absolute or ``..`` member path, a link or device member, holds no
+            YAML or several candidates, or its YAML is invalid.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise SpecError(f"agent bundle must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise SpecError(f"agent bundle is too large: {len(data)} bytes (limit {max_bytes})")
+    if data[:2] != b"\x1f\x8b":
+        raise SpecError("agent bundle is not gzip data (expected a tar.gz)")
+    raw = _gunzip(data, max_unpacked)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as archive:
+            name, content = _read_agent_yaml(archive, max_unpacked)
+    except tarfile.TarError as exc:
+        raise SpecError(f"agent bundle is not a tar archive: {exc}") from exc
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"agent YAML {name!r} is not UTF-8 text") from exc
+    return load_spec_yaml(text)
+
+
+def make_bundle(yaml_text: str, *, filename: str = "agent.yaml") -> bytes:
+    """A bundle holding ``yaml_text`` as ``filename``, byte for byte reproducible.
+
+    For tests and an embedded server; the real server builds its bundles itself.
+    """
+    payload = yaml_text.encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo(filename)
+        info.size = len(payload)
+        info.mode = 0o644
+        archive.addfile(info, io.BytesIO(payload))
+    return gzip.compress(buffer.getvalue(), mtime=0)
+
+
+# -- internals ------------------------------------------------------------------------------
+
+
+def _with_extras(section: Any, raw: Any) -> Any:
+    """Copy of ``section`` whose ``extra`` (and its sub-sections') hold ``raw``'s unknown keys."""
+    if not isinstance(section, _Section) or not isinstance(raw, dict):
+        return section
+    known = set()
+    changes: dict[str, Any] = {}
+    for field in msgspec.structs.fields(section):
+        if field.name == "extra":
+            continue
+        known.add(field.encode_name)
+        value = getattr(section, field.name)
+        if isinstance(value, _Section) and field.encode_name in raw:
+            changes[field.name] = _with_extras(value, raw[field.encode_name])
+    changes["extra"] = {k: v for k, v in raw.items() if k not in known and k != _EXTRA}
+    return msgspec.structs.replace(section, **changes)
+
+
+def _section_to_dict(section: _Section) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field in msgspec.structs.fields(section):
+        if field.name == "extra":
+            continue
+        value = getattr(section, field.name)
+        default = (
+            field.default_factory()
+            if field.default_factory is not msgspec.NODEFAULT
+            else field.default
+        )
+        if value == default:
+            continue
+        out[field.encode_name] = _section_to_dict(value) if isinstance(value, _Section) else value
+    for key, value in section.extra.items():
+        out.setdefault(key, value)
+    return out
+
+
+def _read_agent_yaml(archive: tarfile.TarFile, max_unpacked: int) -> tuple[str, bytes]:
+    """The agent YAML's path and bytes, after checking every member."""
+    files: dict[str, tarfile.TarInfo] = {}
+    total = 0
+    for count, member in enumerate(_members(archive), start=1):
+        if count > MAX_MEMBERS:
+            raise SpecError(f"agent bundle has more than {MAX_MEMBERS} members")
+        name = _check_member(member)
+        total += max(member.size, 0)
+        if total > max_unpacked:
+            raise SpecError(f"agent bundle unpacks to more than {max_unpacked} bytes")
+        if member.isreg() and name:
+            files[name] = member
+    name = _pick_yaml(files)
+    member = files[name]
+    if member.size > MAX_YAML_BYTES:
+        raise SpecError(
+            f"agent YAML {name!r} is too large: {member.size} bytes (limit {MAX_YAML_BYTES})"
+        )
+    handle = archive.extractfile(member)
+    assert handle is not None  # a regular file always has a handle
+    return name, handle.read()
+
+
+def _check_expansion(data: Any, budget: int) -> None:
+    """Refuse a structure that expands to more than ``budget`` nodes (YAML alias bombs)."""
+    stack = [data]
+    seen = 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > budget:
+            raise SpecError(f"agent spec is too large: more than {budget} values once expanded")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+            seen += len(node)
+        elif isinstance(node, list | tuple | set):
+            stack.extend(node)
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    try:
+        while data:
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            chunk = inflater.decompress(data, limit + 1 - len(out))
+            out += chunk
+            if len(out) > limit:
+                raise SpecError(f"agent bundle unpacks to more than {limit} bytes")
+            if not inflater.eof:
+                if inflater.unconsumed_tail:
+                    raise SpecError(f"agent bundle unpacks to more than {limit} bytes")
+                raise SpecError("agent bundle is truncated gzip data")
+            data = inflater.unused_data.lstrip(b"\x00")
+    except zlib.error as exc:
+        raise SpecError(f"agent bundle is not valid gzip data: {exc}") from exc
+    return bytes(out)
+
+
+def _members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    try:
+        while (member := archive.next()) is not None:
+            yield member
+    except tarfile.TarError as exc:
+        raise SpecError(f"agent bundle is not a valid tar archive: {exc}") from exc
+
+
+def _check_member(member: tarfile.TarInfo) -> str:
+    """The member's normalised path; refuses what is unsafe to unpack anywhere."""
+    name = member.name
+    if member.issym() or member.islnk():
+        kind = "symlink" if member.issym() else "hard link"
+        raise SpecError(f"agent bundle member {name!r} is a {kind}; links are not allowed")
+    if not (member.isreg() or member.isdir()):
+        raise SpecError(f"agent bundle member {name!r} is not a regular file or directory")
+    if "\x00" in name or "\\" in name:
+        raise SpecError(f"agent bundle member {name!r} has an invalid path")
+    if name.startswith("/"):
+        raise SpecError(f"agent bundle member {name!r} has an absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise SpecError(f"agent bundle member {name!r} escapes the bundle ('..' in its path)")
+    return "/".join(parts)
+
+
+def _pick_yaml(files: dict[str, tarfile.TarInfo]) -> str:
+    yamls = [n for n in files if n.endswith((".yaml", ".yml"))]
+    if not yamls:
+        raise SpecError("agent bundle holds no agent YAML (*.yaml or *.yml)")
+    depth = min(n.count("/") for n in yamls)
+    top = sorted(n for n in yamls if n.count("/") == depth)
+    if len(top) == 1:
+        return top[0]
+    for preferred in ("config.yaml", "config.yml", "agent.yaml", "agent.yml"):
+        named = [n for n in top if n.rsplit("/", 1)[-1] == preferred]
+        if len(named) == 1:
+            return named[0]
+    raise SpecError(f"agent bundle holds several agent YAML files ({', '.join(top)}); expected one")

@@ -1,0 +1,283 @@
+"""Dispatch end to end through the bus: real host, fake server for runner → server calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import FAST_LIVENESS, HostProcess
+from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
+from tests.integration._gateway import fake_gateway, scripted_yaml
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOmnigentServer]:
+    fake = FakeOmnigentServer()
+    with fake.serve_in_thread():
+        yield fake
+
+
+@pytest.fixture
+def dhost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    h = host_factory(
+        FAST_LIVENESS
+        + "[actors.dispatch.options]\n"
+        + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
+    ).start()
+    yield h
+    if h.proc is not None and h.proc.poll() is None:
+        h.stop()
+
+
+def _session(server: FakeOmnigentServer, *steps: str, name: str = "agent") -> tuple[str, str]:
+    agent_id = server.add_agent(scripted_yaml(name, *steps))
+    session = server.add_session(agent_id)
+    return agent_id, session["id"]
+
+
+async def test_d08_background_turn_streams_events_and_ends_idle(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(server, '{text: "hello world", chunk: 5}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        reply = await gw.init(sid, agent_id)
+        assert reply.status == 201
+        assert json.loads(reply.body)["id"] == sid
+        reply = await gw.message(sid, "hi", agent_id=agent_id)
+        assert (reply.status, json.loads(reply.body)) == (
+            202,
+            {"status": "accepted", "detail": "Turn started."},
+        )
+        assert await gw.until_status(sid) == ["running", "idle"]
+        assert gw.texts(sid) == "hello world"
+        types = [e["type"] for e in gw.events[sid]]
+        assert "response.created" not in types, "not on the session stream (§ii.6)"
+        assert types[0] == "session.status" and types[-1] == "session.status"
+        assert "response.completed" in types
+
+
+async def test_d29_d31_buffered_message_runs_as_continuation_without_idle_between(
+    dhost: HostProcess, server
+) -> None:
+    agent_id, sid = _session(
+        server, '{text: "w ", repeat: 30, delay_ms: 20}', "{echo_history: true}"
+    )
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        assert (await gw.message(sid, "first")).status == 202
+        await gw.wait(lambda: "w" in gw.texts(sid))
+        reply = await gw.message(sid, "second")
+        assert (reply.status, json.loads(reply.body)["status"]) == (202, "buffered")
+        await gw.until_status(sid, "idle", timeout=20)
+        assert gw.statuses(sid) == ["running", "idle"]
+        echoed = [
+            e["delta"]
+            for e in gw.events[sid]
+            if e["type"] == "response.output_text.delta" and e["delta"].startswith("[")
+        ]
+        # The continuation saw the whole history: first message, first answer, second message.
+        last = json.loads(echoed[-1])
+        assert [r for r, _ in last] == ["user", "assistant", "user"]
+        assert last[0][1] == "first" and last[2][1] == "second"
+        assert last[1][1].startswith("w w w")
+
+
+async def test_d16_d17_setup_failure_ends_failed_with_the_message(
+    dhost: HostProcess, server
+) -> None:
+    agent_id = server.add_agent(
+        "name: broken\nexecutor:\n  harness: scripted\n"
+        "  auth: {type: api_key, api_key: $CORRAL_TEST_UNSET}\n"
+        "  script: {turns: [[{text: x}]]}\n"
+    )
+    sid = server.add_session(agent_id)["id"]
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid) == ["running", "failed"]
+        edge = gw.events[sid][-1]
+        assert edge["error"]["code"]
+        assert "turn setup failed" in edge["error"]["message"]
+        # D-18: the session is released; the next message starts a new turn.
+        await gw.message(sid, "again")
+        assert await gw.until_status(sid, count=2) == ["running", "failed", "running", "failed"]
+
+
+async def test_d19_in_stream_failure_is_a_failed_edge(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(
+        server,
+        '{text: "partial"}',
+        "{fail: {code: executor_error, "
+        'message: "harness turn failed: executor stream disconnected"}}',
+    )
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid) == ["running", "failed"]
+        assert gw.events[sid][-1]["error"] == {
+            "code": "executor_error",
+            "message": "harness turn failed: executor stream disconnected",
+        }
+
+
+async def test_d13_d14_spec_failure_before_streaming_is_a_generic_503(
+    dhost: HostProcess, server
+) -> None:
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init("no-such-session", "ag_missing")
+        body = {"type": "message", "role": "user", "content": "hi", "agent_id": "ag_missing"}
+        reply = await gw.request(
+            "POST", "/v1/sessions/no-such-session/events", body, query="stream=true"
+        )
+        assert reply.status == 503
+        assert json.loads(reply.body) == {
+            "error": "spec_resolver_failed",
+            "detail": "Request failed on the runner; see runner logs for details.",
+        }
+        assert await gw.until_status("no-such-session") == ["running", "failed"]
+    assert "spec resolver failed for session no-such-session" in dhost.log()
+
+
+async def test_d23_d24_cold_history_rehydrates_and_drops_the_persisted_copy(
+    dhost: HostProcess, server
+) -> None:
+    agent_id, sid = _session(server, "{echo_history: true}")
+    server.add_item(sid, user_message("prior question"))
+    server.add_item(sid, assistant_message("prior answer"))
+    stored = server.add_item(sid, user_message("new question"))
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "new question", persisted_item_id=stored["id"])
+        await gw.until_status(sid)
+        pairs = json.loads(gw.texts(sid))
+    assert pairs == [
+        ["user", "prior question"],
+        ["assistant", "prior answer"],
+        ["user", "new question"],
+    ]
+
+
+async def test_d25_without_persisted_id_nothing_is_dropped(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(server, "{echo_history: true}")
+    server.add_item(sid, user_message("prior user, reply lost"))
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "new user")
+        await gw.until_status(sid)
+        assert [t for _, t in json.loads(gw.texts(sid))] == ["prior user, reply lost", "new user"]
+
+
+async def test_e04_approval_is_a_control_event_and_passes_the_harness_answer(
+    dhost: HostProcess, server
+) -> None:
+    agent_id, sid = _session(server, '{text: "x"}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        body = {"type": "approval", "data": {"elicitation_id": "elicit_x", "action": "accept"}}
+        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body)
+        assert reply.status == 404
+        assert json.loads(reply.body)["error"]["code"] == "not_found"
+        assert gw.statuses(sid) == [], "an approval never starts a turn"
+
+
+async def test_elicitation_round_trip_through_dispatch(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(
+        server, '{elicit: {message: "Deploy?"}}', '{text: "Deployed.", on_decline: "Not deployed."}'
+    )
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        await gw.wait(
+            lambda: any(e["type"] == "response.elicitation_request" for e in gw.events.get(sid, []))
+        )
+        req = next(e for e in gw.events[sid] if e["type"] == "response.elicitation_request")
+        body = {
+            "type": "approval",
+            "data": {"elicitation_id": req["elicitation_id"], "action": "decline"},
+        }
+        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body)
+        assert (reply.status, reply.body, reply.headers) == (204, b"", [])
+        assert await gw.until_status(sid) == ["running", "idle"]
+        assert gw.texts(sid) == "Not deployed."
+
+
+async def test_tool_call_gets_not_available_and_the_turn_completes(
+    dhost: HostProcess, server
+) -> None:
+    agent_id, sid = _session(
+        server, '{tool: sys_os_shell, arguments: {command: "echo hi"}}', '{text: "done"}'
+    )
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid) == ["running", "idle"]
+        outputs = [
+            e["item"]
+            for e in gw.events[sid]
+            if e["type"] == "response.output_item.done"
+            and e["item"]["type"] == "function_call_output"
+        ]
+        assert "not available on this runner" in outputs[0]["output"]
+        statuses = [
+            e["item"].get("status")
+            for e in gw.events[sid]
+            if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"
+        ]
+        assert "action_required" not in statuses, "not relayed on the session stream"
+
+
+async def test_interrupt_and_bad_events(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(server, '{text: "x", repeat: 500, delay_ms: 10}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        for raw, status in [
+            (b"not json", 400),
+            (b"[1]", 400),
+            (b'{"type": "nope"}', 422),
+            (b'{"type": "message", "agent_id": 5}', 422),
+        ]:
+            reply = await gw.request("POST", f"/v1/sessions/{sid}/events", raw=raw)
+            assert reply.status == status, raw
+        assert gw.statuses(sid) == [], "bad events change nothing"
+        await gw.message(sid, "go")
+        await gw.wait(lambda: "x" in gw.texts(sid))
+        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", {"type": "interrupt"})
+        assert (reply.status, reply.body) == (204, b"")
+        assert await gw.until_status(sid) == ["running", "idle"]
+
+
+async def test_d32_reinit_keeps_the_session(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(server, '{text: "x", repeat: 100, delay_ms: 10}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "first")
+        await gw.wait(lambda: "x" in gw.texts(sid))
+        assert json.loads((await gw.message(sid, "second")).body)["status"] == "buffered"
+        reply = await gw.init(sid, agent_id)
+        assert reply.status == 201
+        get = await gw.request("GET", f"/v1/sessions/{sid}")
+        assert json.loads(get.body)["status"] == "running"
+        assert await gw.until_status(sid, timeout=20) == ["running", "idle"]
+        missing = await gw.request("GET", "/v1/sessions/unknown-session")
+        assert missing.status == 404
+
+
+async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(server, '{text: "x", repeat: 150, delay_ms: 10}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        await gw.wait(lambda: "x" in gw.texts(sid))
+        os.kill(dhost.actor("dispatch")["pid"], signal.SIGKILL)
+        statuses = await gw.until_status(sid, timeout=20)
+        assert statuses == ["running", "idle"], statuses
+        # The session still works after the restart.
+        await gw.message(sid, "again")
+        assert await gw.until_status(sid, count=2, timeout=20) == [
+            "running",
+            "idle",
+            "running",
+            "idle",
+        ]

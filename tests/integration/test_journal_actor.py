@@ -1,0 +1,478 @@
+"""The journal actor through a real host: appends, reads, summaries, snapshots, ordering
+across many concurrent runs (J-32), kill -9 during durable appends, and bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+import zmq
+
+from corral import ProtocolError, RemoteError
+from corral.actors.journal import (
+    JournalAppend,
+    JournalAppended,
+    JournalEvent,
+    JournalList,
+    JournalListReply,
+    JournalRead,
+    JournalReadReply,
+    JournalSnapshot,
+    JournalSnapshotReply,
+    JournalSummary,
+    JournalSummaryReply,
+)
+from corral.bus import (
+    Envelope,
+    InspectReply,
+    InspectRequest,
+    Peer,
+    Socket,
+    configure,
+    decode_envelope,
+    encode_body,
+    encode_envelope,
+    open_peer,
+)
+from corral.config import LivenessSettings
+from corral.journal import RunJournal
+from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
+
+FAST = LivenessSettings(interval_s=0.2, liveness=3)
+
+
+async def _read(peer: Peer, session_id: str, run_id: str, **kw: Any) -> dict[str, Any]:
+    reply = await peer.call("journal", JournalRead(session_id=session_id, run_id=run_id, **kw))
+    assert isinstance(reply, JournalReadReply)
+    return reply.result
+
+
+async def _summary(peer: Peer, session_id: str, run_id: str) -> dict[str, Any]:
+    reply = await peer.call("journal", JournalSummary(session_id=session_id, run_id=run_id))
+    assert isinstance(reply, JournalSummaryReply)
+    return reply.summary
+
+
+async def _stats(peer: Peer) -> dict[str, Any]:
+    reply = await peer.call("journal", InspectRequest(), timeout=5)
+    assert isinstance(reply, InspectReply)
+    return reply.state
+
+
+class _RawClient:
+    """A DEALER that sends hand-made envelopes: a durable message with a chosen id is how a
+    redelivery looks to the actor."""
+
+    def __init__(self, endpoint: str, name: str = "raw-journal-client") -> None:
+        self.ctx = zmq.Context()
+        sock = self.ctx.socket(zmq.DEALER)
+        configure(sock, hwm=1000, linger_ms=0)
+        sock.setsockopt(zmq.IDENTITY, name.encode())
+        sock.connect(endpoint)
+        self.sock = Socket(sock)
+        self.name = name
+
+    async def append(self, message_id: str, msg: JournalAppend) -> JournalAppended:
+        env = Envelope(
+            id=message_id,
+            sender=self.name,
+            recipient="journal",
+            type="journal.append",
+            body=encode_body(msg),
+            durability="durable",
+            created_at=time.time(),
+            wants_reply=True,
+        )
+        await self.sock.send([encode_envelope(env)])
+        with trio.fail_after(10):
+            while True:
+                reply = decode_envelope((await self.sock.receive())[0])
+                if reply.correlation_id == message_id and reply.type == "journal.appended":
+                    return msgspec.msgpack.decode(reply.body, type=JournalAppended)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def _observation(session_id: str, run_id: str, model: str) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "stream_id": run_id,
+        "model": model,
+        "provider": "custom",
+        "fallback_active": True,
+        "phase": "observed_output",
+    }
+
+
+# --- round trips -----------------------------------------------------------------------------
+
+
+async def test_append_read_summary_snapshot_and_list_round_trip(host: HostProcess) -> None:
+    observed = _observation("session-a", "run-a", "backup")
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        one = await peer.call("journal", JournalAppend.one("session-a", "run-a", "token", None))
+        assert one == JournalAppended(session_id="session-a", run_id="run-a", seqs=[1])
+        batch = JournalAppend(
+            session_id="session-a",
+            run_id="run-a",
+            events=[
+                JournalEvent(event="runtime_model", payload=observed),
+                JournalEvent(event="token", payload={"text": "Hel"}),
+                JournalEvent(event="response.output_text.delta", payload={"delta": "lo"}),
+            ],
+        )
+        assert (await peer.call("journal", batch)).seqs == [2, 3, 4]  # type: ignore[attr-defined]
+        done = await peer.call(
+            "journal", JournalAppend.one("session-a", "run-a", "done", {"usage": {}}), durable=True
+        )
+        assert isinstance(done, JournalAppended) and done.seqs == [5] and done.duplicates == 0
+
+        result = await _read(peer, "session-a", "run-a")
+        events = result["events"]
+        assert [e["seq"] for e in events] == [1, 2, 3, 4, 5]
+        assert [e["event_id"] for e in events] == [f"run-a:{n}" for n in range(1, 6)]
+        assert [e["event"] for e in events] == [
+            "token",
+            "runtime_model",
+            "token",
+            "response.output_text.delta",
+            "done",
+        ]
+        assert events[0]["payload"] == {}  # J-03
+        assert events[1]["payload"] == observed
+        assert events[4]["terminal"] is True and events[4]["terminal_state"] == "completed"
+        # Only durable appends carry an idempotency key: "<bus message id>/<index>".
+        assert [("key" in e) for e in events] == [False] * 4 + [True]
+        assert events[4]["key"].endswith("/0")
+        assert result["complete"] and result["last_seq"] == 5 and result["malformed"] == []
+        # What the actor answers is what is on disk.
+        on_disk = RunJournal(host.instance.journal_dir).read("session-a", "run-a")
+        assert on_disk == result
+
+        assert [e["seq"] for e in (await _read(peer, "session-a", "run-a", after=3))["events"]] == [
+            4,
+            5,
+        ]
+        page = await _read(peer, "session-a", "run-a", after="run-a:1", limit=2)
+        assert [e["seq"] for e in page["events"]] == [2, 3]
+        assert page["complete"] is False and page["next_after_seq"] == 3
+        foreign = await _read(peer, "session-a", "run-a", after="other-run:4")
+        assert foreign["cursor_reset"] is True and len(foreign["events"]) == 5
+
+        summary = await _summary(peer, "session-a", "run-a")
+        assert summary["terminal_state"] == "completed"
+        assert summary["last_seq"] == 5 and summary["last_event_id"] == "run-a:5"
+        assert summary["runtime_model"] == observed
+        empty = await _summary(peer, "session-a", "another-run")  # J-15
+        assert empty["runtime_model"] is None and empty["terminal_state"] == "unknown"
+
+        snap = await peer.call("journal", JournalSnapshot(run_id="run-a"))
+        assert isinstance(snap, JournalSnapshotReply) and snap.snapshot is not None
+        assert snap.snapshot["session_id"] == "session-a"  # found by run id alone (J-16)
+        assert snap.snapshot["last_assistant_text"] == "Hello"  # J-17
+        assert snap.snapshot["runtime_model"] == observed  # J-18
+        assert snap.session_payload is not None
+        assert snap.session_payload["runtime_model"] == observed  # J-19
+        missing = await peer.call("journal", JournalSnapshot(run_id="no-such-run"))
+        assert missing == JournalSnapshotReply(snapshot=None, session_payload=None)
+
+        listing = await peer.call("journal", JournalList())
+        assert isinstance(listing, JournalListReply)
+        (row,) = listing.listing["sessions"]
+        assert row["session_id"] == "session-a" and row["runs"] == 1 and row["bytes"] > 0
+        runs = await peer.call("journal", JournalList(session_id="session-a"))
+        assert isinstance(runs, JournalListReply)
+        (run,) = runs.listing["runs"]
+        assert run["run_id"] == "run-a" and run["last_seq"] == 5
+        assert run["terminal_state"] == "completed" and run["bytes"] > 0
+
+        stats = await _stats(peer)
+    assert stats["appends"] == 5 and stats["policy"] == "every"
+    assert 1 <= stats["fsync_rounds"] <= 3
+    assert stats["open_runs"] == 0  # a finished run's file is closed at once
+    assert stats["duplicates"] == 0 and stats["held"] == 0
+
+
+async def test_a_cast_append_is_visible_to_a_read_sent_after_it(host: HostProcess) -> None:
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        for n in range(20):
+            await peer.cast("journal", JournalAppend.one("s", "r", "token", {"n": n}))
+        # No reply was awaited: the read itself must wait for what was submitted before it.
+        result = await _read(peer, "s", "r")
+    assert [e["payload"]["n"] for e in result["events"]] == list(range(20))
+
+
+# --- ordering across many concurrent runs (J-32) ---------------------------------------------
+
+
+async def _produce(peer: Peer, session_id: str, run_id: str, count: int) -> None:
+    """Send a run's events the way the dispatch side does: deltas as stream appends (some
+    batched), every 10th event durable, each stream append naming the durable one before it."""
+    last_durable: str | None = None
+    batch: list[JournalEvent] = []
+
+    async def flush() -> None:
+        if batch:
+            msg = JournalAppend(
+                session_id=session_id, run_id=run_id, events=list(batch), after=last_durable
+            )
+            await peer.cast("journal", msg)
+            batch.clear()
+
+    for n in range(count):
+        if n % 10 == 9:
+            await flush()
+            msg = JournalAppend.one(session_id, run_id, "tool_call", {"n": n})
+            last_durable = await peer.cast("journal", msg, durable=True)
+        else:
+            batch.append(JournalEvent(event="token", payload={"n": n, "text": f"{n} "}))
+            if len(batch) == 1 + n % 3:
+                await flush()
+    await flush()
+
+
+async def test_fifty_runs_appending_concurrently_keep_their_order(host: HostProcess) -> None:
+    runs = [(f"session-{n}", f"run-{n}") for n in range(50)]
+    count = 100
+    async with (
+        open_peer("dispatch-a", host.endpoint, liveness=FAST) as peer_a,
+        open_peer("dispatch-b", host.endpoint, liveness=FAST) as peer_b,
+    ):
+        async with trio.open_nursery() as nursery:
+            for index, (session_id, run_id) in enumerate(runs):
+                peer = peer_a if index % 2 else peer_b
+                nursery.start_soon(_produce, peer, session_id, run_id, count)
+        with trio.fail_after(30):
+            for session_id, run_id in runs:
+                while (await _summary(peer_a, session_id, run_id))["last_seq"] < count:
+                    await trio.sleep(0.02)
+        for session_id, run_id in runs:
+            result = await _read(peer_a, session_id, run_id, strict=True)
+            assert result["malformed"] == [] and result["complete"], (run_id, result["malformed"])
+            events = result["events"]
+            assert [e["seq"] for e in events] == list(range(1, count + 1)), run_id
+            assert [e["payload"]["n"] for e in events] == list(range(count)), run_id
+            assert all(e["session_id"] == session_id and e["run_id"] == run_id for e in events)
+        stats = await _stats(peer_a)
+    assert stats["appends"] == len(runs) * count
+    assert stats["hold_timeouts"] == 0
+    # Group commit: the runs shared fsync rounds instead of paying one per event.
+    assert stats["fsync_rounds"] < stats["appends"] / 3, stats
+
+
+async def test_a_stream_append_waits_for_the_durable_append_it_follows(host: HostProcess) -> None:
+    raw = _RawClient(host.endpoint)
+    try:
+        async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+            # The stream append overtakes the durable one it names: it must be held...
+            follow = JournalAppend.one("s", "r", "token", {"text": "after"}, after="durable-1")
+            await peer.cast("journal", follow)
+            with trio.fail_after(5):
+                while (await _stats(peer))["held"] != 1:
+                    await trio.sleep(0.02)
+            # ...until the durable one is applied.
+            first = JournalAppend.one("s", "r", "tool_call", {"text": "first"})
+            assert (await raw.append("durable-1", first)).seqs == [1]
+            with trio.fail_after(5):
+                while (await _summary(peer, "s", "r"))["last_seq"] < 2:
+                    await trio.sleep(0.02)
+            events = (await _read(peer, "s", "r"))["events"]
+            assert [e["payload"]["text"] for e in events] == ["first", "after"]
+            assert (await _stats(peer))["held"] == 0
+    finally:
+        raw.close()
+
+
+async def test_a_held_append_is_given_up_on_after_the_hold_timeout(host_factory) -> None:
+    host = host_factory(FAST_LIVENESS + "[actors.journal]\noptions = { hold_timeout_s = 0.3 }\n")
+    host.start()
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        started = trio.current_time()
+        reply = await peer.call(
+            "journal", JournalAppend.one("s", "r", "token", {"n": 1}, after="never-sent")
+        )
+        assert isinstance(reply, JournalAppended) and reply.seqs == [1]
+        assert trio.current_time() - started >= 0.25
+        # The lost id now counts as applied: a later append naming it is not held again.
+        again = await peer.call(
+            "journal", JournalAppend.one("s", "r", "token", {"n": 2}, after="never-sent")
+        )
+        assert isinstance(again, JournalAppended) and again.seqs == [2]
+        stats = await _stats(peer)
+    assert stats["hold_timeouts"] == 1 and stats["held"] == 0
+
+
+# --- durability and idempotency ----------------------------------------------------------------
+
+
+async def test_a_redelivered_durable_append_is_stored_once(host: HostProcess) -> None:
+    # Before the "crash", the first event of the batch was stored with its key.
+    pre = RunJournal(host.instance.journal_dir)
+    pre.append("s-redo", "run-redo", "tool_call", {"n": 0}, key="message-1/0")
+    pre.close()
+    batch = JournalAppend(
+        session_id="s-redo",
+        run_id="run-redo",
+        events=[JournalEvent(event="tool_call", payload={"n": n}) for n in range(3)],
+    )
+    raw = _RawClient(host.endpoint)
+    try:
+        first = await raw.append("message-1", batch)
+        assert first.seqs == [1, 2, 3] and first.duplicates == 1
+        again = await raw.append("message-1", batch)
+        assert again.seqs == [1, 2, 3] and again.duplicates == 3
+        other = await raw.append("message-2", batch)
+        assert other.seqs == [4, 5, 6] and other.duplicates == 0
+    finally:
+        raw.close()
+    events = RunJournal(host.instance.journal_dir).read("s-redo", "run-redo", strict=True)["events"]
+    assert [e["payload"]["n"] for e in events] == [0, 1, 2, 0, 1, 2]
+    assert [e["key"] for e in events] == [f"message-{m}/{i}" for m in (1, 2) for i in range(3)]
+
+
+async def _produce_durable(peer: Peer, session_id: str, run_id: str, messages: int) -> None:
+    for n in range(messages):
+        events = [JournalEvent(event="state", payload={"n": 2 * n + i}) for i in range(2)]
+        msg = JournalAppend(session_id=session_id, run_id=run_id, events=events)
+        with trio.fail_after(20):
+            await peer.cast("journal", msg, durable=True)
+
+
+async def test_kill9_during_durable_appends_loses_and_duplicates_nothing(
+    host: HostProcess,
+) -> None:
+    runs = [(f"crash-{n}", f"run-{n}") for n in range(20)]
+    messages = 60
+    total = len(runs) * messages * 2
+    pid = host.actor("journal")["pid"]
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        async with trio.open_nursery() as nursery:
+            for session_id, run_id in runs:
+                nursery.start_soon(_produce_durable, peer, session_id, run_id, messages)
+            with trio.fail_after(20):
+                while (await _stats(peer))["appends"] < total // 4:
+                    await trio.sleep(0.005)
+            os.kill(pid, signal.SIGKILL)
+            await trio.to_thread.run_sync(
+                lambda: wait_until(
+                    lambda: (
+                        (a := host.actor("journal"))["state"] == "running"
+                        and a["pid"] not in (None, pid)
+                    ),
+                    15,
+                    "the journal actor to restart",
+                )
+            )
+        # Every message was accepted by the broker; wait until each was applied.
+        with trio.fail_after(30):
+            while True:
+                row = host.ask("mailboxes", actor="journal")["mailboxes"][0]
+                if row["queued"] == row["in_flight"] == 0:
+                    break
+                await trio.sleep(0.05)
+        for session_id, run_id in runs:
+            result = await _read(peer, session_id, run_id, strict=True)
+            assert result["malformed"] == [] and not result["incomplete_tail"]
+            assert [e["payload"]["n"] for e in result["events"]] == list(range(2 * messages)), (
+                run_id
+            )
+            keys = [e["key"] for e in result["events"]]
+            assert len(set(keys)) == len(keys)
+    journal = host.actor("journal")
+    assert journal["restarts"] == 1 and journal["last_exit"]["code"] == -9
+    assert host.ask("dead_letters")["dead_letters"] == []
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+BAD_IDS = ["../x", "a/b", "", ".", "..", "x" * 201, "sp ace"]
+
+
+async def _expect(peer: Peer, msg: Any, code: str, *, durable: bool = False) -> str:
+    with pytest.raises(RemoteError) as info:
+        await peer.call("journal", msg, durable=durable, timeout=5)
+    assert info.value.code == code, (msg, str(info.value))
+    return str(info.value)
+
+
+async def test_bad_input_gets_typed_errors_and_leaves_the_journal_intact(
+    host: HostProcess,
+) -> None:
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        for n in range(2):
+            await peer.call("journal", JournalAppend.one("good", "run", "token", {"n": n}))
+        before = await _read(peer, "good", "run")
+        for bad in BAD_IDS:
+            for session_id, run_id in ((bad, "run"), ("good", bad)):
+                append = JournalAppend.one(session_id, run_id, "token", {"n": 9})
+                await _expect(peer, append, "invalid_id")
+                await _expect(peer, append, "invalid_id", durable=True)
+                await _expect(peer, JournalRead(session_id=session_id, run_id=run_id), "invalid_id")
+                summary = JournalSummary(session_id=session_id, run_id=run_id)
+                await _expect(peer, summary, "invalid_id")
+            await _expect(peer, JournalSnapshot(run_id=bad), "invalid_id")
+            await _expect(peer, JournalList(session_id=bad), "invalid_id")
+
+        empty = JournalAppend(session_id="good", run_id="run", events=[])
+        await _expect(peer, empty, "invalid_argument")
+        await _expect(peer, JournalAppend.one("good", "run", "  ", {}), "invalid_event")
+        for payload in (b"\x00bytes", {1: "int key"}, {"deep": [[[[b"x"]]]]}, _nested(150)):
+            message = await _expect(
+                peer, JournalAppend.one("good", "run", "token", payload), "invalid_payload"
+            )
+            assert "JSON" in message
+        # One bad event spoils the whole batch: nothing of it is written.
+        mixed = JournalAppend(
+            session_id="good",
+            run_id="run",
+            events=[JournalEvent(event="token", payload={"ok": 1}), JournalEvent(event="")],
+        )
+        await _expect(peer, mixed, "invalid_event", durable=True)
+        await _expect(
+            peer, JournalRead(session_id="good", run_id="run", after="x"), "invalid_cursor"
+        )
+        await _expect(
+            peer, JournalRead(session_id="good", run_id="run", limit=-1), "invalid_argument"
+        )
+        # A field of the wrong type does not even decode: the broker refuses it, typed.
+        wrong = JournalAppend(session_id="good", run_id=5, events=[])  # type: ignore[arg-type]
+        with pytest.raises(ProtocolError, match=r"Expected `str`, got `int` - at `\$\.run_id`"):
+            await peer.call("journal", wrong, durable=True, timeout=5)
+
+        assert await _read(peer, "good", "run") == before
+        after = await peer.call("journal", JournalAppend.one("good", "run", "token", {"n": 2}))
+        assert isinstance(after, JournalAppended) and after.seqs == [3]
+        stats = await _stats(peer)
+    assert sorted(os.listdir(host.instance.journal_dir)) == ["good"]
+    assert os.listdir(host.instance.journal_dir / "good") == ["run.jsonl"]
+    assert not (host.state_dir / "x").exists() and not (host.state_dir.parent / "x").exists()
+    assert stats["rejected"] >= 4 * len(BAD_IDS) and stats["appends"] == 3
+    assert host.actor("journal")["restarts"] == 0
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_fsync_policy_and_window_come_from_the_config(host_factory) -> None:
+    host = host_factory(
+        FAST_LIVENESS + '[actors.journal]\noptions = { fsync = "terminal", window_ms = 2 }\n'
+    )
+    host.start()
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        for n in range(5):
+            await peer.call("journal", JournalAppend.one("s", "r", "token", {"n": n}))
+        assert (await _stats(peer))["fsync_rounds"] == 0  # nothing terminal yet
+        await peer.call("journal", JournalAppend.one("s", "r", "done", {}))
+        stats = await _stats(peer)
+    assert stats["policy"] == "terminal" and stats["fsync_rounds"] == 1
