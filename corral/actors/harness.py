@@ -208,7 +208,7 @@ class HarnessActor(Actor):
                 ),
             )
             return
-        harness = msg.harness_override or msg.harness or _spec_harness(msg.spec)
+        harness = msg.harness or msg.harness_override or _spec_harness(msg.spec)
         try:
             target = resolve_harness(harness, self.extra_harnesses)
             env = build_spawn_env(harness, msg.spec, model_override=msg.model_override)

@@ -24,6 +24,9 @@ class Outbox:
         self.peer = peer
         self._queue: list[tuple[str, Message, str | None]] = []
         self._ready = trio.Event()
+        # One flusher at a time: a flush yields between runs of a batch, and a second
+        # flusher sending newer messages then would overtake the rest of the first batch.
+        self._flushing = trio.Lock()
 
     async def put(self, to: str, msg: Message, *, session_id: str | None = None) -> None:
         """Queue a stream message; cancellable, but no scheduler trip per message."""
@@ -41,15 +44,16 @@ class Outbox:
 
     async def flush(self) -> None:
         """Send everything queued, in order, batched per (recipient, session)."""
-        while self._queue:
-            batch, self._queue = self._queue, []
-            start = 0
-            for i in range(1, len(batch) + 1):
-                if i == len(batch) or batch[i][0::2] != batch[start][0::2]:
-                    to, _, session_id = batch[start]
-                    msgs = [msg for _, msg, _ in batch[start:i]]
-                    await self.peer.cast_many(to, msgs, session_id=session_id)
-                    start = i
+        async with self._flushing:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                start = 0
+                for i in range(1, len(batch) + 1):
+                    if i == len(batch) or batch[i][0::2] != batch[start][0::2]:
+                        to, _, session_id = batch[start]
+                        msgs = [msg for _, msg, _ in batch[start:i]]
+                        await self.peer.cast_many(to, msgs, session_id=session_id)
+                        start = i
 
     async def run(self) -> None:
         """Send queued messages whenever there are some, until cancelled."""

@@ -32,7 +32,11 @@ class FakeGateway:
             if isinstance(msg, SessionEvent):
                 got = self.events.setdefault(msg.session_id, [])
                 ordered = not got or got[-1]["_seq"] < msg.seq
-                assert ordered, ("events in order, no duplicates", got, msg)
+                assert ordered, (
+                    "events in order, no duplicates",
+                    [(e["_seq"], e["type"]) for e in got],
+                    (msg.seq, msg.event[:80]),
+                )
                 got.append({**json.loads(msg.event), "_seq": msg.seq})
             elif isinstance(msg, HttpChunk):
                 self.chunks.setdefault(msg.request_id, []).append(msg.data)

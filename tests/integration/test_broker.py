@@ -112,7 +112,7 @@ async def test_log_is_compacted_and_recovers(tmp_path: Path) -> None:
                     await trio.sleep(0.02)
         size = (tmp_path / "mb.log").stat().st_size
         nursery.cancel_scope.cancel()
-    assert size < 20_000
+    assert size < 45_000, "compacted (600 uncompacted puts and acks are > 80 kB)"
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path)
         row = broker.mailboxes("worker")[0]

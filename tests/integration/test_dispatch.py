@@ -281,3 +281,104 @@ async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess,
             "running",
             "idle",
         ]
+
+
+async def test_d01_d04_stream_true_relays_sse_frames_in_order(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(server, '{text: "abc", chunk: 1}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        body = {"type": "message", "role": "user", "content": "hi", "agent_id": agent_id}
+        reply = await gw.request(
+            "POST", f"/v1/sessions/{sid}/events", body, query="stream=true", request_id="req-1"
+        )
+        assert (reply.status, reply.streaming) == (200, True)
+        assert ("content-type", "text/event-stream; charset=utf-8") in reply.headers
+        await gw.wait(lambda: "req-1" in gw.ended)
+        frames = b"".join(gw.chunks["req-1"]).decode().split("\n\n")
+        kinds = [f.split("\n")[0] for f in frames if f]
+        assert kinds[0] == "event: response.created"
+        assert kinds[-1] == "event: response.completed"
+        assert kinds.count("event: response.output_text.delta") == 3
+
+
+async def test_d09_agent_comes_from_the_snapshot_when_the_message_lacks_it(
+    dhost: HostProcess, server
+) -> None:
+    agent_id, sid = _session(server, '{text: "resolved"}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        # No init, no agent_id: the first-message race.
+        await gw.message(sid, "hi")
+        assert await gw.until_status(sid) == ["running", "idle"]
+        assert gw.texts(sid) == "resolved"
+    assert server.received("GET", f"/v1/sessions/{sid}")
+
+
+async def test_d10_d12_harness_override_replaces_the_spec_harness(
+    dhost: HostProcess, server
+) -> None:
+    agent_id, sid = _session(server, '{text: "x"}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "hi", harness_override="no-such-harness")
+        assert await gw.until_status(sid) == ["running", "failed"]
+        assert gw.events[sid][-1]["error"]["code"] == "unknown_harness"
+        assert "no-such-harness" in gw.events[sid][-1]["error"]["message"]
+        # An explicit harness in the body wins over the override (D-10 order).
+        await gw.message(sid, "again", harness="scripted")
+        assert await gw.until_status(sid, count=2) == ["running", "failed", "running", "idle"]
+
+
+async def test_d11_model_override_reaches_the_worker_env(dhost: HostProcess, server) -> None:
+    from pathlib import Path
+
+    agent_id, sid = _session(server, '{text: "x"}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "hi", model_override="claude-sonnet-4-6")
+        await gw.until_status(sid)
+    (worker,) = [w for w in dhost.status()["workers"] if w["session_id"] == sid]
+    raw = Path(f"/proc/{worker['pid']}/environ").read_bytes().split(b"\0")
+    env = dict(i.decode().split("=", 1) for i in raw if b"=" in i)
+    assert env["HARNESS_SCRIPTED_MODEL"] == "claude-sonnet-4-6"
+
+
+async def test_flood_of_messages_to_one_session_keeps_order(dhost: HostProcess, server) -> None:
+    agent_id, sid = _session(
+        server, '{text: "w", repeat: 20, delay_ms: 10}', "{echo_history: true}"
+    )
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        replies = [await gw.message(sid, f"m{i}") for i in range(30)]
+        kinds = [json.loads(r.body)["status"] for r in replies]
+        assert kinds[0] == "accepted" and set(kinds[1:]) == {"buffered"}
+        await gw.until_status(sid, "idle", timeout=60)
+        assert gw.statuses(sid) == ["running", "idle"], "one continuation, no idle in between"
+        last = json.loads(
+            [
+                e["delta"]
+                for e in gw.events[sid]
+                if e["type"] == "response.output_text.delta" and e["delta"].startswith("[")
+            ][-1]
+        )
+        users = [t for r, t in last if r == "user"]
+        assert users == [f"m{i}" for i in range(30)], "every message once, in order"
+
+
+@pytest.mark.slow
+async def test_200_sessions_at_once(host_factory, server) -> None:
+    h = host_factory(
+        FAST_LIVENESS + "[liveness]\n"
+        if False
+        else FAST_LIVENESS.replace("interval_s = 0.2", "interval_s = 1.0")
+        + "[actors.dispatch.options]\n"
+        + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
+    ).start()
+    agent_id = server.add_agent(scripted_yaml("many", '{text: "ok"}'))
+    sids = [server.add_session(agent_id)["id"] for _ in range(200)]
+    async with fake_gateway(h.endpoint) as gw:
+        async with trio.open_nursery() as nursery:
+            for sid in sids:
+                nursery.start_soon(gw.message, sid, "hi")
+        await gw.wait(lambda: all(gw.statuses(s)[-1:] == ["idle"] for s in sids), timeout=240)
+        assert all(gw.statuses(s) == ["running", "idle"] and gw.texts(s) == "ok" for s in sids)
+    h.stop()

@@ -59,3 +59,32 @@ def test_requeue_takes_back_only_other_incarnations_in_order() -> None:
     stats = box.statistics(peek=2)
     assert stats["queued"] == 3 and stats["in_flight"] == 1
     assert [p["id"] for p in stats["peek"]] == ["m2", "m0"]
+
+
+async def test_outbox_keeps_order_with_concurrent_flushers() -> None:
+    import trio
+
+    from corral.actors.echo import EchoCount
+    from corral.bus import Outbox
+
+    class SlowPeer:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+
+        async def cast_many(self, to: str, msgs: list, *, session_id: str | None = None) -> None:
+            await trio.lowlevel.checkpoint()  # a real send yields after each run of messages
+            self.sent.extend(m.n for m in msgs)
+
+    # trio shuffles runnable tasks, so try a few schedules.
+    for _ in range(20):
+        peer = SlowPeer()
+        outbox = Outbox(peer)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                outbox.put_nowait("a" if i % 2 else "b", EchoCount(n=i))
+            nursery.start_soon(outbox.flush)
+            await trio.sleep(0)  # let the first flush take its batch and send one run
+            for i in range(50, 100):
+                await outbox.put("a" if i % 2 else "b", EchoCount(n=i))
+            nursery.start_soon(outbox.flush)
+        assert peer.sent == list(range(100))

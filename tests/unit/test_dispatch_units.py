@@ -1,0 +1,124 @@
+"""Dispatch pieces without processes: event parsing, approval flattening, history assembly."""
+
+from __future__ import annotations
+
+import base64
+
+import msgspec
+import pytest
+
+from corral.actors import _history as history
+from corral.actors.dispatch import (
+    ApprovalEvent,
+    BadEvent,
+    MessageEvent,
+    flatten_approval,
+    parse_event,
+)
+
+
+def test_d02_message_event_fields_are_all_optional_but_type() -> None:
+    event = parse_event(b'{"type": "message"}')
+    assert isinstance(event, MessageEvent) and event.role == "user"
+    full = parse_event(
+        b'{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}],'
+        b'"model":"agent","agent_id":"a1","harness":"scripted","instructions":"x",'
+        b'"connection_params":{"api_key":"k"},"persisted_item_id":"it1",'
+        b'"harness_override":"pi","model_override":"m","has_mcp_servers":false}'
+    )
+    assert isinstance(full, MessageEvent)
+    assert (full.agent_id, full.persisted_item_id, full.harness_override) == ("a1", "it1", "pi")
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"nope", 400),
+        (b"[]", 400),
+        (b'{"no": "type"}', 400),
+        (b'{"type": "warp"}', 422),
+        (b'{"type": "message", "content": 1, "agent_id": 2}', 422),
+    ],
+)
+def test_bad_events_are_typed_4xx(body: bytes, status: int) -> None:
+    with pytest.raises(BadEvent) as info:
+        parse_event(body)
+    assert info.value.status == status
+
+
+def test_e01_e03_approval_is_flattened() -> None:
+    nested = parse_event(
+        b'{"type":"approval","data":{"elicitation_id":"elicit_x","action":"accept","content":{"note":"ok"}}}'
+    )
+    assert isinstance(nested, ApprovalEvent)
+    flat = msgspec.json.decode(msgspec.json.encode(flatten_approval(nested, "s")))
+    assert flat == {
+        "type": "harness.approval",
+        "session_id": "s",
+        "elicitation_id": "elicit_x",
+        "action": "accept",
+        "content": {"note": "ok"},
+    }
+    declined = parse_event(b'{"type":"approval","data":{"elicitation_id":"e2","action":"decline"}}')
+    flat = msgspec.json.decode(msgspec.json.encode(flatten_approval(declined, "s")))
+    assert "content" not in flat, "no content, no content key (E-02)"
+    with pytest.raises(BadEvent):
+        flatten_approval(ApprovalEvent(data={"action": "maybe"}), "s")
+
+
+def _user(text: str, item_id: str) -> dict:
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": text}],
+    }
+
+
+def test_d24_d26_rehydrate_drops_exactly_the_persisted_item() -> None:
+    stored = [
+        _user("prior", "i1"),
+        {
+            "id": "i2",
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "answer"}],
+        },
+        _user("new", "i3"),
+    ]
+    assert history.texts(history.rehydrate(stored, "i3")) == ["prior", "answer"]
+    assert history.texts(history.rehydrate(stored, None)) == ["prior", "answer", "new"]
+    assert history.rehydrate([{"type": "function_call"}, *stored], "zzz")[0]["role"] == "user"
+
+
+def test_d28_items_are_normalised() -> None:
+    item = history.user_item("plain text")
+    assert item == {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "plain text"}],
+    }
+    assert history.assistant_item("done")["content"] == [{"type": "output_text", "text": "done"}]
+
+
+async def test_d27_media_blocks_become_data_urls_and_file_ids_vanish() -> None:
+    items = [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "look"},
+                {"type": "input_image", "file_id": "file_img", "filename": "photo.png"},
+            ],
+        }
+    ]
+
+    async def fetch(file_id: str) -> tuple[bytes, str]:
+        assert file_id == "file_img"
+        return b"\x89PNG", "image/png"
+
+    resolved = await history.resolve_media(items, fetch)
+    block = resolved[0]["content"][1]
+    assert block["type"] == "input_image"
+    assert block["image_url"] == "data:image/png;base64," + base64.b64encode(b"\x89PNG").decode()
+    assert "file_id" not in msgspec.json.encode(resolved).decode()
