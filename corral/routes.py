@@ -63,6 +63,8 @@ class SessionEvent(Message, tag="gateway.session_event"):
     seq: int
     event: bytes
     runner_id: str | None = None
+    #: When the event's source (e.g. a harness worker) sent it, for end-to-end latency.
+    origin_at: float = 0.0
 
 
 def json_response(status: int, body: Any) -> HttpResponse:

@@ -88,6 +88,8 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     server_url: str | None = None
     token: str | None = None
     default_harness: str = "scripted"
+    #: The agent spec of sessions when no server is configured (the "null server client").
+    default_spec: dict[str, Any] = {}
     subscribers: list[str] = msgspec.field(default_factory=lambda: ["gateway"])
     journal: str | None = "journal"
     turn_timeout_s: float = 3600.0
@@ -238,6 +240,8 @@ class DispatchActor(Actor):
         self._io = trio.CapacityLimiter(1)
         self.server: Any = None
         self.epoch = 0
+        self._journal: dict[tuple[str, str], list[JournalEvent]] = {}
+        self._journal_ready = trio.Event()
         self.stats = {"turns": 0, "buffered": 0, "failed": 0, "watchdog": 0}
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -245,6 +249,7 @@ class DispatchActor(Actor):
     async def setup(self) -> None:
         assert self.nursery is not None
         self.nursery.start_soon(self.outbox.run)
+        self.nursery.start_soon(self._journal_loop)
         if self.options.server_url:
             from ..server_client import ServerClient
 
@@ -262,6 +267,7 @@ class DispatchActor(Actor):
             log.info("recovered %d sessions", len(self.sessions))
 
     async def terminate(self) -> None:
+        await self._flush_journal()
         await self.outbox.flush()
         if self.server is not None:
             await self.server.aclose()
@@ -581,7 +587,7 @@ class DispatchActor(Actor):
         if session.spec is not None:
             return session.spec
         if self.server is None:
-            return {}
+            return dict(self.options.default_spec)
         from ..spec import spec_to_dict
 
         if not (agent_id or session.record.agent_id):
@@ -643,7 +649,12 @@ class DispatchActor(Actor):
             self.in_order(session.id, lambda: self._save(session))
         await self._stream_chunk(turn, msg)
         if tag not in _NOT_ON_STREAM:
-            await self._publish(session, msgspec.to_builtins(msg), run_id=turn.turn_id)
+            await self._publish(
+                session,
+                msgspec.to_builtins(msg),
+                run_id=turn.turn_id,
+                origin_at=incoming.env.created_at,
+            )
 
     async def _tool_call(self, session: Session, turn: Turn, item: dict[str, Any]) -> None:
         if not turn.spec_resolved:
@@ -733,42 +744,64 @@ class DispatchActor(Actor):
         *,
         run_id: str | None = None,
         terminal: bool = False,
+        origin_at: float = 0.0,
     ) -> None:
         session.record.seq += 1
         data = msgspec.json.encode(event)
         for name in self.options.subscribers:
-            await self.outbox.put(
+            self.outbox.put_nowait(
                 name,
                 SessionEvent(
                     session_id=session.id,
                     seq=session.record.seq,
                     event=data,
                     runner_id=session.record.runner_id,
+                    origin_at=origin_at,
                 ),
                 session_id=session.id,
             )
         journal = self.options.journal
         run = run_id or session.record.turn_id
-        if journal and run:
-            append = JournalAppend(
-                session_id=session.id,
-                run_id=run,
-                events=[JournalEvent(event=str(event.get("type")), payload=event)],
+        if not (journal and run):
+            return
+        pending = self._journal.setdefault((session.id, run), [])
+        pending.append(JournalEvent(event=str(event.get("type")), payload=event))
+        if not terminal:
+            self._journal_ready.set()
+            return
+        # The run's last append carries what is still pending, durably.
+        del self._journal[(session.id, run)]
+        await self._flush_journal()
+        await self.outbox.flush()
+        append = JournalAppend(session_id=session.id, run_id=run, events=pending)
+        try:
+            await self.peer.cast(journal, append, durable=True, session_id=session.id)
+        except Exception as exc:
+            log.warning("journal append failed: %s", exc)
+
+    async def _flush_journal(self) -> None:
+        """Queue one append per run for everything pending (a delta per append would
+        make the journal the bottleneck of every turn)."""
+        journal = self.options.journal
+        pending, self._journal = self._journal, {}
+        for (session_id, run), events in pending.items():
+            self.outbox.put_nowait(
+                journal or "journal",
+                JournalAppend(session_id=session_id, run_id=run, events=events),
+                session_id=session_id,
             )
-            if terminal:
-                await self.outbox.flush()
-                try:
-                    await self.peer.cast(journal, append, durable=True, session_id=session.id)
-                except Exception as exc:
-                    log.warning("journal append failed: %s", exc)
-            else:
-                await self.outbox.put(journal, append, session_id=session.id)
+
+    async def _journal_loop(self) -> None:
+        while True:
+            await self._journal_ready.wait()
+            self._journal_ready = trio.Event()
+            await self._flush_journal()
 
     async def _stream_chunk(self, turn: Turn, msg: Output) -> None:
         if turn.stream_to is None:
             return
         frame = sse_frame(msg.__struct_config__.tag, msgspec.json.encode(msg))
-        await self.outbox.put(
+        self.outbox.put_nowait(
             turn.stream_to[0], HttpChunk(request_id=turn.stream_to[1], data=frame)
         )
 

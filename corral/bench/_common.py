@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from ..instance import Instance
 
 
 def figure(name: str, value: float, unit: str, baseline: float | None = None) -> dict[str, Any]:
@@ -33,3 +43,52 @@ def start_role(module: str, *args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+@contextlib.contextmanager
+def running_host(config_text: str) -> Iterator[Instance]:
+    """A real ``corral up`` in a temporary state dir, for the duration of the block.
+
+    Its log goes to ``$CORRAL_BENCH_LOG`` when set (else nowhere).
+    """
+    from ..actors._control import request
+
+    tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    inst = Instance(tmp / "state")
+    config = tmp / "corral.toml"
+    config.write_text(config_text)
+    log_file = open(os.environ.get("CORRAL_BENCH_LOG", os.devnull), "ab")  # noqa: SIM115
+    argv = [
+        sys.executable,
+        "-m",
+        "corral",
+        "up",
+        "--state-dir",
+        str(inst.state_dir),
+        "--config",
+        str(config),
+    ]
+    host = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status = request(inst.control_path, "status")
+                if all(a["state"] == "running" for a in status["actors"]):
+                    break
+            except (OSError, RuntimeError, ValueError):
+                pass
+            if time.monotonic() > deadline or host.poll() is not None:
+                raise RuntimeError("the benchmark host did not start")
+            time.sleep(0.05)
+        yield inst
+    finally:
+        host.send_signal(signal.SIGTERM)
+        try:
+            host.wait(20)
+        except subprocess.TimeoutExpired:
+            host.kill()
+        log_file.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -10,11 +10,8 @@ peers through the same broker (the baseline).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +25,7 @@ from ..bus import open_peer
 from ..config import LivenessSettings
 from ..harnesses.protocol import HARNESS_ACTOR, Output, TurnStart, is_terminal
 from ..instance import Instance
-from ._common import figure, percentile, start_role
+from ._common import figure, percentile, running_host, start_role
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 
@@ -192,48 +189,8 @@ async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
     """Run the harness benchmark and return the CLI.md result document."""
-    tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
-    inst = Instance(tmp / "state")
-    config = tmp / "corral.toml"
-    config.write_text("[liveness]\ninterval_s = 0.5\nliveness = 4\n")
-    log_file = open(os.environ.get("CORRAL_BENCH_LOG", os.devnull), "ab")  # noqa: SIM115
-    host = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "corral",
-            "up",
-            "--state-dir",
-            str(inst.state_dir),
-            "--config",
-            str(config),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log_file,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status = request(inst.control_path, "status")
-                if all(a["state"] == "running" for a in status["actors"]):
-                    break
-            except (OSError, RuntimeError, ValueError):
-                pass
-            if time.monotonic() > deadline or host.poll() is not None:
-                raise RuntimeError("the benchmark host did not start")
-            time.sleep(0.05)
-        result = trio.run(_measure, inst, bool(params.get("quick")))
-    finally:
-        host.send_signal(signal.SIGTERM)
-        try:
-            host.wait(20)
-        except subprocess.TimeoutExpired:
-            host.kill()
-        log_file.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return result
+    with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n") as inst:
+        return trio.run(_measure, inst, bool(params.get("quick")))
 
 
 if __name__ == "__main__":

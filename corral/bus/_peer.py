@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -111,6 +112,11 @@ class Peer:
         self._last_send = 0.0
         self._inbox_send, self.inbox = trio.open_memory_channel[Incoming](inbox_size)
         self._unreachable_logged: dict[str, float] = {}
+        self._overflow: deque[Incoming] = deque()
+        self._overflow_ready = trio.Event()
+        self._overflow_drained = trio.Event()
+        #: Messages buffered past a full inbox before reading stops.
+        self.overflow_max = 50_000
         self.stats = {"sent": 0, "received": 0, "errors": 0}
 
     # --- sending ---------------------------------------------------------------------------
@@ -436,11 +442,32 @@ class Peer:
             if isinstance(msg, ErrorReply):
                 self._log_error(env, msg)
                 return
-        # The receive loop already took one checkpoint for the whole batch.
-        try:
-            self._inbox_send.send_nowait(incoming)
-        except trio.WouldBlock:
-            await self._inbox_send.send(incoming)
+        # The receive loop already took one checkpoint for the whole batch. It must keep
+        # reading while the inbox is full: a handler that awaits a reply (or a durable
+        # send's acceptance) would otherwise wait for a frame queued behind the very
+        # messages it is not consuming. So a full inbox spills into a bounded overflow, and
+        # only a full overflow stops the reading (backpressure, never a deadlock below it).
+        if not self._overflow:
+            try:
+                self._inbox_send.send_nowait(incoming)
+                return
+            except trio.WouldBlock:
+                pass
+        self._overflow.append(incoming)
+        self._overflow_ready.set()
+        while len(self._overflow) > self.overflow_max:
+            self._overflow_drained = trio.Event()
+            await self._overflow_drained.wait()
+
+    async def _drain_overflow(self) -> None:
+        while True:
+            await self._overflow_ready.wait()
+            self._overflow_ready = trio.Event()
+            while self._overflow:
+                await self._inbox_send.send(self._overflow[0])
+                self._overflow.popleft()
+                if len(self._overflow) <= self.overflow_max:
+                    self._overflow_drained.set()
 
     def _log_error(self, env: Envelope, msg: ErrorReply) -> None:
         key = msg.code + ":" + msg.message
@@ -475,6 +502,7 @@ class Peer:
         self._socket = Socket(sock)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_loop)
+            nursery.start_soon(self._drain_overflow)
             nursery.start_soon(self._ack_loop)
             await self._control(
                 Hello(name=self.name, pid=os.getpid(), incarnation=self.incarnation)

@@ -14,6 +14,7 @@ BENCHMARKS = {
     "bus": "corral.bench.bus",
     "journal": "corral.bench.journal",
     "harness": "corral.bench.harness",
+    "turn": "corral.bench.turn",
 }
 
 

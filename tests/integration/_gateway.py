@@ -54,6 +54,7 @@ class FakeGateway:
         query: str = "",
         raw: bytes | None = None,
         request_id: str | None = None,
+        timeout: float = 20,
     ) -> HttpResponse:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
         reply = await self.peer.call(
@@ -67,7 +68,7 @@ class FakeGateway:
                 reply_to=self.peer.name,
             ),
             durable=method == "POST",
-            timeout=20,
+            timeout=timeout,
         )
         assert isinstance(reply, HttpResponse)
         return reply
@@ -77,14 +78,17 @@ class FakeGateway:
             "POST", "/v1/sessions", {"session_id": session_id, "agent_id": agent_id}
         )
 
-    async def message(self, session_id: str, text: str, **fields: Any) -> HttpResponse:
+    async def message(
+        self, session_id: str, text: str, timeout: float = 20, **fields: Any
+    ) -> HttpResponse:
         body = {
             "type": "message",
             "role": "user",
             "content": [{"type": "input_text", "text": text}],
             **fields,
         }
-        return await self.request("POST", f"/v1/sessions/{session_id}/events", body)
+        path = f"/v1/sessions/{session_id}/events"
+        return await self.request("POST", path, body, timeout=timeout)
 
     def statuses(self, session_id: str) -> list[str]:
         return [

@@ -83,7 +83,7 @@ async def test_outbox_keeps_order_with_concurrent_flushers() -> None:
             for i in range(50):
                 outbox.put_nowait("a" if i % 2 else "b", EchoCount(n=i))
             nursery.start_soon(outbox.flush)
-            await trio.sleep(0)  # let the first flush take its batch and send one run
+            await trio.lowlevel.checkpoint()  # let the first flush take its batch and send one run
             for i in range(50, 100):
                 await outbox.put("a" if i % 2 else "b", EchoCount(n=i))
             nursery.start_soon(outbox.flush)

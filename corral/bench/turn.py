@@ -1,0 +1,194 @@
+"""``corral bench turn``: scripted workers → dispatch → a stand-in for the gateway.
+
+A real host runs dispatch, harness and journal; this process is the gateway (it receives the
+``SessionEvent`` stream) and sends the messages that start turns. Figures: deltas/s with 1
+and with 100 concurrent sessions; added latency (a delta's send by its worker to its arrival
+here, through broker → dispatch → broker) p50/p99. Baseline, same run: the bus's raw stream
+throughput between two peers through the same broker.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from ..actors import echo as _echo  # noqa: F401 - the raw baseline sends echo.count
+from ..bus import open_peer
+from ..config import LivenessSettings
+from ..routes import HttpRequest, SessionEvent
+from ._common import figure, percentile, running_host, start_role
+
+LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
+CONFIG = """
+[liveness]
+interval_s = 0.5
+liveness = 4
+
+[actors.dispatch.options]
+subscribers = ["bench-gw"]
+
+[actors.journal.options]
+fsync = "interval"
+"""
+
+
+def _config(deltas: int) -> str:
+    """No server: every session runs the default spec, a script of ``deltas`` deltas."""
+    return CONFIG + (
+        "[actors.dispatch.options.default_spec.executor]\n"
+        'harness = "scripted"\n'
+        f'script = {{turns = [[{{text = "x", repeat = {deltas}}}]]}}\n'
+    )
+
+
+def _spec(n: int) -> dict[str, Any]:
+    return {
+        "executor": {"harness": "scripted", "script": {"turns": [[{"text": "x", "repeat": n}]]}}
+    }
+
+
+async def _turns(peer: Any, sessions: int, deltas: int) -> tuple[float, list[float]]:
+    """Start one turn per session; return deltas/s over all and per-delta latencies."""
+    ids = [uuid.uuid4().hex for _ in range(sessions)]
+    for sid in ids:
+        await peer.call(
+            "dispatch",
+            HttpRequest(
+                request_id=sid,
+                method="POST",
+                path="/v1/sessions",
+                body=json.dumps({"session_id": sid}).encode(),
+            ),
+            durable=True,
+            timeout=60,
+        )
+    done = 0
+    got = 0
+    latencies: list[float] = []
+    first = last = 0.0
+
+    async def start(sid: str) -> None:
+        body = {"type": "message", "role": "user", "content": "go"}
+        await peer.call(
+            "dispatch",
+            HttpRequest(
+                request_id=uuid.uuid4().hex,
+                method="POST",
+                path=f"/v1/sessions/{sid}/events",
+                body=json.dumps(body).encode(),
+            ),
+            durable=True,
+            timeout=120,
+        )
+
+    async with trio.open_nursery() as nursery:
+        for sid in ids:
+            nursery.start_soon(start, sid)
+        with trio.fail_after(300):
+            while done < sessions:
+                incoming = await peer.inbox.receive()
+                msg = incoming.msg
+                if not isinstance(msg, SessionEvent):
+                    continue
+                now = time.time()
+                event = json.loads(msg.event)
+                if event.get("type") == "response.output_text.delta":
+                    if got == 0:
+                        first = time.perf_counter()
+                    got += 1
+                    last = time.perf_counter()
+                    if msg.origin_at:
+                        latencies.append(now - msg.origin_at)
+                elif event.get("type") == "session.status" and event["status"] in (
+                    "idle",
+                    "failed",
+                ):
+                    done += 1
+    return (got - 1) / max(last - first, 1e-9), sorted(latencies)
+
+
+async def _raw(endpoint: str, peer: Any, n: int) -> float:
+    tx = start_role("corral.bench._bus_roles", "stream", endpoint, str(n), "256")
+    try:
+        assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
+        await trio.sleep(0.2)
+        assert tx.stdin is not None
+        tx.stdin.write("go\n")
+        tx.stdin.flush()
+        got = 0
+        t0 = 0.0
+        with trio.fail_after(120):
+            while got < n:
+                await peer.inbox.receive()
+                if got == 0:
+                    t0 = time.perf_counter()
+                got += 1
+        return (got - 1) / (time.perf_counter() - t0)
+    finally:
+        tx.kill()
+        tx.wait()
+
+
+async def _phase(endpoint: str, sessions: int, deltas: int) -> tuple[float, list[float]]:
+    async with open_peer("bench-gw", endpoint, liveness=LIVENESS) as peer:
+        return await _turns(peer, sessions, deltas)
+
+
+async def _raw_phase(endpoint: str, n: int) -> float:
+    async with open_peer("bench-rx", endpoint, liveness=LIVENESS) as peer:
+        return await _raw(endpoint, peer, n)
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    """Run the turn benchmark and return the CLI.md result document."""
+    quick = bool(params.get("quick"))
+    one = 20_000 if quick else 100_000
+    many_sessions = 20 if quick else 100
+    per = 500 if quick else 1_000
+    with running_host(_config(one)) as inst:
+        rate1, lat1 = trio.run(_phase, inst.bus_endpoint, 1, one)
+        raw = trio.run(_raw_phase, inst.bus_endpoint, one)
+    with running_host(_config(per)) as inst:
+        rate_many, lat_many = trio.run(_phase, inst.bus_endpoint, many_sessions, per)
+    ms = 1000
+    return {
+        "benchmark": "turn",
+        "baseline": {
+            "name": "bus stream peer->broker->peer (batched)",
+            "value": round(raw, 1),
+            "unit": "msgs/s",
+        },
+        "results": [
+            figure("deltas/s, 1 session", rate1, "msgs/s", raw),
+            figure(f"deltas/s, {many_sessions} sessions", rate_many, "msgs/s", raw),
+            figure(
+                "delta latency worker->consumer p50, 1 session", percentile(lat1, 0.5) * ms, "ms"
+            ),
+            figure(
+                "delta latency worker->consumer p99, 1 session", percentile(lat1, 0.99) * ms, "ms"
+            ),
+            figure(
+                f"delta latency p50, {many_sessions} sessions", percentile(lat_many, 0.5) * ms, "ms"
+            ),
+            figure(
+                f"delta latency p99, {many_sessions} sessions",
+                percentile(lat_many, 0.99) * ms,
+                "ms",
+            ),
+        ],
+        "params": {
+            "deltas_one_session": one,
+            "sessions": many_sessions,
+            "deltas_per_session": per,
+            "python": sys.version.split()[0],
+        },
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run({"quick": "--quick" in sys.argv})))
