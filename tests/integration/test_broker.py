@@ -153,3 +153,28 @@ async def test_message_to_a_name_nobody_knows(tmp_path: Path, durable: bool) -> 
             with pytest.raises(Unreachable):
                 await client.call("nobody", EchoPing(text="?"), durable=durable, timeout=5)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_awaiting_a_reply_is_not_deadlocked_by_a_full_inbox(tmp_path: Path) -> None:
+    """The reply to a durable send must get through while the inbox is full of traffic."""
+    from corral.actors.echo import EchoCount
+
+    async with trio.open_nursery() as nursery:
+        await _start(nursery, tmp_path)
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        async with (
+            open_peer("client", endpoint) as client,
+            open_peer("worker", endpoint, inbox_size=4) as worker,
+        ):
+            await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
+            first = await worker.inbox.receive()
+            assert isinstance(first.msg, EchoCount)
+            # The handler of the first message waits for the broker while 4999 messages
+            # are queued behind it in a 4-slot inbox.
+            with trio.fail_after(10):
+                await worker.cast("worker", EchoRecord(key="x"), durable=True)
+                got = 1
+                while got < 5000:
+                    await worker.inbox.receive()
+                    got += 1
+        nursery.cancel_scope.cancel()
