@@ -651,7 +651,7 @@ class DispatchActor(Actor):
         if tag not in _NOT_ON_STREAM:
             await self._publish(
                 session,
-                msgspec.to_builtins(msg),
+                msg,
                 run_id=turn.turn_id,
                 origin_at=incoming.env.created_at,
             )
@@ -694,7 +694,7 @@ class DispatchActor(Actor):
         if turn is None or turn.turn_id != msg.turn_id:
             return
         await self._stream_chunk(turn, msg)
-        await self._publish(session, msgspec.to_builtins(msg), run_id=turn.turn_id)
+        await self._publish(session, msg, run_id=turn.turn_id)
         if isinstance(msg, ResponseFailed):
             error = dict(msg.error)
             code = str(error.get("code") or error.get("type") or "runner_error")
@@ -740,12 +740,14 @@ class DispatchActor(Actor):
     async def _publish(
         self,
         session: Session,
-        event: dict[str, Any],
+        event: dict[str, Any] | Output,
         *,
         run_id: str | None = None,
         terminal: bool = False,
         origin_at: float = 0.0,
     ) -> None:
+        # Output events encode to exactly their protocol JSON; no dict in between.
+        kind = event["type"] if isinstance(event, dict) else event.__struct_config__.tag
         session.record.seq += 1
         data = msgspec.json.encode(event)
         for name in self.options.subscribers:
@@ -765,7 +767,7 @@ class DispatchActor(Actor):
         if not (journal and run):
             return
         pending = self._journal.setdefault((session.id, run), [])
-        pending.append(JournalEvent(event=str(event.get("type")), payload=event))
+        pending.append(JournalEvent(event=kind, payload=event))
         if not terminal:
             self._journal_ready.set()
             return

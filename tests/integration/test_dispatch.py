@@ -384,3 +384,25 @@ async def test_200_sessions_at_once(host_factory, server) -> None:
         await gw.wait(lambda: all(gw.statuses(s)[-1:] == ["idle"] for s in sids), timeout=300)
         assert all(gw.statuses(s) == ["running", "idle"] and gw.texts(s) == "ok" for s in sids)
     h.stop()
+
+
+async def test_every_event_of_a_turn_is_journaled_in_order(dhost: HostProcess, server) -> None:
+    from corral.actors.journal import JournalRead
+
+    agent_id, sid = _session(server, '{text: "abc", chunk: 1}', '{text: "!"}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        await gw.until_status(sid)
+        turn_id = next(e["turn_id"] for e in gw.events[sid] if "turn_id" in e)
+        published = [{k: v for k, v in e.items() if k != "_seq"} for e in gw.events[sid]]
+        with trio.fail_after(10):
+            while True:
+                reply = await gw.peer.call("journal", JournalRead(session_id=sid, run_id=turn_id))
+                rows = reply.result["events"]  # type: ignore[attr-defined]
+                if rows and rows[-1]["event"] == "session.status" and len(rows) > 2:
+                    break
+                await trio.sleep(0.05)
+    assert [r["payload"] for r in rows] == published, "the run mirrors the stream (J-32)"
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    assert rows[-1]["payload"] == {"type": "session.status", "status": "idle"}
