@@ -12,6 +12,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -81,6 +82,20 @@ class ActorSettings(_Section):
     options: dict[str, Any] = {}
 
 
+class RunnerSettings(_Section):
+    """One ``[[runners]]`` table: a runner id this host serves for one server.
+
+    The id is ``id`` if given, else derived from ``token`` (PROTOCOL_FACTS.md §i.1), else a
+    stable id the gateway keeps in the state dir.
+    """
+
+    #: The server's base URL (``http(s)://`` or ``ws(s)://``; a path prefix is kept).
+    server: str
+    id: str | None = None
+    #: The binding token, sent as ``X-Omnigent-Runner-Tunnel-Token``.
+    token: str | None = None
+
+
 class Config(_Section):
     """The whole of ``corral.toml``."""
 
@@ -89,6 +104,7 @@ class Config(_Section):
     liveness: LivenessSettings = LivenessSettings()
     supervisor: SupervisorSettings = SupervisorSettings()
     actors: dict[str, ActorSettings] = {}
+    runners: list[RunnerSettings] = []
 
 
 #: Actors the host runs by default, in start order, and where they live.
@@ -97,6 +113,7 @@ BUILTIN_ACTORS: dict[str, str] = {
     "echo": "corral.actors.echo:EchoActor",
     "harness": "corral.actors.harness:HarnessActor",
     "dispatch": "corral.actors.dispatch:DispatchActor",
+    "gateway": "corral.actors.gateway:GatewayActor",
 }
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -125,14 +142,48 @@ def parse_config(data: dict[str, Any]) -> Config:
                 f"invalid config: target {actor.target!r} is not 'module:Class'",
                 key=f"actors.{name}.target",
             )
+    check_runners(config.runners)
     return config
+
+
+def check_runners(runners: list[RunnerSettings]) -> None:
+    """Validate ``[[runners]]``: server URLs, ids, and no runner id twice.
+
+    Raises:
+        ConfigError: naming the key (``runners[1].server``).
+    """
+    seen: dict[str, int] = {}
+    for i, runner in enumerate(runners):
+        url = urlsplit(runner.server)
+        if url.scheme not in ("http", "https", "ws", "wss") or not url.hostname:
+            raise ConfigError(
+                f"invalid config: runner server {runner.server!r} is not an "
+                "http(s):// or ws(s):// URL",
+                key=f"runners[{i}].server",
+            )
+        for field in ("id", "token"):
+            value = getattr(runner, field)
+            if value is not None and (not value or value != value.strip()):
+                raise ConfigError(
+                    f"invalid config: runner {field} must be non-empty, without spaces around",
+                    key=f"runners[{i}].{field}",
+                )
+        identity = runner.id or (f"token:{runner.token}" if runner.token else None)
+        if identity is None:
+            continue
+        if identity in seen:
+            raise ConfigError(
+                f"invalid config: runners[{seen[identity]}] and runners[{i}] are the same runner",
+                key=f"runners[{i}].{'id' if runner.id else 'token'}",
+            )
+        seen[identity] = i
 
 
 def _key_of(text: str) -> str | None:
     """The dotted key a msgspec validation message points at (``bus.hwm``)."""
     match = re.search(r"at `\$\.?([^`]*)`", text)
     key = match.group(1).replace("[...]", ".*") if match else ""
-    unknown = re.search(r"unknown field `([^`]*)`", text)
+    unknown = re.search(r"(?:unknown|missing required) field `([^`]*)`", text)
     if unknown:
         key = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
     return key or None

@@ -170,12 +170,17 @@ class Host:
                         await child.ready.wait()
 
     def _child_spec(self, name: str, target: str, actor: Any) -> dict[str, Any]:
+        options = actor.options
+        if name == "gateway" and self.config.runners:
+            # The top-level [[runners]] tables, after any listed in the gateway's options.
+            runners = msgspec.to_builtins(self.config.runners)
+            options = {**options, "runners": [*options.get("runners", []), *runners]}
         return {
             "name": name,
             "target": target,
             "endpoint": self.instance.bus_endpoint,
             "state_dir": str(self.instance.state_dir),
-            "options": actor.options,
+            "options": options,
             "bus": msgspec.to_builtins(self.config.bus),
             "liveness": msgspec.to_builtins(self.config.liveness),
             "parent_pid": os.getpid(),
@@ -232,18 +237,9 @@ class Host:
 
     async def _op_status(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.children is not None
-        workers: list[dict[str, Any]] = []
-        harness = self.children.children.get("harness")
-        if harness is not None and harness.state == "running":
-            # Best effort: a busy or restarting harness actor must not stall `status`.
-            with trio.move_on_after(1.0):
-                try:
-                    reply = await self._peer.call("harness", InspectRequest(), timeout=1.0)
-                    workers = reply.state.get("workers", [])  # type: ignore[attr-defined]
-                except Exception:
-                    log.debug("status: the harness actor did not answer", exc_info=True)
         return {
-            "workers": workers,
+            "workers": await self._actor_state("harness", "workers"),
+            "tunnels": await self._actor_state("gateway", "tunnels"),
             "host": {
                 "pid": os.getpid(),
                 "state_dir": str(self.instance.state_dir),
@@ -252,6 +248,23 @@ class Host:
             },
             "actors": self.children.statistics(),
         }
+
+    async def _actor_state(self, actor: str, key: str) -> list[dict[str, Any]]:
+        """One list from an actor's inspection snapshot, or [] if it does not answer soon.
+
+        Best effort: a busy or restarting actor must not stall ``corral status``.
+        """
+        assert self.children is not None
+        child = self.children.children.get(actor)
+        if child is None or child.state != "running":
+            return []
+        with trio.move_on_after(1.0):
+            try:
+                reply = await self._peer.call(actor, InspectRequest(), timeout=1.0)
+                return list(reply.state.get(key, []))  # type: ignore[attr-defined]
+            except Exception:
+                log.debug("status: %s did not answer", actor, exc_info=True)
+        return []
 
     async def _op_mailboxes(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.broker is not None
