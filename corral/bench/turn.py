@@ -173,16 +173,22 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             figure("deltas/s, 1 session", rate1, "msgs/s", raw),
             figure(f"deltas/s, {many_sessions} sessions", rate_many, "msgs/s", raw),
             figure(
-                "delta latency worker->consumer p50, 1 session", percentile(lat1, 0.5) * ms, "ms"
+                "paced delta latency worker->consumer p50, 1 session",
+                percentile(lat1, 0.5) * ms,
+                "ms",
             ),
             figure(
-                "delta latency worker->consumer p99, 1 session", percentile(lat1, 0.99) * ms, "ms"
+                "paced delta latency worker->consumer p99, 1 session",
+                percentile(lat1, 0.99) * ms,
+                "ms",
             ),
             figure(
-                f"delta latency p50, {many_sessions} sessions", percentile(lat_many, 0.5) * ms, "ms"
+                f"paced delta latency p50, {many_sessions} sessions",
+                percentile(lat_many, 0.5) * ms,
+                "ms",
             ),
             figure(
-                f"delta latency p99, {many_sessions} sessions",
+                f"paced delta latency p99, {many_sessions} sessions",
                 percentile(lat_many, 0.99) * ms,
                 "ms",
             ),
