@@ -115,6 +115,8 @@ class HarnessActor(Actor):
         self.workers: dict[str, WorkerState] = {}
         self.turns: dict[str, Turn] = {}
         self.parked: dict[str, Parked] = {}
+        #: Turns a previous incarnation left behind and this one already ended.
+        self.ended_turns: set[str] = set()
         self.stats = {"spawned": 0, "crashed": 0, "reaped": 0, "turns": 0}
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -130,6 +132,10 @@ class HarnessActor(Actor):
             msg = incoming.msg
             if isinstance(msg, ElicitationParked):
                 await self._cancel_parked(Parked(incoming, msg), "harness_restarted")
+                if msg.turn_id in self.ended_turns:
+                    continue
+                # Its TurnStart will be redelivered too; it must not end the turn again.
+                self.ended_turns.add(msg.turn_id)
                 await self._emit(
                     msg.reply_to,
                     ResponseFailed(
@@ -194,6 +200,10 @@ class HarnessActor(Actor):
                 ),
                 msg.session_id,
             )
+            self.peer.ack(incoming)
+            return
+        if msg.turn_id in self.ended_turns:
+            self.turns.pop(msg.session_id, None)
             self.peer.ack(incoming)
             return
         if self.started_turns.seen(msg.turn_id):

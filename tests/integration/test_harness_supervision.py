@@ -152,3 +152,34 @@ async def test_h07_workers_are_reaped_when_the_host_stops_and_shown_in_status(ho
     assert processes_of(host.state_dir) == []
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists()
+
+
+async def test_kill9_harness_actor_while_parked_resolves_from_mailbox_state(
+    host: HostProcess,
+) -> None:
+    """The parked entry outlives the actor; its successor cancels it and ends the turn once."""
+    from corral.harnesses.protocol import Approval
+
+    spec = scripted({"elicit": {"message": "wait"}}, {"text": "never"})
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-hp", spec)
+        req = await d.wait_type("response.elicitation_request")
+        assert host.ask("elicitations")["elicitations"][0]["state"] == "parked"
+        os.kill(host.actor("harness")["pid"], signal.SIGKILL)
+        resolved = await d.wait_type("response.elicitation_resolved", timeout=15)
+        assert (resolved.elicitation_id, resolved.action, resolved.reason) == (
+            req.elicitation_id,
+            "cancel",
+            "harness_restarted",
+        )
+        end = await d.terminal(turn, timeout=15)
+        assert end.error["code"] == "harness_restarted"
+        row = host.ask("elicitations")["elicitations"][0]
+        assert (row["state"], row["reason"]) == ("cancelled", "harness_restarted")
+        late = await d.send(
+            Approval(session_id="s-hp", elicitation_id=req.elicitation_id, action="accept"),
+            durable=True,
+        )
+        assert isinstance(late, InputAccepted) and late.status == 404
+        terminals = [e for e in d.of_turn(turn) if e.__struct_config__.tag == "response.failed"]
+        assert len(terminals) == 1
