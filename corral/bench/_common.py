@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from ..instance import Instance
 
 
@@ -92,3 +94,29 @@ def running_host(config_text: str) -> Iterator[Instance]:
             host.kill()
         log_file.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def raw_stream_rate(endpoint: str, peer: Any, n: int) -> float:
+    """The baseline of host benchmarks: stream messages/s from a peer process to ``peer``
+    through the host's broker, received one by one like the benchmark's own consumer."""
+    tx = start_role("corral.bench._bus_roles", "stream", endpoint, str(n), "256")
+    try:
+        assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
+        await trio.sleep(0.2)
+        assert tx.stdin is not None
+        tx.stdin.write("go\n")
+        tx.stdin.flush()
+        got = 0
+        t0 = 0.0
+        with trio.move_on_after(60):
+            while got < n:
+                await peer.inbox.receive()
+                if got == 0:
+                    t0 = time.perf_counter()
+                got += 1
+        if got < n:
+            raise RuntimeError(f"raw stream: {got} of {n} messages arrived")
+        return (got - 1) / (time.perf_counter() - t0)
+    finally:
+        tx.kill()
+        tx.wait()

@@ -25,7 +25,7 @@ from ..bus import open_peer
 from ..config import LivenessSettings
 from ..harnesses.protocol import HARNESS_ACTOR, Output, TurnStart, is_terminal
 from ..instance import Instance
-from ._common import figure, percentile, running_host, start_role
+from ._common import figure, percentile, raw_stream_rate, running_host
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 
@@ -112,30 +112,6 @@ async def _delta_rate(peer: Any, session_id: str, n: int) -> float:
     return (got - 1) / (time.perf_counter() - t0)
 
 
-async def _raw_rate(endpoint: str, peer: Any, n: int) -> float:
-    tx = start_role("corral.bench._bus_roles", "stream", endpoint, str(n), "256")
-    try:
-        assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
-        await trio.sleep(0.2)
-        assert tx.stdin is not None
-        tx.stdin.write("go\n")
-        tx.stdin.flush()
-        got = 0
-        t0 = 0.0
-        with trio.move_on_after(60):
-            while got < n:
-                await peer.inbox.receive()
-                if got == 0:
-                    t0 = time.perf_counter()
-                got += 1
-        if got < n:
-            raise RuntimeError(f"raw stream: {got} of {n} messages arrived")
-        return (got - 1) / (time.perf_counter() - t0)
-    finally:
-        tx.kill()
-        tx.wait()
-
-
 def _workers(inst: Instance) -> list[dict[str, Any]]:
     return request(inst.control_path, "inspect", actor="harness")["state"]["workers"]
 
@@ -163,7 +139,7 @@ async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
             replaced.append(await _first_delta(peer, f"cold-{i}", spec))
         replaced.sort()
         rate = await _delta_rate(peer, "rate", n_deltas)
-        raw = await _raw_rate(endpoint, peer, n_deltas)
+        raw = await raw_stream_rate(endpoint, peer, n_deltas)
     return {
         "benchmark": "harness",
         "baseline": {

@@ -21,7 +21,7 @@ from ..actors import echo as _echo  # noqa: F401 - the raw baseline sends echo.c
 from ..bus import open_peer
 from ..config import LivenessSettings
 from ..routes import HttpRequest, SessionEvent
-from ._common import figure, percentile, running_host, start_role
+from ._common import figure, percentile, raw_stream_rate, running_host
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 CONFIG = """
@@ -114,28 +114,6 @@ async def _turns(peer: Any, ids: list[str], *, init: bool) -> tuple[float, list[
     return (got - 1) / max(last - first, 1e-9), sorted(latencies)
 
 
-async def _raw(endpoint: str, peer: Any, n: int) -> float:
-    tx = start_role("corral.bench._bus_roles", "stream", endpoint, str(n), "256")
-    try:
-        assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
-        await trio.sleep(0.2)
-        assert tx.stdin is not None
-        tx.stdin.write("go\n")
-        tx.stdin.flush()
-        got = 0
-        t0 = 0.0
-        with trio.fail_after(120):
-            while got < n:
-                await peer.inbox.receive()
-                if got == 0:
-                    t0 = time.perf_counter()
-                got += 1
-        return (got - 1) / (time.perf_counter() - t0)
-    finally:
-        tx.kill()
-        tx.wait()
-
-
 async def _phase(endpoint: str, sessions: int) -> tuple[float, list[float]]:
     """Turn 1 of each session floods (throughput); turn 2 is paced (latency at light load)."""
     ids = [uuid.uuid4().hex for _ in range(sessions)]
@@ -147,7 +125,7 @@ async def _phase(endpoint: str, sessions: int) -> tuple[float, list[float]]:
 
 async def _raw_phase(endpoint: str, n: int) -> float:
     async with open_peer("bench-rx", endpoint, liveness=LIVENESS) as peer:
-        return await _raw(endpoint, peer, n)
+        return await raw_stream_rate(endpoint, peer, n)
 
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
