@@ -30,6 +30,7 @@ turn id that is active.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -74,6 +75,8 @@ from .journal import JournalAppend, JournalEvent
 
 log = logging.getLogger("corral.actors.dispatch")
 
+#: Session events per durable batch to one subscriber.
+_EVENT_BATCH = 512
 #: Stream sequence numbers of a dispatch incarnation start at ``epoch << _EPOCH_SHIFT``.
 _EPOCH_SHIFT = 32
 GENERIC_DETAIL = "Request failed on the runner; see runner logs for details."
@@ -241,6 +244,8 @@ class DispatchActor(Actor):
         self.server: Any = None
         self.epoch = 0
         self._journal: dict[tuple[str, str], list[JournalEvent]] = {}
+        self._events: dict[str, list[SessionEvent]] = {}
+        self._events_ready = trio.Event()
         self._journal_ready = trio.Event()
         self.stats = {"turns": 0, "buffered": 0, "failed": 0, "watchdog": 0}
 
@@ -250,6 +255,7 @@ class DispatchActor(Actor):
         assert self.nursery is not None
         self.nursery.start_soon(self.outbox.run)
         self.nursery.start_soon(self._journal_loop)
+        self.nursery.start_soon(self._events_loop)
         if self.options.server_url:
             from ..server_client import ServerClient
 
@@ -269,6 +275,9 @@ class DispatchActor(Actor):
     async def terminate(self) -> None:
         await self._flush_journal()
         await self.outbox.flush()
+        for name, batch in self._events.items():
+            with contextlib.suppress(Exception):
+                await self.peer.cast_many(name, batch, durable=True, timeout=2)
         if self.server is not None:
             await self.server.aclose()
 
@@ -751,17 +760,16 @@ class DispatchActor(Actor):
         session.record.seq += 1
         data = msgspec.json.encode(event)
         for name in self.options.subscribers:
-            self.outbox.put_nowait(
-                name,
+            self._events.setdefault(name, []).append(
                 SessionEvent(
                     session_id=session.id,
                     seq=session.record.seq,
                     event=data,
                     runner_id=session.record.runner_id,
                     origin_at=origin_at,
-                ),
-                session_id=session.id,
+                )
             )
+        self._events_ready.set()
         journal = self.options.journal
         run = run_id or session.record.turn_id
         if not (journal and run):
@@ -780,6 +788,27 @@ class DispatchActor(Actor):
             await self.peer.cast(journal, append, durable=True, session_id=session.id)
         except Exception as exc:
             log.warning("journal append failed: %s", exc)
+
+    async def _events_loop(self) -> None:
+        """Send published events to each subscriber, durably, in batches.
+
+        Durable, so that events published while the gateway restarts (or is killed) wait in
+        its mailbox instead of being lost; batched, so that one group commit carries every
+        event published meanwhile. Batches of one subscriber go one after another, in order.
+        """
+        while True:
+            await self._events_ready.wait()
+            self._events_ready = trio.Event()
+            pending, self._events = self._events, {}
+            for name, batch in pending.items():
+                for start in range(0, len(batch), _EVENT_BATCH):
+                    chunk = batch[start : start + _EVENT_BATCH]
+                    try:
+                        await self.peer.cast_many(name, chunk, durable=True, timeout=60)
+                    except Exception as exc:
+                        log.warning(
+                            "%d session events for %s not delivered: %s", len(chunk), name, exc
+                        )
 
     async def _flush_journal(self) -> None:
         """Queue one append per run for everything pending (a delta per append would

@@ -94,6 +94,7 @@ async def _turns(peer: Any, ids: list[str], *, init: bool) -> tuple[float, list[
         with trio.fail_after(300):
             while done < sessions:
                 incoming = await peer.inbox.receive()
+                peer.ack(incoming)
                 msg = incoming.msg
                 if not isinstance(msg, SessionEvent):
                     continue

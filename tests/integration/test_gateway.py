@@ -12,12 +12,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import trio
 
 from corral import ConfigError, __version__
-from corral.actors.dispatch import DispatchActor
 from corral.actors.gateway import (
     Responder,
     ResponseBodyFrame,
@@ -27,7 +25,7 @@ from corral.actors.gateway import (
     tunnel_url,
 )
 from corral.config import parse_config
-from corral.routes import SessionEvent, json_response
+from corral.routes import json_response
 from corral.server_client import runner_id_for_token
 from tests.conftest import FAST_LIVENESS, HostProcess
 from tests.fake_server import FakeOmnigentServer
@@ -35,41 +33,6 @@ from tests.fake_tunnel_server import FakeTunnelServer, Tunnel, token_bound_runne
 from tests.integration._gateway import scripted_yaml
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-class DurableEventsDispatch(DispatchActor):
-    """Dispatch sending SessionEvents to the gateway as *durable* messages, batched.
-
-    This is the dispatch change docs/gateway.md asks for (so that events published while the
-    gateway is down, or killed, are kept in its mailbox); the kill -9 test runs on it.
-    """
-
-    async def setup(self) -> None:
-        await super().setup()
-        self._durable: list[SessionEvent] = []
-        self._durable_ready = trio.Event()
-        assert self.nursery is not None
-        self.nursery.start_soon(self._send_durable)
-
-    async def _publish(self, session: Any, event: dict[str, Any], **kw: Any) -> None:
-        await super()._publish(session, event, **kw)  # subscribers = []: the journal only
-        self._durable.append(
-            SessionEvent(
-                session_id=session.id,
-                seq=session.record.seq,
-                event=msgspec.json.encode(event),
-                runner_id=session.record.runner_id,
-            )
-        )
-        self._durable_ready.set()
-
-    async def _send_durable(self) -> None:
-        while True:
-            await self._durable_ready.wait()
-            self._durable_ready = trio.Event()
-            batch, self._durable = self._durable, []
-            if batch:
-                await self.peer.cast_many("gateway", batch, durable=True)
 
 
 def _q(value: str) -> str:
@@ -82,18 +45,11 @@ def host_config(
     *,
     server: FakeOmnigentServer | None = None,
     gateway: dict[str, Any] | None = None,
-    durable_dispatch: bool = False,
 ) -> str:
     text = FAST_LIVENESS
-    if durable_dispatch:
-        text += (
-            '[actors.dispatch]\ntarget = "tests.integration.test_gateway:DurableEventsDispatch"\n'
-        )
     text += "[actors.dispatch.options]\n"
     if server is not None:
         text += f"server_url = {_q(server.base_url)}\n"
-    if durable_dispatch:
-        text += "subscribers = []\n"
     text += "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
     for key, value in (gateway or {}).items():
         text += f"{key} = {json.dumps(value)}\n"
@@ -631,16 +587,11 @@ async def test_reconnect_reinits_sessions_and_resumes_without_loss_or_duplicates
         assert state["buffer"]["duplicates"] == 0
 
 
-@pytest.mark.xfail(
-    reason="dispatch still sends SessionEvents as stream messages (issue 6 note); this runs on "
-    "a test-only durable dispatch and lost events once under full-suite load",
-    strict=False,
-)
 async def test_kill9_gateway_mid_stream_every_event_once(host_factory, tunnels, server) -> None:
     text = numbered(300)
     agent_id = server.add_agent(scripted_yaml("long", f'{{text: "{text}", chunk: 4, delay_ms: 4}}'))
     sid = server.add_session(agent_id)["id"]
-    host = host_factory(host_config(tunnels, [{"id": "k9"}], server=server, durable_dispatch=True))
+    host = host_factory(host_config(tunnels, [{"id": "k9"}], server=server))
     async with running(host):
         t = await tunnels.wait_tunnel("k9")
         await bind(t, sid, agent_id)
