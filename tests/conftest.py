@@ -84,7 +84,10 @@ class HostProcess:
             status = self.ask("status")
         except (OSError, RuntimeError, ValueError):
             return False
-        return all(a["state"] == "running" for a in status["actors"])
+        # Actors start one after another: the host says when the last one has.
+        return status["host"]["state"] == "running" and all(
+            a["state"] == "running" for a in status["actors"]
+        )
 
     def ask(self, op: str, **args: Any) -> Any:
         return request(self.instance.control_path, op, **args)

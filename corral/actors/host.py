@@ -51,6 +51,9 @@ class Host:
         self.instance = Instance(state_dir)
         self.started = time.monotonic()
         self._failure: RestartIntensityExceeded | None = None
+        #: ``starting`` until every actor has been started in order, then ``running``,
+        #: then ``stopping``.
+        self.state = "starting"
         self._stop = trio.Event()
         self.broker: Broker | None = None
         self.children: ChildSupervisor | None = None
@@ -130,6 +133,7 @@ class Host:
                 await nursery.start(serve_control, inst.control_path, self._ops())
                 nursery.start_soon(self._watch_signals)
                 await self._start_children()
+                self.state = "running"
                 nursery.start_soon(self._watch_liveness)
                 log.info(
                     "corral host up: pid=%d state_dir=%s actors=%s",
@@ -139,6 +143,7 @@ class Host:
                 )
                 task_status.started()
                 await self._stop.wait()
+                self.state = "stopping"
                 log.info("stopping actors")
                 await children.stop_all()
             nursery.cancel_scope.cancel()
@@ -242,6 +247,7 @@ class Host:
             "tunnels": await self._actor_state("gateway", "tunnels"),
             "host": {
                 "pid": os.getpid(),
+                "state": self.state,
                 "state_dir": str(self.instance.state_dir),
                 "uptime_s": round(time.monotonic() - self.started, 3),
                 "version": __version__,

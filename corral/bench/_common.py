@@ -78,7 +78,9 @@ def running_host(config_text: str) -> Iterator[Instance]:
         while True:
             try:
                 status = request(inst.control_path, "status")
-                if all(a["state"] == "running" for a in status["actors"]):
+                if status["host"]["state"] == "running" and all(
+                    a["state"] == "running" for a in status["actors"]
+                ):
                     break
             except (OSError, RuntimeError, ValueError):
                 pass
