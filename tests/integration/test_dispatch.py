@@ -406,3 +406,46 @@ async def test_every_event_of_a_turn_is_journaled_in_order(dhost: HostProcess, s
     assert [r["payload"] for r in rows] == published, "the run mirrors the stream (J-32)"
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
     assert rows[-1]["payload"] == {"type": "session.status", "status": "idle"}
+
+
+async def test_d07_d15_explicit_harness_opens_the_stream_and_a_spec_failure_ends_it(
+    host_factory, server
+) -> None:
+    config = (
+        FAST_LIVENESS
+        + "[actors.dispatch.options]\n"
+        + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
+        + "[actors.harness.options.harnesses]\n"
+        + 'tool-caller = "tests.integration._tool_harness:ToolCaller"\n'
+    )
+    # The server knows the session but not its agent: the bundle cannot be had.
+    server.add_session("ag_missing", session_id="no-spec-session")
+    h = host_factory(config).start()
+    async with fake_gateway(h.endpoint) as gw:
+        await gw.init("no-spec-session", "ag_missing")
+        body = {
+            "type": "message",
+            "role": "user",
+            "content": "hi",
+            "agent_id": "ag_missing",
+            "harness": "tool-caller",
+        }
+        reply = await gw.request(
+            "POST",
+            "/v1/sessions/no-spec-session/events",
+            body,
+            query="stream=true",
+            request_id="req-d15",
+        )
+        assert (reply.status, reply.streaming) == (200, True), "D-07: the stream opens"
+        await gw.wait(lambda: "req-d15" in gw.ended)
+        frames = b"".join(gw.chunks["req-d15"]).decode()
+        kinds = [f.split("\n")[0] for f in frames.split("\n\n") if f]
+        assert kinds[0] == "event: response.created"
+        assert kinds[-1] == "event: response.failed"
+        failed = json.loads(frames.split("\n\n")[len(kinds) - 1].split("data: ", 1)[1])
+        assert failed["error"]["message"] == "Failed to resolve the agent spec for this turn."
+        assert failed["error"]["type"] == "ServerRejected"
+        assert "404" not in json.dumps(failed), "the raw cause stays in the logs"
+        assert await gw.until_status("no-spec-session") == ["running", "failed"]
+    h.stop()
