@@ -211,11 +211,6 @@ class Broker:
         peer = self._peers.get(name)
         return peer.last_seen if peer and peer.last_seen else None
 
-    def peer_pid(self, name: str) -> int | None:
-        """The pid a peer announced in its hello."""
-        peer = self._peers.get(name)
-        return peer.pid if peer else None
-
     def mailboxes(self, actor: str | None = None, *, peek: int = 0) -> list[dict[str, Any]]:
         """Rows for ``corral mailboxes``."""
         names = [actor] if actor else sorted(self._mailboxes)

@@ -186,13 +186,6 @@ def new_id() -> str:
     return f"{_prefix}-{next(_counter):x}"
 
 
-def reset_ids() -> None:
-    """Start a fresh id space; call in a newly started process."""
-    global _prefix, _counter
-    _prefix = f"{os.getpid():x}-{os.urandom(3).hex()}"
-    _counter = count(1)
-
-
 def now() -> float:
     """Wall-clock time for ``created_at`` fields (seconds since the epoch)."""
     return time.time()
