@@ -8,9 +8,17 @@ from pathlib import Path
 
 import trio
 
+from corral.actors._process import alive, start_time
 from corral.harnesses.protocol import InputAccepted
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.integration._dispatch import fake_dispatch, scripted
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _workers(host: HostProcess) -> list[dict]:
@@ -91,17 +99,15 @@ async def test_kill9_harness_actor_mid_turn_ends_the_turn_exactly_once(host: Hos
         turn = await d.start_turn("s-ha", scripted({"text": "x", "repeat": 1000, "delay_ms": 5}))
         await d.wait_type("response.output_text.delta")
         worker_pid = _workers(host)[0]["pid"]
+        worker_started = start_time(worker_pid)
         os.kill(host.actor("harness")["pid"], signal.SIGKILL)
         end = await d.terminal(turn, timeout=15)
         assert end.__struct_config__.tag == "response.failed"
         assert end.error["code"] == "harness_restarted"
+        # The worker died with its harness actor (a reused pid has another start time).
         await trio.to_thread.run_sync(
             lambda: wait_until(
-                lambda: (
-                    not Path(f"/proc/{worker_pid}").exists()
-                    or "Z" in Path(f"/proc/{worker_pid}/stat").read_text().split(")")[1][:3]
-                ),
-                5,
+                lambda: not alive(worker_pid, worker_started) or _zombie(worker_pid), 5
             )
         )
         # The session still works with the new harness actor and a new worker.
@@ -147,11 +153,11 @@ async def test_h07_workers_are_reaped_when_the_host_stops_and_shown_in_status(ho
     status = host.status()
     sessions = sorted(w["session_id"] for w in status["workers"])
     assert sessions == ["s-stop-0", "s-stop-1", "s-stop-2"]
-    pids = [w["pid"] for w in status["workers"]]
+    pids = {w["pid"]: start_time(w["pid"]) for w in status["workers"]}
     assert host.stop() == 0
     assert processes_of(host.state_dir) == []
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists()
+    for pid, started in pids.items():
+        assert not alive(pid, started) or _zombie(pid)
 
 
 async def test_kill9_harness_actor_while_parked_resolves_from_mailbox_state(
