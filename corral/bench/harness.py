@@ -48,21 +48,23 @@ def _message(text: str) -> dict[str, Any]:
     }
 
 
-async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> float:
+async def _start_turn(peer: Any, session_id: str, spec: dict[str, Any]) -> str:
+    """Ask the harness actor for a turn, as dispatch would; returns the turn id."""
     turn_id = uuid.uuid4().hex
-    t0 = time.perf_counter()
-    await peer.cast(
-        HARNESS_ACTOR,
-        TurnStart(
-            session_id=session_id,
-            turn_id=turn_id,
-            spec=spec,
-            message=_message("go"),
-            reply_to=peer.name,
-        ),
-        durable=True,
+    message = TurnStart(
         session_id=session_id,
+        turn_id=turn_id,
+        spec=spec,
+        message=_message("go"),
+        reply_to=peer.name,
     )
+    await peer.cast(HARNESS_ACTOR, message, durable=True, session_id=session_id)
+    return turn_id
+
+
+async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> float:
+    t0 = time.perf_counter()
+    turn_id = await _start_turn(peer, session_id, spec)
     first = None
     with trio.fail_after(30):
         async for incoming in peer.inbox:
@@ -80,34 +82,20 @@ async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> floa
 
 
 async def _delta_rate(peer: Any, session_id: str, n: int) -> float:
-    turn_id = uuid.uuid4().hex
-    spec = _spec({"text": "x", "repeat": n})
-    await peer.cast(
-        HARNESS_ACTOR,
-        TurnStart(
-            session_id=session_id,
-            turn_id=turn_id,
-            spec=spec,
-            message=_message("go"),
-            reply_to=peer.name,
-        ),
-        durable=True,
-        session_id=session_id,
-    )
+    turn_id = await _start_turn(peer, session_id, _spec({"text": "x", "repeat": n}))
     got = 0
     t0 = 0.0
     with trio.fail_after(120):
         async for incoming in peer.inbox:
             peer.ack(incoming)
             msg = incoming.msg
-            if (
-                isinstance(msg, Output)
-                and msg.__struct_config__.tag == "response.output_text.delta"
-            ):
+            if not isinstance(msg, Output) or msg.turn_id != turn_id:
+                continue
+            if msg.__struct_config__.tag == "response.output_text.delta":
                 if got == 0:
                     t0 = time.perf_counter()
                 got += 1
-            if isinstance(msg, Output) and is_terminal(msg):
+            if is_terminal(msg):
                 break
     return (got - 1) / (time.perf_counter() - t0)
 
