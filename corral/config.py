@@ -96,15 +96,46 @@ class RunnerSettings(_Section):
     token: str | None = None
 
 
+class PolicyRule(_Section):
+    """One ``[[server.policies]]`` rule of the embedded control plane.
+
+    The first rule whose ``tool`` pattern (``fnmatch``: ``sys_os_*``) and ``phase`` match a
+    ``/policies/evaluate`` request decides; with no match the answer is ALLOW.
+    """
+
+    tool: str
+    action: Literal["allow", "deny", "ask"]
+    phase: str = "PHASE_TOOL_CALL"
+    #: Shown in the approval prompt (ask) or the denial (deny).
+    message: str | None = None
+
+
+class ServerSettings(_Section):
+    """``[server]``: the embedded control plane ``corral up`` starts when no runner is set."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    #: 0 picks a free port on first start and keeps it (in the state dir) for restarts.
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    #: Directories of agent YAML files, besides the agents the package ships (``demo``).
+    agents_dirs: list[str] = []
+    policies: list[PolicyRule] = []
+    #: Largest request body a client may send.
+    max_body_bytes: PositiveInt = 1024 * 1024
+
+
 class Config(_Section):
     """The whole of ``corral.toml``."""
 
     state_dir: str | None = None
+    #: The runner workspace tools run in (``corral up --workspace``, ``CORRAL_WORKSPACE``).
+    workspace: str | None = None
     bus: BusSettings = BusSettings()
     liveness: LivenessSettings = LivenessSettings()
     supervisor: SupervisorSettings = SupervisorSettings()
     actors: dict[str, ActorSettings] = {}
     runners: list[RunnerSettings] = []
+    server: ServerSettings = ServerSettings()
 
 
 #: Actors the host runs by default, in start order, and where they live.

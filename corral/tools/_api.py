@@ -1,0 +1,77 @@
+"""What a runner-local tool is given and returns.
+
+A tool is ``async def run(ctx: ToolContext, args: dict) -> str``: it gets the decoded
+arguments the model produced and returns the ``function_call_output`` text the model sees
+(JSON text for every tool here). A tool that cannot do what it was asked raises
+:class:`ToolError`; its message is meant for the model and becomes ``{"error": message}``.
+Any other exception is a bug: the tools actor logs it and the model gets a generic error
+(P-28).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .async_calls import AsyncCalls
+    from .inbox import Inbox
+
+#: Publishes one session event (``session.resource.created`` ...) on the session's stream.
+Publish = Callable[[dict[str, Any]], Awaitable[None]]
+#: Runs another runner-local tool by name (what ``sys_call_async`` dispatches to).
+RunTool = Callable[[str, dict[str, Any]], Awaitable[str]]
+
+ToolFamily = Literal["os", "terminal", "inbox", "session", "agent"]
+
+
+class ToolError(Exception):
+    """A tool could not do what it was asked; the message is shown to the model."""
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """Everything a tool call may use. Built per call by the tools actor."""
+
+    #: The conversation (session) the call belongs to.
+    session_id: str
+    #: The ``call_id`` of the model's function call (idempotency key for durable effects).
+    call_id: str
+    #: The session's agent spec as a plain dict (``spec_to_dict``); ``{}`` when unknown.
+    spec: dict[str, Any]
+    #: The runner workspace (``corral up --workspace``, ``CORRAL_WORKSPACE`` or
+    #: ``OMNIGENT_RUNNER_WORKSPACE``); None when the runner has none.
+    workspace: Path | None
+    #: Root of the per-conversation fallback directories (T-10).
+    os_env_root: Path
+    #: Deadline of one call, in seconds (``sys_os_shell`` may take its own, smaller one).
+    timeout_s: float
+    #: Publishes a session event on this session's stream.
+    publish: Publish
+    #: The tools actor's durable directory.
+    data_dir: Path
+    #: The session inboxes (``sys_read_inbox``); None when not available.
+    inbox: Inbox | None = None
+    #: Background calls (``sys_call_async`` / ``sys_cancel_async``); None when not available.
+    async_calls: AsyncCalls | None = None
+    #: Runs another tool of the table, with this context.
+    run_tool: RunTool | None = None
+    #: Largest output a tool returns before it is cut with a marker.
+    max_output_chars: int = 100_000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One runner-local tool: its model-facing schema and its implementation."""
+
+    name: str
+    description: str
+    #: JSON schema of the arguments object.
+    parameters: dict[str, Any]
+    run: Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+    family: ToolFamily
+    #: Publishes ``session.changed_files.invalidated`` after it runs (T-20).
+    mutates_files: bool = False

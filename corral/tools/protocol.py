@@ -1,0 +1,79 @@
+"""Bus messages of a tool call: dispatch → policy → tools → policy → dispatch.
+
+A tool call of a turn (a ``function_call`` item with ``status: action_required``) travels as
+durable messages, so that a crash of any actor on the way neither loses the call nor runs it
+twice:
+
+1. dispatch casts :class:`ToolCall` (durable) to the policy actor and goes on with the turn;
+2. policy applies its local gates and the server's ``PHASE_TOOL_CALL`` verdict (an ASK parks
+   the call as an elicitation until a verdict), then calls the tools actor with
+   :class:`ToolExec` (durable) and gets :class:`ToolExecResult`;
+3. policy applies the ``PHASE_TOOL_RESULT`` verdict and casts :class:`ToolOutcome` (durable)
+   back to dispatch, which hands the output to the worker as ``tool_result``.
+
+Session events a tool causes (terminal resources, changed files, the elicitation prompt) go
+to dispatch as :class:`PublishEvents`, which puts them on the session stream in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from ..bus import Message
+
+TOOLS_ACTOR = "tools"
+POLICY_ACTOR = "policy"
+
+ToolStatus = Literal["completed", "failed", "denied", "cancelled"]
+
+
+class ToolCall(Message, tag="policy.tool_call"):
+    """A model's tool call in a turn, for the policy gate (dispatch → policy, durable)."""
+
+    session_id: str
+    turn_id: str
+    call_id: str
+    name: str
+    #: The arguments as the model produced them (a JSON text, possibly malformed).
+    arguments: str
+    #: The session's agent spec (``spec_to_dict``), ``{}`` when unknown.
+    spec: dict[str, Any] = {}
+    #: Who gets the :class:`ToolOutcome`.
+    reply_to: str = "dispatch"
+
+
+class ToolOutcome(Message, tag="dispatch.tool_outcome"):
+    """What the model sees of a tool call (policy → dispatch, durable)."""
+
+    session_id: str
+    turn_id: str
+    call_id: str
+    output: str
+    status: ToolStatus = "completed"
+
+
+class ToolExec(Message, tag="tools.exec"):
+    """Run one runner-local tool (policy → tools, a durable call)."""
+
+    session_id: str
+    call_id: str
+    name: str
+    arguments: str
+    spec: dict[str, Any] = {}
+    #: Overrides the tools actor's default per-call timeout when set.
+    timeout_s: float | None = None
+
+
+class ToolExecResult(Message, tag="tools.exec_result"):
+    """A tool's output (tools → policy, the reply to :class:`ToolExec`)."""
+
+    call_id: str
+    output: str
+    status: ToolStatus = "completed"
+
+
+class PublishEvents(Message, tag="dispatch.publish_events"):
+    """Session events caused outside a turn's stream (tools, policy → dispatch, durable)."""
+
+    session_id: str
+    events: list[dict[str, Any]]
