@@ -143,6 +143,8 @@ BUILTIN_ACTORS: dict[str, str] = {
     "journal": "corral.actors.journal:JournalActor",
     "echo": "corral.actors.echo:EchoActor",
     "harness": "corral.actors.harness:HarnessActor",
+    "tools": "corral.actors.tools:ToolsActor",
+    "policy": "corral.actors.policy:PolicyActor",
     "dispatch": "corral.actors.dispatch:DispatchActor",
     "gateway": "corral.actors.gateway:GatewayActor",
 }

@@ -603,3 +603,18 @@ def _id(value: str, what: str) -> str:
     if not isinstance(value, str) or not _SAFE_ID.match(value) or set(value) == {"."}:
         raise ValueError(f"{what} must match ^[A-Za-z0-9_.-]+$ (1-256 characters, not only dots)")
     return value
+
+
+def pick_server(
+    explicit: ServerClient | None, by_runner: Mapping[str, ServerClient], runner_id: str | None
+) -> ServerClient | None:
+    """The client a session talks to: an explicitly configured server first (one server for
+    every runner), else its runner's server, else the only runner's; None when there is none.
+    """
+    if explicit is not None:
+        return explicit
+    if runner_id is not None and runner_id in by_runner:
+        return by_runner[runner_id]
+    if len(by_runner) == 1:
+        return next(iter(by_runner.values()))
+    return None

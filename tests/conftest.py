@@ -176,3 +176,17 @@ def host(host_factory: Callable[..., HostProcess]) -> Iterator[HostProcess]:
 
 def read_json(text: str) -> Any:
     return json.loads(text)
+
+
+def process_gone(pid: int, started: int | None) -> bool:
+    """Whether the process ``pid`` that started at ``started`` no longer runs: gone, reused by
+    another process, or a zombie (this machine's init does not reap orphans)."""
+    from corral.actors._process import start_time
+
+    if start_time(pid) != started:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"

@@ -6,6 +6,8 @@ Handles:
     Output (from harness workers)    response.* events of the session's active turn
     ResponseCompleted / ResponseFailed / ResponseCancelled (durable, from the harness actor)
                                      the turn's one terminal event
+    ToolOutcome (durable, from policy)   a tool call's output → the worker as ``tool_result``
+    PublishEvents (durable, from tools and policy)   events on the session stream, in order
 
 Publishes, in order, per session: :class:`~corral.routes.SessionEvent` to each subscriber (the
 gateway) and every event to the journal actor (one run per turn). A ``?stream=true`` request
@@ -45,6 +47,7 @@ import trio
 
 from .._exceptions import CorralError
 from ..bus import Incoming, Message, Outbox
+from ..config import RunnerSettings
 from ..harnesses.protocol import (
     HARNESS_ACTOR,
     Approval,
@@ -54,6 +57,7 @@ from ..harnesses.protocol import (
     Output,
     OutputItemDone,
     OutputTextDelta,
+    PolicyEvaluationRequested,
     ResponseCancelled,
     ResponseCompleted,
     ResponseFailed,
@@ -68,6 +72,15 @@ from ..routes import (
     empty_response,
     json_response,
     sse_frame,
+)
+from ..server_client import pick_server
+from ..tools.protocol import (
+    POLICY_ACTOR,
+    PolicyEvaluate,
+    PublishEvents,
+    ToolCall,
+    ToolOutcome,
+    TurnEnded,
 )
 from . import _history as history
 from ._actor import Actor, ActorContext, every, handles
@@ -88,12 +101,19 @@ _NOT_ON_STREAM = {"response.created", "policy_evaluation.requested"}
 class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """``[actors.dispatch.options]``."""
 
+    #: A server for sessions of any runner (tests; hosts pass ``runners`` instead).
     server_url: str | None = None
     token: str | None = None
+    #: The host's runners (ids resolved): a session talks to the server of its runner.
+    runners: list[RunnerSettings] = []
     default_harness: str = "scripted"
     #: The agent spec of sessions when no server is configured (the "null server client").
     default_spec: dict[str, Any] = {}
     subscribers: list[str] = msgspec.field(default_factory=lambda: ["gateway"])
+    #: The actor that gates tool calls (None: tool calls answer "not available").
+    policy: str | None = POLICY_ACTOR
+    #: Deadline of ``POST .../mcp/execute`` through policy and tools.
+    tool_timeout_s: float = 900.0
     journal: str | None = "journal"
     turn_timeout_s: float = 3600.0
     turn_idle_timeout_s: float = 900.0
@@ -199,6 +219,9 @@ class Turn:
     text: list[str] = field(default_factory=list)
     stream_to: tuple[str, str] | None = None  # (reply_to, request_id) of a ?stream=true POST
     spec_resolved: bool = True
+    #: Tool calls sent to policy, and those whose output went to the worker (dedup).
+    tool_calls: int = 0
+    answered: set[str] = field(default_factory=set)
 
 
 class SessionRecord(msgspec.Struct, kw_only=True):
@@ -242,6 +265,7 @@ class DispatchActor(Actor):
         self.state_path = ctx.data_dir / "sessions.log"
         self._io = trio.CapacityLimiter(1)
         self.server: Any = None
+        self.servers: dict[str, Any] = {}
         self.epoch = 0
         self._journal: dict[tuple[str, str], list[JournalEvent]] = {}
         self._events: dict[str, list[SessionEvent]] = {}
@@ -256,10 +280,13 @@ class DispatchActor(Actor):
         self.nursery.start_soon(self.outbox.run)
         self.nursery.start_soon(self._journal_loop)
         self.nursery.start_soon(self._events_loop)
-        if self.options.server_url:
-            from ..server_client import ServerClient
+        from ..server_client import ServerClient
 
+        if self.options.server_url:
             self.server = ServerClient(self.options.server_url, token=self.options.token)
+        for runner in self.options.runners:
+            assert runner.id is not None
+            self.servers[runner.id] = ServerClient(runner.server, token=runner.token)
         self.epoch = await trio.to_thread.run_sync(self._next_epoch, limiter=self._io)
         for record in await trio.to_thread.run_sync(self._load, limiter=self._io):
             # Events published after the last save were numbered past record.seq; a new
@@ -278,8 +305,8 @@ class DispatchActor(Actor):
         for name, batch in self._events.items():
             with contextlib.suppress(Exception):
                 await self.peer.cast_many(name, batch, durable=True, timeout=2)
-        if self.server is not None:
-            await self.server.aclose()
+        for client in {id(c): c for c in (self.server, *self.servers.values()) if c}.values():
+            await client.aclose()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -357,6 +384,12 @@ class DispatchActor(Actor):
             incoming.deferred = True
             self.in_order(session_id, lambda: self._reply(incoming, self._event(session_id, msg)))
             return None
+        if msg.method == "POST" and parts[3:] == ["mcp", "execute"]:
+            # Not in the session's queue: a tool may run for minutes while the turn goes on.
+            incoming.deferred = True
+            assert self.nursery is not None
+            self.nursery.start_soon(self._reply, incoming, self._mcp_execute(session_id, msg))
+            return None
         return _error(404, "not_found", f"no route {msg.method} {msg.path}")
 
     async def _reply(self, incoming: Incoming, work: Any) -> None:
@@ -425,29 +458,93 @@ class DispatchActor(Actor):
 
     async def _event(self, session_id: str, msg: HttpRequest) -> HttpResponse | None:
         event = parse_event(msg.body)
-        session = self.sessions.get(session_id)
-        if session is None:
-            session = self.sessions[session_id] = Session(
-                SessionRecord(
-                    id=session_id,
-                    created_at=time.time(),
-                    runner_id=msg.runner_id,
-                    seq=self.epoch << _EPOCH_SHIFT,
-                )
-            )
+        session = self._session(session_id, msg.runner_id)
         stream = parse_qs(msg.query).get("stream", [""])[0].lower() == "true"
         if isinstance(event, MessageEvent):
             return await self._message(session, event, msg if stream else None)
         if isinstance(event, ApprovalEvent):
-            # A control event: it goes to the worker that parked the elicitation and never
-            # starts, buffers or ends a turn (E-04).
-            reply = await self._to_harness(flatten_approval(event, session_id), durable=True)
+            # A control event: it goes to whoever parked the elicitation — the policy actor
+            # (a tool call it asked about) or a worker — and never starts, buffers or ends a
+            # turn (E-04).
+            approval = flatten_approval(event, session_id)
+            if self.options.policy is not None:
+                reply = await self._call_policy(approval)
+                if isinstance(reply, InputAccepted) and reply.status != 404:
+                    return _from_harness(reply)
+            reply = await self._to_harness(approval, durable=True)
             return _from_harness(reply)
         if isinstance(event, InterruptEvent | StopSessionEvent):
             if session.turn is not None:
                 await self._to_harness(Interrupt(session_id=session_id))
             return empty_response(204)
         return empty_response(204)  # compact: nothing to compact on this runner
+
+    async def _call_policy(self, msg: Message) -> Message | None:
+        assert self.options.policy is not None
+        try:
+            return await self.peer.call(self.options.policy, msg, durable=True, timeout=15)
+        except Exception as exc:
+            log.warning("the policy actor did not answer %s: %s", type(msg).__name__, exc)
+            return None
+
+    async def _mcp_execute(self, session_id: str, msg: HttpRequest) -> HttpResponse:
+        """``POST .../mcp/execute`` (§ii.9): the server's leg of a tool round trip."""
+        try:
+            body = msg.json()
+        except ValueError:
+            raise BadEvent(400, "invalid_request", "the body is not JSON") from None
+        params = body.get("params") if isinstance(body, dict) else None
+        if (
+            not isinstance(body, dict)
+            or body.get("method") != "tools/call"
+            or not isinstance(params, dict)
+            or not isinstance(params.get("name"), str)
+            or not isinstance(params.get("arguments", {}), dict)
+        ):
+            raise BadEvent(
+                422, "invalid_request", "expected {method: tools/call, params: {name, arguments}}"
+            )
+        if self.options.policy is None:
+            return _error(501, "not_implemented", "Runner-side tools are not enabled.")
+        session = self._session(session_id, msg.runner_id)
+        try:
+            spec = await self._resolve_spec(session, session.record.agent_id)
+        except Exception as exc:
+            log.warning("spec resolver failed for mcp/execute in %s: %s", session_id, exc)
+            return _error(503, "spec_resolver_failed", GENERIC_DETAIL)
+        call = ToolCall(
+            session_id=session_id,
+            turn_id=session.record.turn_id or "",
+            call_id=f"mcp_{uuid.uuid4().hex[:16]}",
+            name=params["name"],
+            arguments=json.dumps(params.get("arguments", {})),
+            spec=spec,
+            runner_id=session.record.runner_id,
+            origin="mcp",
+        )
+        try:
+            reply = await self.peer.call(
+                self.options.policy, call, timeout=self.options.tool_timeout_s
+            )
+        except Exception as exc:
+            log.warning("mcp/execute %s in %s got no answer: %s", call.name, session_id, exc)
+            return _error(502, "tool_failed", GENERIC_DETAIL)
+        if not isinstance(reply, ToolOutcome):
+            return _error(502, "tool_failed", GENERIC_DETAIL)
+        return json_response(200, {"result": {"output": reply.output}})
+
+    def _session(self, session_id: str, runner_id: str | None) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = Session(
+                SessionRecord(
+                    id=session_id,
+                    created_at=time.time(),
+                    runner_id=runner_id,
+                    seq=self.epoch << _EPOCH_SHIFT,
+                )
+            )
+        return session
 
     async def _to_harness(self, msg: Message, *, durable: bool = False) -> Message | None:
         try:
@@ -595,25 +692,27 @@ class DispatchActor(Actor):
     async def _resolve_spec(self, session: Session, agent_id: str | None) -> dict[str, Any]:
         if session.spec is not None:
             return session.spec
-        if self.server is None:
+        server = self._server(session)
+        if server is None:
             return dict(self.options.default_spec)
         from ..spec import spec_to_dict
 
         if not (agent_id or session.record.agent_id):
             # The first-message race (D-09): the server's snapshot knows the agent.
-            snapshot = await self.server.session_snapshot(session.id)
+            snapshot = await server.session_snapshot(session.id)
             session.record.agent_id = snapshot.get("agent_id")
-        spec = spec_to_dict(await self.server.agent_bundle(session.id))
+        spec = spec_to_dict(await server.agent_bundle(session.id))
         session.spec = spec
         return spec
 
     async def _history(
         self, session: Session, messages: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
+        server = self._server(session)
         if session.history is None:
             stored: list[dict[str, Any]] = []
-            if self.server is not None:
-                stored = await self.server.items(session.id)
+            if server is not None:
+                stored = await server.items(session.id)
             persisted = {m.get("persisted_item_id") for m in messages} - {None}
             items = stored
             for pid in persisted:
@@ -621,12 +720,13 @@ class DispatchActor(Actor):
             session.history = history.rehydrate(items, None)
         for m in messages:
             session.history.append(history.user_item(m.get("content")))
-        if self.server is not None:
-            session.history = await history.resolve_media(session.history, self._fetch_file)
+        if server is not None:
+            session.history = await history.resolve_media(session.history, server.file_content)
         return list(session.history)
 
-    async def _fetch_file(self, file_id: str) -> tuple[bytes, str]:
-        return await self.server.file_content(file_id)
+    def _server(self, session: Session) -> Any:
+        """The server client of the session's runner (None: no server, the spec default)."""
+        return pick_server(self.server, self.servers, session.record.runner_id)
 
     # --- harness output --------------------------------------------------------------------
 
@@ -650,6 +750,15 @@ class DispatchActor(Actor):
             self.in_order(session.id, lambda: self._tool_call(session, turn, msg.item))
             await self._stream_chunk(turn, msg)
             return
+        if isinstance(msg, PolicyEvaluationRequested) and self.options.policy is not None:
+            request = PolicyEvaluate(
+                session_id=session.id,
+                evaluation_id=msg.evaluation_id,
+                phase=msg.phase,
+                data=msg.data,
+                runner_id=session.record.runner_id,
+            )
+            await self.peer.cast(self.options.policy, request, durable=True, session_id=session.id)
         if tag == "injection.consumed":
             consumed = getattr(msg, "injection_id", None)
             session.record.buffer = [
@@ -683,12 +792,50 @@ class DispatchActor(Actor):
                 await self._to_harness(Interrupt(session_id=session.id))
                 await self._terminal(session, failed)
                 return
-        output = json.dumps(
-            {"error": f"the tool {item.get('name')!r} is not available on this runner"}
+        call_id = str(item.get("call_id"))
+        if self.options.policy is None:
+            output = json.dumps(
+                {"error": f"the tool {item.get('name')!r} is not available on this runner"}
+            )
+            await self._to_harness(
+                ToolResult(session_id=session.id, call_id=call_id, output=output)
+            )
+            return
+        turn.tool_calls += 1
+        arguments = item.get("arguments")
+        call = ToolCall(
+            session_id=session.id,
+            turn_id=turn.turn_id,
+            call_id=call_id,
+            name=str(item.get("name")),
+            arguments=arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
+            spec=session.spec or {},
+            runner_id=session.record.runner_id,
+            reply_to=self.peer.name,
         )
-        await self._to_harness(
-            ToolResult(session_id=session.id, call_id=str(item.get("call_id")), output=output)
-        )
+        await self.peer.cast(self.options.policy, call, durable=True, session_id=session.id)
+
+    @handles(ToolOutcome)
+    async def tool_outcome(self, msg: ToolOutcome, incoming: Incoming) -> None:
+        session = self.sessions.get(msg.session_id)
+        turn = session.turn if session is not None else None
+        if turn is None or turn.turn_id != msg.turn_id or msg.call_id in turn.answered:
+            log.info("dropping the outcome of tool call %s: its turn is over", msg.call_id)
+            return
+        turn.answered.add(msg.call_id)
+        turn.last_event = time.monotonic()
+        result = ToolResult(session_id=msg.session_id, call_id=msg.call_id, output=msg.output)
+        self.in_order(msg.session_id, lambda: self._to_harness(result))
+
+    @handles(PublishEvents)
+    async def publish_events(self, msg: PublishEvents, incoming: Incoming) -> None:
+        session = self.sessions.get(msg.session_id)
+        if session is None:
+            log.info("dropping %d events of unknown session %s", len(msg.events), msg.session_id)
+            return
+        run_id = session.turn.turn_id if session.turn is not None else None
+        for event in msg.events:
+            await self._publish(session, event, run_id=run_id)
 
     @handles(ResponseCompleted, ResponseFailed, ResponseCancelled)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:
@@ -721,6 +868,9 @@ class DispatchActor(Actor):
         if session.turn is not turn:
             return
         session.turn = None
+        if turn.tool_calls and self.options.policy is not None:
+            ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
+            await self.peer.cast(self.options.policy, ended, durable=True, session_id=session.id)
         if turn.stream_to is not None:
             await self.outbox.flush()
             await self.peer.cast(

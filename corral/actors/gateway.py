@@ -9,10 +9,12 @@ answered with ``response.head``, ``response.body`` frames and ``response.end``:
 route                                       answered by
 ==========================================  ==================================================
 ``GET /v1/sessions/{id}/stream``            the gateway: the session's events as SSE
-``GET .../skills``, ``.../resources*``      the gateway: the empty shapes of the capture
-``DELETE .../resources``                    the gateway: ``session.resources.cleaned``
+``GET .../skills``, ``.../environments``    the gateway: the shapes of the capture
+``GET .../resources[/terminals]``           the tools actor (its terminals)
+``DELETE .../resources``                    the tools actor: closes them, ``cleaned``
 ``POST .../background-title``               the gateway: ``{"status":"unsupported"}``
-``POST .../mcp/execute``                    the gateway: 501 until runner-side tools land
+``POST .../mcp/execute``                    dispatch → policy → tools (never retried: a
+                                            tool call must not run twice)
 any other ``/v1/sessions...``               dispatch, as an :class:`~corral.routes.HttpRequest`
 anything else                               404
 ==========================================  ==================================================
@@ -47,7 +49,6 @@ import random
 import re
 import struct
 import time
-import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -71,7 +72,7 @@ from ..bus import Incoming
 from ..config import Positive, PositiveInt, RunnerSettings, check_runners
 from ..harnesses import HARNESSES
 from ..routes import HttpChunk, HttpRequest, HttpResponse, SessionEvent, json_response
-from ..server_client import runner_id_for_token
+from ..runners import resolve_runner_ids
 from ._actor import Actor, ActorContext, handles
 
 log = logging.getLogger("corral.actors.gateway")
@@ -105,6 +106,10 @@ class GatewayOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     #: The actor that owns ``/v1/sessions`` routes.
     dispatch: str = "dispatch"
     dispatch_timeout_s: Positive = 60.0
+    #: The actor that owns a session's resources (terminals).
+    tools: str = "tools"
+    #: Deadline of ``POST .../mcp/execute``, which lasts as long as the tool runs.
+    tool_timeout_s: Positive = 900.0
     #: A session stream sends ``session.heartbeat`` after this much silence.
     heartbeat_s: Positive = 15.0
     backoff_base_s: Positive = 0.5
@@ -935,37 +940,8 @@ class GatewayActor(Actor):
         }
 
     def _runner_ids(self) -> list[str]:
-        """Each runner's id: configured, else derived from its token, else stored here."""
-        path = self.ctx.data_dir / "runner-ids.json"
-        try:
-            stored: dict[str, str] = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            stored = {}
-        ids: list[str] = []
-        unnamed: dict[str, int] = {}
-        changed = False
-        for runner in self.options.runners:
-            if runner.id:
-                ids.append(runner.id)
-            elif runner.token:
-                ids.append(runner_id_for_token(runner.token))
-            else:
-                n = unnamed[runner.server] = unnamed.get(runner.server, 0) + 1
-                key = f"{runner.server}#{n}"
-                if key not in stored:
-                    stored[key] = f"runner_{uuid.uuid4().hex}"
-                    changed = True
-                ids.append(stored[key])
-        if changed:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(stored, indent=1))
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        dup = next((i for i in ids if ids.count(i) > 1), None)
-        if dup is not None:
-            raise ConfigError(f"two runners have the id {dup!r}", key="runners")
-        return ids
+        """Each runner's id (the host passes them resolved; a bare gateway resolves here)."""
+        return [r.id for r in resolve_runner_ids(list(self.options.runners), self.ctx.data_dir)]
 
     # --- bus messages ----------------------------------------------------------------------
 
@@ -1013,7 +989,7 @@ class GatewayActor(Actor):
                 json_response(400, {"error": "invalid_request", "detail": detail})
             )
             return
-        await self._forward(tunnel, frame, responder, body, session_id or None)
+        await self._forward(tunnel, frame, responder, body, session_id or None, rest)
 
     async def _forward(
         self,
@@ -1022,6 +998,7 @@ class GatewayActor(Actor):
         responder: Responder,
         body: bytes,
         session_id: str | None,
+        rest: list[str],
     ) -> None:
         key = f"{tunnel.runner_id}/{frame.id}"
         send, chunks = trio.open_memory_channel[HttpChunk](math.inf)
@@ -1037,17 +1014,16 @@ class GatewayActor(Actor):
                 runner_id=tunnel.runner_id,
                 reply_to=self.peer.name,
             )
+            owner, durable, timeout = self._owner(frame.method.upper(), rest)
             try:
                 reply = await self.peer.call(
-                    self.options.dispatch,
-                    request,
-                    durable=frame.method.upper() == "POST",
-                    timeout=self.options.dispatch_timeout_s,
-                    session_id=session_id,
+                    owner, request, durable=durable, timeout=timeout, session_id=session_id
                 )
             except BusError as exc:
-                log.warning("%s %s: dispatch did not answer: %s", frame.method, frame.path, exc)
+                log.warning("%s %s: %s did not answer: %s", frame.method, frame.path, owner, exc)
                 reply = None
+            if reply is None and owner == self.options.tools:
+                reply = _resources_fallback(frame.method.upper(), rest, session_id or "")
             if not isinstance(reply, HttpResponse):
                 await responder.respond(json_response(500, {"error": "runner_dispatch_failed"}))
                 return
@@ -1063,6 +1039,15 @@ class GatewayActor(Actor):
             await responder.end()
         finally:
             del self._chunks[key]
+
+    def _owner(self, method: str, rest: list[str]) -> tuple[str, bool, float]:
+        """Who answers a forwarded route, whether the request is durable, and its deadline."""
+        opts = self.options
+        if rest[:1] == ["resources"] and method in ("GET", "DELETE"):
+            return opts.tools, False, opts.dispatch_timeout_s
+        if method == "POST" and rest == ["mcp", "execute"]:
+            return opts.dispatch, False, opts.tool_timeout_s
+        return opts.dispatch, method == "POST", opts.dispatch_timeout_s
 
     async def _session_stream(self, responder: Responder, session_id: str) -> None:
         """``GET /v1/sessions/{id}/stream``: buffered then live events; never ends by itself."""
@@ -1121,22 +1106,22 @@ def _request_body(frame: RequestFrame) -> bytes:
 
 
 def _local_answer(method: str, rest: list[str], session_id: str) -> HttpResponse | None:
-    """The routes the gateway answers itself until their owners exist (§ii.4, ii.5, ii.8-10)."""
+    """The routes the gateway answers itself (§ii.4, ii.8, ii.10)."""
     if method == "GET" and rest == ["skills"]:
         return json_response(200, {"skills": []})
-    if method == "GET" and rest in (["resources"], ["resources", "terminals"]):
-        return json_response(200, _EMPTY_LIST)
     if method == "GET" and rest == ["resources", "environments"]:
         return json_response(200, _EMPTY_LIST)
-    if method == "DELETE" and rest == ["resources"]:
-        cleaned = {"session_id": session_id, "object": "session.resources.cleaned", "cleaned": True}
-        return json_response(200, cleaned)
     if method == "POST" and rest == ["background-title"]:
         return json_response(200, {"status": "unsupported", "title": None})
-    if method == "POST" and rest == ["mcp", "execute"]:
-        detail = "Runner-side tool execution is not available on this runner."
-        return json_response(501, {"error": "not_implemented", "detail": detail})
     return None
+
+
+def _resources_fallback(method: str, rest: list[str], session_id: str) -> HttpResponse | None:
+    """What the resource routes answer while the tools actor is down: nothing is open."""
+    if method == "GET":
+        return json_response(200, _EMPTY_LIST)
+    cleaned = {"session_id": session_id, "object": "session.resources.cleaned", "cleaned": True}
+    return json_response(200, cleaned)
 
 
 def _not_found(frame: RequestFrame) -> HttpResponse:

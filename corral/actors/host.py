@@ -8,11 +8,21 @@ stops the actors in reverse order.
 If an actor crashes more than ``supervisor.intensity`` times in ``supervisor.period_s``
 seconds the host stops every actor and exits with an error naming the actor and its last
 exit — a crash loop is loud, never a silent spin.
+
+The embedded control plane. With no runner configured (no ``[[runners]]``, no ``--server``)
+and ``[server].enabled``, the host first starts ``python -m corral.server`` as a supervised
+child (before any actor, so it is stopped last), waits for the ``server/server.json`` it
+writes once listening, and binds one runner to it: the gateway's tunnel goes to its URL with
+its runner token, and dispatch and policy make their runner → server calls there. The control
+plane is not a bus peer, so instead of heartbeats the host probes it over HTTP and kills it
+when it stops answering; after a restart it waits for the new ``server.json`` again, and if
+the URL or token changed it restarts the actors that talk to it with the new binding.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -22,16 +32,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import trio
 import zmq
 
 from .. import __version__
-from .._exceptions import HostAlreadyRunning, ProtocolError, RestartIntensityExceeded
+from .._exceptions import (
+    ConfigError,
+    CorralError,
+    HostAlreadyRunning,
+    ProtocolError,
+    RestartIntensityExceeded,
+    SupervisionError,
+)
 from ..bus import BodyDecoder, Broker, InspectRequest, decode_envelope, open_peer
-from ..config import Config, actor_plan
+from ..config import ActorSettings, Config, RunnerSettings, actor_plan
 from ..harnesses.protocol import ElicitationParked
 from ..instance import LAYOUT, Instance
+from ..runners import resolve_runner_ids
+from ..tools.protocol import ToolCall, elicitation_id_for
 from ._children import ChildSpec, ChildSupervisor
 from ._control import serve_control
 from ._process import alive, start_time, sweep
@@ -42,15 +62,73 @@ INPROC_ENDPOINT = "inproc://corral-broker"
 #: A starting actor gets at least this long to say hello before liveness applies.
 START_GRACE_S = 10.0
 
+#: The control plane's name among the host's children (it is not an actor: ``corral status``
+#: reports it under ``server``, not ``actors``).
+SERVER_CHILD = "server"
+#: A (re)started control plane gets this long to write its ``server.json``.
+CONTROL_PLANE_START_S = 30.0
+#: How often a running control plane is probed over HTTP, and how long it may go without
+#: answering before it is killed (and restarted) as hung.
+CONTROL_PLANE_PROBE_S = 2.0
+CONTROL_PLANE_PROBE_WINDOW_S = 20.0
+#: How the control plane child starts. It arranges to die with the host first (the same
+#: ``PR_SET_PDEATHSIG`` every actor sets in ``_entry``), then runs ``python -m corral.server``
+#: unchanged: the server stays a separate program that knows nothing of the host.
+_SERVER_BOOT = (
+    "import runpy, sys; "
+    "from corral.actors._entry import die_with_parent; "
+    "die_with_parent(int(sys.argv.pop(1))); "
+    "runpy.run_module('corral.server', run_name='__main__', alter_sys=True)"
+)
+
+
+class ControlPlaneUnavailable(SupervisionError):
+    """The embedded control plane did not come up before its deadline."""
+
+
+def read_server_file(path: Path) -> dict[str, Any] | None:
+    """The control plane's ``server.json``, or None if absent or half-written."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("url") else None
+
+
+#: Actors that talk to the runners' servers and get the ``[[runners]]`` tables.
+_SERVES_RUNNERS = ("gateway", "dispatch", "policy")
+
 
 class Host:
-    """One corral host on one state dir."""
+    """One corral host on one state dir.
 
-    def __init__(self, config: Config, state_dir: Path) -> None:
+    Args:
+        config: the validated ``corral.toml``.
+        state_dir: where the host keeps its state.
+        config_path: the file ``config`` came from; the control plane reads it too.
+        runner: the one runner ``corral up --server`` serves, besides any ``[[runners]]``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        state_dir: Path,
+        *,
+        config_path: Path | None = None,
+        runner: RunnerSettings | None = None,
+    ) -> None:
         self.config = config
+        self.config_path = config_path.absolute() if config_path is not None else None
+        self.runner = runner
         self.instance = Instance(state_dir)
         self.started = time.monotonic()
-        self._failure: RestartIntensityExceeded | None = None
+        self._failure: CorralError | None = None
+        #: Every runner this host serves, ids resolved: ``[[runners]]``, then the runner of
+        #: ``--server`` or the one bound to the embedded control plane.
+        self.runners: list[RunnerSettings] = []
+        #: The control plane's ``server.json`` as last read (embedded mode only).
+        self.control_plane: dict[str, Any] | None = None
+        self._plan: dict[str, tuple[str, ActorSettings]] = {}
         #: ``starting`` until every actor has been started in order, then ``running``,
         #: then ``stopping``.
         self.state = "starting"
@@ -66,7 +144,10 @@ class Host:
 
         Raises:
             HostAlreadyRunning: another live host owns the state dir.
-            RestartIntensityExceeded: an actor crash-looped; everything was stopped.
+            RestartIntensityExceeded: an actor (or the control plane) crash-looped; everything
+                was stopped.
+            ControlPlaneUnavailable: the embedded control plane never came up.
+            ConfigError: two runners resolved to the same id.
         """
         inst = self.instance
         inst.prepare()
@@ -135,12 +216,15 @@ class Host:
                 await self._start_children()
                 self.state = "running"
                 nursery.start_soon(self._watch_liveness)
-                log.info(
-                    "corral host up: pid=%d state_dir=%s actors=%s",
-                    os.getpid(),
-                    inst.state_dir,
-                    ",".join(children.children),
-                )
+                if self.control_plane is not None:
+                    nursery.start_soon(self._watch_control_plane)
+                if not self._stop.is_set():
+                    log.info(
+                        "corral host up: pid=%d state_dir=%s children=%s",
+                        os.getpid(),
+                        inst.state_dir,
+                        ",".join(children.children),
+                    )
                 task_status.started()
                 await self._stop.wait()
                 self.state = "stopping"
@@ -150,36 +234,69 @@ class Host:
 
     async def _start_children(self) -> None:
         assert self.children is not None and self.broker is not None
+        if self._wants_control_plane() and not await self._start_control_plane():
+            return
+        try:
+            self.runners = self._resolve_runners()
+        except ConfigError as exc:
+            self._failure = exc
+            log.error("%s", exc)
+            self._stop.set()
+            return
         plan = actor_plan(self.config)
         _import_protocols([target for _, target, _ in plan])
         for name, target, actor in plan:
             if self._stop.is_set():
                 return
+            self._plan[name] = (target, actor)
             self.broker.register(name)
-            spec = ChildSpec(
-                name=name,
-                argv=[sys.executable, "-m", "corral.actors._entry"],
-                env={
-                    **os.environ,
-                    "CORRAL_CHILD": json.dumps(self._child_spec(name, target, actor)),
-                },
-                restart=actor.restart,
-                shutdown_timeout_s=actor.shutdown_timeout_s
-                or self.config.supervisor.shutdown_timeout_s,
-            )
-            child = self.children.start_child(spec)
+            child = self.children.start_child(self._actor_spec(name, target, actor))
             # Start in order: the next actor starts once this one is up (or gave up).
             with trio.move_on_after(START_GRACE_S):
                 while not child.ready.is_set() and child.state not in ("failed", "stopped"):
                     with trio.move_on_after(0.05):
                         await child.ready.wait()
 
+    def _actor_spec(self, name: str, target: str, actor: ActorSettings) -> ChildSpec:
+        return ChildSpec(
+            name=name,
+            argv=[sys.executable, "-m", "corral.actors._entry"],
+            env={
+                **os.environ,
+                "CORRAL_CHILD": json.dumps(self._child_spec(name, target, actor)),
+            },
+            restart=actor.restart,
+            shutdown_timeout_s=actor.shutdown_timeout_s
+            or self.config.supervisor.shutdown_timeout_s,
+        )
+
+    def _resolve_runners(self) -> list[RunnerSettings]:
+        """``[[runners]]`` plus the one of ``--server`` or the control plane, ids resolved once
+        (stable made-up ids live in the state dir) so every actor sees the same ids."""
+        runners = list(self.config.runners)
+        if self.runner is not None:
+            runners.append(self.runner)
+        elif self.control_plane is not None:
+            info = self.control_plane
+            runners.append(
+                RunnerSettings(
+                    server=str(info["url"]),
+                    id=info.get("runner_id") or None,
+                    token=info.get("runner_token") or None,
+                )
+            )
+        return resolve_runner_ids(runners, self.instance.state_dir)
+
     def _child_spec(self, name: str, target: str, actor: Any) -> dict[str, Any]:
-        options = actor.options
-        if name == "gateway" and self.config.runners:
-            # The top-level [[runners]] tables, after any listed in the gateway's options.
-            runners = msgspec.to_builtins(self.config.runners)
-            options = {**options, "runners": [*options.get("runners", []), *runners]}
+        options = dict(actor.options)
+        if name in _SERVES_RUNNERS and self.runners:
+            # The host's runners, after any listed in the actor's own options.
+            options["runners"] = [
+                *options.get("runners", []),
+                *msgspec.to_builtins(self.runners),
+            ]
+        if name == "tools" and self.config.workspace:
+            options["workspace"] = self.config.workspace
         return {
             "name": name,
             "target": target,
@@ -191,6 +308,162 @@ class Host:
             "parent_pid": os.getpid(),
         }
 
+    # --- the embedded control plane --------------------------------------------------------
+
+    @property
+    def server_file(self) -> Path:
+        """Where the control plane writes its address and runner token once listening."""
+        return self.instance.state_dir / "server" / "server.json"
+
+    def _wants_control_plane(self) -> bool:
+        """No runner configured anywhere, ``[server].enabled`` and a gateway to bind."""
+        if self.runner is not None or self.config.runners or not self.config.server.enabled:
+            return False
+        gateway = self.config.actors.get("gateway", ActorSettings())
+        if not gateway.enabled or gateway.options.get("runners"):
+            return False
+        try:
+            found = importlib.util.find_spec("corral.server.__main__") is not None
+        except ImportError:
+            found = False
+        if not found:
+            # A trimmed install: run as a runner with no server rather than not at all.
+            log.warning("the embedded control plane (corral.server) is not installed")
+        return found
+
+    def _control_plane_argv(self) -> list[str]:
+        argv = [
+            sys.executable,
+            "-c",
+            _SERVER_BOOT,
+            str(os.getpid()),
+            "--state-dir",
+            str(self.instance.state_dir),
+            "--host",
+            self.config.server.host,
+        ]
+        if self.config_path is not None:
+            argv += ["--config", str(self.config_path)]
+        if self.config.server.port:
+            argv += ["--port", str(self.config.server.port)]
+        return argv
+
+    async def _start_control_plane(self) -> bool:
+        """Start the control plane and bind the runner to it; False if it never came up."""
+        assert self.children is not None
+        child = self.children.start_child(
+            ChildSpec(
+                name=SERVER_CHILD,
+                argv=self._control_plane_argv(),
+                env=dict(os.environ),
+                restart="permanent",
+                shutdown_timeout_s=self.config.supervisor.shutdown_timeout_s,
+            )
+        )
+        info = None
+        with trio.move_on_after(CONTROL_PLANE_START_S):
+            info = await self._await_server_file()
+        if info is None:
+            if not self._stop.is_set():
+                last = child.last_exit["reason"] if child.last_exit else "still running"
+                self._failure = ControlPlaneUnavailable(
+                    f"the embedded control plane did not start within "
+                    f"{CONTROL_PLANE_START_S:g}s: no {self.server_file} from it "
+                    f"(last exit: {last}). Serve another server with `corral up --server URL` "
+                    "or set [server] enabled = false."
+                )
+                log.error("%s", self._failure)
+                self._stop.set()
+            return False
+        self._bind(info)
+        return True
+
+    async def _await_server_file(self) -> dict[str, Any] | None:
+        """Wait for the ``server.json`` of the control plane's current process.
+
+        A file left by an earlier process (another pid) does not count. Returns None if the
+        child stopped or failed, or the host is stopping.
+        """
+        assert self.children is not None
+        while not self._stop.is_set():
+            child = self.children.children.get(SERVER_CHILD)
+            if child is None or child.state in ("stopped", "failed"):
+                return None
+            info = read_server_file(self.server_file)
+            if info is not None and child.pid is not None and info.get("pid") == child.pid:
+                self.children.mark_ready(SERVER_CHILD)
+                return info
+            await trio.sleep(0.05)
+        return None
+
+    def _bind(self, info: dict[str, Any]) -> None:
+        self.control_plane = info
+        log.info(
+            "control plane at %s (pid %s, runner %s)",
+            info["url"],
+            info.get("pid"),
+            info.get("runner_id"),
+        )
+
+    async def _watch_control_plane(self) -> None:
+        """Bring a restarted control plane back into service; kill a hung one."""
+        assert self.children is not None
+        # One probe every few seconds is not worth an INFO line each.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        last_ok = next_probe = time.monotonic()
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while not self._stop.is_set():
+                child = self.children.children.get(SERVER_CHILD)
+                if child is None or child.state in ("stopped", "failed"):
+                    return
+                if child.state in ("starting", "restarting"):
+                    with trio.move_on_after(CONTROL_PLANE_START_S) as scope:
+                        info = await self._await_server_file()
+                    if scope.cancelled_caught:
+                        self.children.kill(
+                            SERVER_CHILD, f"no server.json within {CONTROL_PLANE_START_S:g}s"
+                        )
+                        continue
+                    if info is None:
+                        return
+                    await self._rebind(info)
+                    last_ok = next_probe = time.monotonic() + CONTROL_PLANE_PROBE_S
+                    continue
+                # Short naps, so that a restart is noticed at once, not at the next probe.
+                await trio.sleep(0.1)
+                if time.monotonic() < next_probe or self.control_plane is None:
+                    continue
+                next_probe = time.monotonic() + CONTROL_PLANE_PROBE_S
+                try:
+                    await http.get(str(self.control_plane["url"]).rstrip("/") + "/api/version")
+                    last_ok = time.monotonic()  # any answer at all proves it is serving
+                except httpx.HTTPError as exc:
+                    silent = time.monotonic() - last_ok
+                    if silent > CONTROL_PLANE_PROBE_WINDOW_S and child.state == "running":
+                        reason = f"no HTTP answer for {silent:.0f}s ({exc})"
+                        self.children.kill(SERVER_CHILD, reason)
+
+    async def _rebind(self, info: dict[str, Any]) -> None:
+        """A restarted control plane is up: if its address or token changed, restart the
+        actors that talk to it with the new runner."""
+        before = self.runners
+        self._bind(info)
+        try:
+            self.runners = self._resolve_runners()
+        except ConfigError as exc:
+            log.error("cannot rebind to the restarted control plane: %s", exc)
+            return
+        if self.runners == before:
+            return
+        log.warning("the control plane came back with a new address or token; rebinding")
+        assert self.children is not None
+        for name in _SERVES_RUNNERS:
+            if name not in self._plan or self._stop.is_set():
+                continue
+            target, actor = self._plan[name]
+            await self.children.stop_child(name)
+            self.children.start_child(self._actor_spec(name, target, actor))
+
     async def _watch_liveness(self) -> None:
         assert self.children is not None and self.broker is not None
         live = self.config.liveness
@@ -201,6 +474,8 @@ class Host:
             for name, child in self.children.children.items():
                 if child.state not in ("starting", "running") or child.pid is None:
                     continue
+                if name == SERVER_CHILD:
+                    continue  # not a bus peer: probed over HTTP instead
                 seen = max(self.broker.last_seen(name) or 0.0, child.started_at)
                 limit = window if child.state == "running" else max(window, START_GRACE_S)
                 if now - seen > limit:
@@ -215,8 +490,9 @@ class Host:
     def _give_up(self, name: str, last_exit: dict[str, Any] | None) -> None:
         reason = last_exit["reason"] if last_exit else "unknown"
         s = self.config.supervisor
+        what = "the embedded control plane" if name == SERVER_CHILD else f"actor {name!r}"
         self._failure = RestartIntensityExceeded(
-            f"actor {name!r} restarted more than {s.intensity} times in {s.period_s:g}s; "
+            f"{what} restarted more than {s.intensity} times in {s.period_s:g}s; "
             f"last exit: {reason}",
             child=name,
             last_exit=last_exit,
@@ -252,7 +528,23 @@ class Host:
                 "uptime_s": round(time.monotonic() - self.started, 3),
                 "version": __version__,
             },
-            "actors": self.children.statistics(),
+            "actors": [a for a in self.children.statistics() if a["name"] != SERVER_CHILD],
+            "server": self._server_status(),
+        }
+
+    def _server_status(self) -> dict[str, Any] | None:
+        """The embedded control plane's row of ``corral status``; None when there is none."""
+        child = self.children.children.get(SERVER_CHILD) if self.children else None
+        if child is None:
+            return None
+        info = self.control_plane or {}
+        return {
+            "url": info.get("url"),
+            "pid": child.pid,
+            "state": child.state,
+            "restarts": child.restarts,
+            "last_exit": child.last_exit,
+            "runner_id": info.get("runner_id"),
         }
 
     async def _actor_state(self, actor: str, key: str) -> list[dict[str, Any]]:
@@ -292,6 +584,9 @@ class Host:
                 msg = decoder.decode(env)
             except ProtocolError:
                 continue
+            if isinstance(msg, ToolCall):
+                rows.append(_policy_elicitation(msg, row, env.created_at))
+                continue
             if not isinstance(msg, ElicitationParked):
                 continue
             rows.append(
@@ -327,3 +622,17 @@ def _import_protocols(targets: list[str]) -> None:
             importlib.import_module(target.partition(":")[0])
         except Exception as exc:
             log.warning("cannot import %s in the host: %s", target, exc)
+
+
+def _policy_elicitation(call: ToolCall, row: dict[str, Any], created_at: float) -> dict[str, Any]:
+    """A tool call the policy actor parked on an ASK, as ``corral elicitations`` shows it."""
+    return {
+        "elicitation_id": elicitation_id_for(call.session_id, call.call_id),
+        "session_id": call.session_id,
+        "turn_id": call.turn_id,
+        "owner": "policy",
+        "state": row["state"],
+        "reason": row["reason"],
+        "created_at": created_at,
+        "params": {"tool": {"name": call.name, "call_id": call.call_id}},
+    }

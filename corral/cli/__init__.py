@@ -6,6 +6,7 @@ import click
 
 from .. import __version__
 from ._bench import bench_command
+from ._chat import agents_command, chat_command, send_command
 from ._inspect import (
     dead_letters_command,
     elicitations_command,
@@ -29,6 +30,9 @@ cli.add_command(dead_letters_command)
 cli.add_command(elicitations_command)
 cli.add_command(bench_command)
 cli.add_command(journal_group)
+cli.add_command(agents_command)
+cli.add_command(send_command)
+cli.add_command(chat_command)
 
 
 def main() -> None:

@@ -44,6 +44,12 @@ def status_command(state_dir: Path | None, as_json: bool) -> None:
             "-" if not last else f"{last['reason']} ({time.time() - last['at']:.0f}s ago)",
         )
     console.print(table)
+    server = data.get("server")
+    if server:
+        console.print(
+            f"control plane {server['url'] or '-'}  {server['state']}  pid {server['pid'] or '-'}"
+            f"  restarts {server.get('restarts', 0)}"
+        )
 
 
 @click.command("mailboxes")

@@ -2,16 +2,72 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import click
+import msgspec
 import trio
+from rich.markup import escape
 
 from .. import logs
-from .._exceptions import ConfigError, HostAlreadyRunning, RestartIntensityExceeded
+from .._exceptions import ConfigError, CorralError
 from ..actors.host import Host
-from ..config import load_config, resolve_state_dir
-from ._output import EXIT_USAGE, stderr
+from ..config import Config, RunnerSettings, check_runners, load_config, resolve_state_dir
+from ..server_client import runner_id_for_token
+from ._output import EXIT_FAILURE, EXIT_USAGE, stderr
+
+#: Where the runner token of ``--server`` comes from (never a flag: flags show up in ``ps``).
+TOKEN_ENV = "CORRAL_RUNNER_TOKEN"
+RUNNER_ID_ENV = "CORRAL_RUNNER_ID"
+
+
+def server_runner(
+    server: str, runner_id: str | None, environ: Mapping[str, str] = os.environ
+) -> RunnerSettings:
+    """The one runner ``corral up --server URL`` serves.
+
+    Its id is ``--runner-id``, else ``CORRAL_RUNNER_ID``, else derived from
+    ``CORRAL_RUNNER_TOKEN`` (PROTOCOL_FACTS.md §i.1), else left unset — the host then makes
+    up a stable id and keeps it in the state dir. The tunnel token, when set, comes from
+    ``CORRAL_RUNNER_TOKEN``.
+
+    Raises:
+        ConfigError: the URL is not an http(s):// or ws(s):// URL, or the id is blank.
+    """
+    token = environ.get(TOKEN_ENV) or None
+    chosen = runner_id if runner_id is not None else environ.get(RUNNER_ID_ENV) or None
+    if chosen is None and token is not None:
+        chosen = runner_id_for_token(token)
+    runner = RunnerSettings(server=server, id=chosen, token=token)
+    try:
+        check_runners([runner])
+    except ConfigError as exc:
+        # Name the flag, not a config key the user never wrote.
+        text = str(exc).replace("invalid config: runner server", "--server")
+        raise ConfigError(text.replace("invalid config: runner id", "--runner-id")) from None
+    return runner
+
+
+def with_workspace(config: Config, workspace: Path | None) -> Config:
+    """``config`` with ``--workspace`` (or its environment variables) applied, made absolute.
+
+    The directory is created if missing, so a fresh ``--workspace ./ws`` just works.
+
+    Raises:
+        ConfigError: the directory cannot be created.
+    """
+    raw = str(workspace) if workspace is not None else config.workspace
+    if raw is None:
+        return config
+    path = Path(raw).expanduser().absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"workspace {path} cannot be created: {exc.strerror}") from None
+    return msgspec.structs.replace(config, workspace=str(path))
 
 
 @click.command("up")
@@ -27,22 +83,65 @@ from ._output import EXIT_USAGE, stderr
     type=click.Path(file_okay=False, path_type=Path),
     help="Where the host keeps its state (env CORRAL_STATE_DIR).",
 )
-def up_command(config_path: Path | None, state_dir: Path | None) -> None:
+@click.option(
+    "--server",
+    "server_url",
+    metavar="URL",
+    help="Serve one runner for this server instead of the embedded control plane "
+    "(token from env CORRAL_RUNNER_TOKEN).",
+)
+@click.option(
+    "--runner-id",
+    metavar="ID",
+    help="The runner id to serve with --server (else env CORRAL_RUNNER_ID, else derived "
+    "from the token, else a stable id kept in the state dir).",
+)
+@click.option(
+    "--workspace",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar=["CORRAL_WORKSPACE", "OMNIGENT_RUNNER_WORKSPACE"],
+    help="The directory tools run in (env CORRAL_WORKSPACE or OMNIGENT_RUNNER_WORKSPACE).",
+)
+def up_command(
+    config_path: Path | None,
+    state_dir: Path | None,
+    server_url: str | None,
+    runner_id: str | None,
+    workspace: Path | None,
+) -> None:
     """Run the host in the foreground until SIGINT/SIGTERM.
+
+    With no runner configured it also runs the embedded control plane on 127.0.0.1; talk to
+    its agents with `corral chat` or `corral send`.
 
     \b
     Example:
         corral up --state-dir ./state
+        CORRAL_RUNNER_TOKEN=... corral up --server https://omnigent.example
     """
+    if runner_id is not None and server_url is None:
+        raise click.UsageError("--runner-id needs --server")
     logs.setup("host")
     try:
-        config = load_config(config_path)
+        config = with_workspace(load_config(config_path), workspace)
+        runner = server_runner(server_url, runner_id) if server_url is not None else None
     except ConfigError as exc:
-        stderr.print(f"[red]error:[/red] {exc}")
-        raise SystemExit(EXIT_USAGE) from None
-    host = Host(config, resolve_state_dir(str(state_dir) if state_dir else None, config))
+        _fail(exc, EXIT_USAGE)
+    host = Host(
+        config,
+        resolve_state_dir(str(state_dir) if state_dir else None, config),
+        config_path=config_path,
+        runner=runner,
+    )
     try:
         trio.run(host.run)
-    except (HostAlreadyRunning, RestartIntensityExceeded) as exc:
-        stderr.print(f"[red]error:[/red] {exc}")
-        raise SystemExit(1) from None
+    except ConfigError as exc:
+        _fail(exc, EXIT_USAGE)
+    except CorralError as exc:
+        # Another host on the state dir, a crash loop, a control plane that never came up.
+        _fail(exc, EXIT_FAILURE)
+
+
+def _fail(exc: Exception, code: int) -> NoReturn:
+    stderr.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    raise SystemExit(code) from None

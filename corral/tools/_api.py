@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from .async_calls import AsyncCalls
     from .inbox import Inbox
+    from .terminals import Terminals
 
 #: Publishes one session event (``session.resource.created`` ...) on the session's stream.
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
@@ -25,6 +26,17 @@ Publish = Callable[[dict[str, Any]], Awaitable[None]]
 RunTool = Callable[[str, dict[str, Any]], Awaitable[str]]
 
 ToolFamily = Literal["os", "terminal", "inbox", "session", "agent"]
+
+
+class ProcessTracker(Protocol):
+    """Told about every process group a tool starts, so a crash cannot orphan it: the tools
+    actor records each one and kills leftovers when it starts again."""
+
+    def started(self, pid: int) -> None:
+        """A process group led by ``pid`` started."""
+
+    def ended(self, pid: int) -> None:
+        """That process group is gone."""
 
 
 class ToolError(Exception):
@@ -56,6 +68,10 @@ class ToolContext:
     inbox: Inbox | None = None
     #: Background calls (``sys_call_async`` / ``sys_cancel_async``); None when not available.
     async_calls: AsyncCalls | None = None
+    #: The tools actor's tmux terminals (``sys_terminal_*``); None when not available.
+    terminals: Terminals | None = None
+    #: Records the process groups tools start; None: not tracked.
+    processes: ProcessTracker | None = None
     #: Runs another tool of the table, with this context.
     run_tool: RunTool | None = None
     #: Largest output a tool returns before it is cut with a marker.

@@ -17,6 +17,7 @@ to dispatch as :class:`PublishEvents`, which puts them on the session stream in 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from ..bus import Message
@@ -40,6 +41,12 @@ class ToolCall(Message, tag="policy.tool_call"):
     spec: dict[str, Any] = {}
     #: Who gets the :class:`ToolOutcome`.
     reply_to: str = "dispatch"
+    #: The runner the session belongs to (whose server evaluates policy).
+    runner_id: str | None = None
+    #: ``turn``: a call of a turn, answered with a durable :class:`ToolOutcome` cast.
+    #: ``mcp``: ``POST .../mcp/execute`` — the server has already evaluated it; answered as
+    #: the reply to this (non-durable) call.
+    origin: Literal["turn", "mcp"] = "turn"
 
 
 class ToolOutcome(Message, tag="dispatch.tool_outcome"):
@@ -77,3 +84,34 @@ class PublishEvents(Message, tag="dispatch.publish_events"):
 
     session_id: str
     events: list[dict[str, Any]]
+
+
+class ToolCancel(Message, tag="tools.cancel"):
+    """Stop a running tool call (its turn ended or was interrupted)."""
+
+    call_id: str
+
+
+class TurnEnded(Message, tag="policy.turn_ended"):
+    """A turn that made tool calls ended: what it still waits on is cancelled (dispatch →
+    policy, durable)."""
+
+    session_id: str
+    turn_id: str
+
+
+class PolicyEvaluate(Message, tag="policy.evaluate"):
+    """A worker's ``policy_evaluation.requested`` (dispatch → policy, durable); the verdict
+    goes to the harness actor as a ``PolicyVerdict``."""
+
+    session_id: str
+    evaluation_id: str
+    phase: str
+    data: dict[str, Any] = {}
+    runner_id: str | None = None
+
+
+def elicitation_id_for(session_id: str, call_id: str) -> str:
+    """The id of the approval a tool call waits on: the same after any restart."""
+    digest = hashlib.sha256(f"{session_id}\0{call_id}".encode()).hexdigest()
+    return f"elicit_{digest[:32]}"

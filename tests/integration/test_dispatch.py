@@ -29,6 +29,8 @@ def dhost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
         FAST_LIVENESS
         + "[actors.dispatch.options]\n"
         + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
+        + f'[actors.policy.options]\nserver_url = "{server.base_url}"\n'
+        + "[server]\nenabled = false\n"
     ).start()
     yield h
     if h.proc is not None and h.proc.poll() is None:
@@ -205,7 +207,7 @@ async def test_elicitation_round_trip_through_dispatch(dhost: HostProcess, serve
         assert gw.texts(sid) == "Not deployed."
 
 
-async def test_tool_call_gets_not_available_and_the_turn_completes(
+async def test_t04_t20_tool_call_runs_through_policy_and_tools_and_the_turn_completes(
     dhost: HostProcess, server
 ) -> None:
     agent_id, sid = _session(
@@ -221,7 +223,11 @@ async def test_tool_call_gets_not_available_and_the_turn_completes(
             if e["type"] == "response.output_item.done"
             and e["item"]["type"] == "function_call_output"
         ]
-        assert "not available on this runner" in outputs[0]["output"]
+        result = json.loads(outputs[0]["output"])
+        assert (result["stdout"], result["exit_code"], result["timed_out"]) == ("hi\n", 0, False)
+        types = [e["type"] for e in gw.events[sid]]
+        assert types.count("session.changed_files.invalidated") == 1
+        assert types.index("session.changed_files.invalidated") < types.index("response.completed")
         statuses = [
             e["item"].get("status")
             for e in gw.events[sid]

@@ -50,6 +50,7 @@ def host_config(
     text += "[actors.dispatch.options]\n"
     if server is not None:
         text += f"server_url = {_q(server.base_url)}\n"
+        text += f"[actors.policy.options]\nserver_url = {_q(server.base_url)}\n"
     text += "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
     for key, value in (gateway or {}).items():
         text += f"{key} = {json.dumps(value)}\n"
@@ -436,7 +437,15 @@ async def test_turn_end_to_end_with_an_approval(host_factory, tunnels, server) -
             "cleaned": True,
         }
         mcp = await t.request("POST", f"/v1/sessions/{sid}/mcp/execute", {"method": "tools/call"})
-        assert mcp.status == 501 and mcp.json["error"] == "not_implemented"
+        assert (mcp.status, mcp.json["error"]) == (422, "invalid_request")
+        # §ii.9: the server's leg of a tool round trip runs the tool here.
+        call = {
+            "method": "tools/call",
+            "params": {"name": "sys_os_shell", "arguments": {"command": "echo via-mcp"}},
+        }
+        mcp = await t.request("POST", f"/v1/sessions/{sid}/mcp/execute", call)
+        assert mcp.status == 200, mcp.body
+        assert json.loads(mcp.json["result"]["output"])["stdout"] == "via-mcp\n"
         nowhere = await t.request("GET", "/v2/elsewhere")
         assert (nowhere.status, nowhere.json["error"]) == (404, "not_found")
         assert nowhere.header("content-type") == "application/json"

@@ -1,0 +1,454 @@
+"""The policy actor: the one place that decides whether a tool call runs (P-*, T-*).
+
+Handles:
+    ToolCall (durable, from dispatch)  a turn's tool call: gate → tools → gate → ToolOutcome
+    ToolCall (call, origin ``mcp``)    ``POST .../mcp/execute``: local gates → tools → reply
+    Approval (durable call)            a verdict for an ASK this actor parked (else 404)
+    TurnEnded (durable)                cancels what the ended turn still waits on
+    PolicyEvaluate (durable)           a worker's ``policy_evaluation.requested`` → verdict
+
+A tool call of a turn passes, in order:
+
+1. **Local gates** that never reach a server: the arguments must be a JSON object and the
+   tool must be runner-local (T-26). Path containment (P-20..P-22) is enforced where the path
+   is used, by the tools themselves (``corral.tools.paths``): a check made here and a use
+   made later would race a symlink swap.
+2. **The server's verdict** for ``PHASE_TOOL_CALL`` (``POST /policies/evaluate``, §iii.8):
+   ALLOW or UNSPECIFIED run it; DENY answers the model with the reason; ASK publishes
+   ``response.elicitation_request`` and parks the call in this actor's mailbox until a human
+   verdict arrives. Any error, non-200 or malformed answer **fails closed**: the call does
+   not run.
+3. **The tools actor** runs it (a durable call; the tools actor answers a redelivered call
+   from its results log, so nothing runs twice).
+4. **The server's verdict** for ``PHASE_TOOL_RESULT``: DENY withholds the output from the
+   model. An evaluation that fails here is logged and the output passes (only the call and
+   request phases fail closed).
+
+Crash safety. The :class:`ToolCall` is acked only after its :class:`ToolOutcome` has been
+made durable towards dispatch, and a parked call stays parked until then; an approval is
+acked last too. A crash at any point redelivers what is unfinished to the next incarnation,
+which rebuilds its parked calls from the broker — every step is idempotent (the elicitation id
+is derived from the call, the tools actor dedups by call id, dispatch ignores a second
+outcome for a call).
+
+Error hygiene (P-28): the model and clients get fixed messages; causes go to the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import trio
+
+from ..bus import Incoming
+from ..config import RunnerSettings
+from ..harnesses.protocol import HARNESS_ACTOR, Approval, InputAccepted, PolicyVerdict
+from ..server_client import pick_server
+from ..tools.protocol import (
+    TOOLS_ACTOR,
+    PolicyEvaluate,
+    PublishEvents,
+    ToolCall,
+    ToolCancel,
+    ToolExec,
+    ToolExecResult,
+    ToolOutcome,
+    TurnEnded,
+    elicitation_id_for,
+)
+from ..tools.registry import is_runner_local
+from ._actor import Actor, ActorContext, handles
+
+log = logging.getLogger("corral.actors.policy")
+
+ALLOW, DENY, ASK, UNSPECIFIED = "ALLOW", "DENY", "ASK", "UNSPECIFIED"
+#: Phases whose evaluation fails closed (an error means "do not run").
+FAIL_CLOSED = {"PHASE_TOOL_CALL", "PHASE_REQUEST", "PHASE_LLM_REQUEST"}
+
+POLICY_FAILED = "The policy check failed, so the tool call was not run."
+DECLINED = "The user declined this tool call."
+CANCELLED = "The tool call was cancelled before it ran."
+WITHHELD = "The tool's result was withheld by policy."
+TOOL_FAILED = "The tool did not finish; see runner logs for details."
+APPROVAL_SCHEMA = {
+    "type": "object",
+    "properties": {"approved": {"type": "boolean"}},
+    "required": ["approved"],
+}
+
+
+class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[actors.policy.options]``."""
+
+    #: A server for sessions of any runner (tests; hosts pass ``runners`` instead).
+    server_url: str | None = None
+    token: str | None = None
+    runners: list[RunnerSettings] = []
+    tools: str = TOOLS_ACTOR
+    dispatch: str = "dispatch"
+    #: How long a tool call may take in the tools actor, plus its own margin.
+    tool_timeout_s: float = 900.0
+    #: Evaluate ``PHASE_TOOL_RESULT`` as well (one more server round trip per call).
+    evaluate_results: bool = True
+
+
+class PolicyError(Exception):
+    """An evaluation gave no usable verdict (unreachable server, non-200, bad shape)."""
+
+
+@dataclass
+class Parked:
+    """A tool call waiting on a human verdict."""
+
+    incoming: Incoming
+    call: ToolCall
+    elicitation_id: str
+    #: The approval being acted on (acked once the call's outcome is durable).
+    verdict: Incoming | None = None
+
+
+class PolicyActor(Actor):
+    """Gates every runner-local tool call."""
+
+    def __init__(self, ctx: ActorContext, peer: Any) -> None:
+        super().__init__(ctx, peer)
+        self.options = msgspec.convert(ctx.options, PolicyOptions)
+        self.server: Any = None
+        self.servers: dict[str, Any] = {}
+        self.parked: dict[str, Parked] = {}
+        #: Calls in progress (call_id → the scope to cancel when the turn ends).
+        self.running: dict[str, tuple[ToolCall, trio.CancelScope]] = {}
+        self.stats = {"calls": 0, "allowed": 0, "denied": 0, "asked": 0, "failed_closed": 0}
+
+    async def setup(self) -> None:
+        from ..server_client import ServerClient
+
+        if self.options.server_url:
+            self.server = ServerClient(self.options.server_url, token=self.options.token)
+        for runner in self.options.runners:
+            assert runner.id is not None
+            self.servers[runner.id] = ServerClient(runner.server, token=runner.token)
+        for incoming, _age in await self.peer.parked():
+            if isinstance(incoming.msg, ToolCall):
+                call = incoming.msg
+                eid = elicitation_id_for(call.session_id, call.call_id)
+                self.parked[eid] = Parked(incoming, call, eid)
+        if self.parked:
+            log.info("recovered %d tool calls waiting on approval", len(self.parked))
+
+    async def terminate(self) -> None:
+        for client in {id(c): c for c in (self.server, *self.servers.values()) if c}.values():
+            await client.aclose()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            **super().snapshot(),
+            **self.stats,
+            "parked": sorted(self.parked),
+            "running": sorted(self.running),
+        }
+
+    def _server(self, runner_id: str | None) -> Any:
+        return pick_server(self.server, self.servers, runner_id)
+
+    # --- tool calls --------------------------------------------------------------------------
+
+    @handles(ToolCall)
+    async def tool_call(self, msg: ToolCall, incoming: Incoming) -> None:
+        incoming.deferred = True
+        eid = elicitation_id_for(msg.session_id, msg.call_id)
+        if eid in self.parked or msg.call_id in self.running:
+            self.peer.ack(incoming)  # a redelivered copy of a call already in hand
+            return
+        assert self.nursery is not None
+        self.nursery.start_soon(self._gate, msg, incoming)
+
+    async def _gate(self, call: ToolCall, incoming: Incoming) -> None:
+        self.stats["calls"] += 1
+        with trio.CancelScope() as scope:
+            self.running[call.call_id] = (call, scope)
+            try:
+                outcome = await self._decide(call, incoming)
+            except Exception:
+                log.exception(
+                    "tool call %s (%s) failed in the policy gate", call.call_id, call.name
+                )
+                outcome = _outcome(call, "failed", TOOL_FAILED)
+            finally:
+                self.running.pop(call.call_id, None)
+        if scope.cancelled_caught:
+            outcome = _outcome(call, "cancelled", CANCELLED)
+        if outcome is not None:
+            await self._answer(call, incoming, outcome)
+
+    async def _decide(self, call: ToolCall, incoming: Incoming) -> ToolOutcome | None:
+        """The outcome of a call, or None when it was parked to wait for a human."""
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            return _outcome(call, "failed", f"The arguments of {call.name} are not a JSON object.")
+        if not is_runner_local(call.name):
+            return _outcome(
+                call, "failed", f"The tool {call.name!r} is not available on this runner."
+            )
+        if call.origin == "mcp":
+            return await self._run(call)  # the server evaluated it before calling us
+        data = {"name": call.name, "arguments": arguments, "call_id": call.call_id}
+        action, reason = await self._verdict(
+            call.session_id, call.runner_id, "PHASE_TOOL_CALL", data
+        )
+        if action == DENY:
+            self.stats["denied"] += 1
+            return _outcome(call, "denied", reason or "The tool call was denied by policy.")
+        if action == ASK:
+            self.stats["asked"] += 1
+            await self._ask(call, incoming, arguments, reason)
+            return None
+        self.stats["allowed"] += 1
+        return await self._run(call)
+
+    async def _ask(
+        self, call: ToolCall, incoming: Incoming, arguments: dict[str, Any], reason: str | None
+    ) -> None:
+        eid = elicitation_id_for(call.session_id, call.call_id)
+        preview = json.dumps(arguments, ensure_ascii=False)
+        if len(preview) > 200:
+            preview = preview[:200] + "…"
+        params = {
+            "message": reason or f"Agent wants to call {call.name}({preview}). Approve?",
+            "requestedSchema": APPROVAL_SCHEMA,
+            "tool": {"name": call.name, "call_id": call.call_id},
+        }
+        # Published before parking: a crash in between redelivers the call, which asks again
+        # under the same id — a repeated prompt, never a lost one.
+        await self._publish(
+            call.session_id,
+            {"type": "response.elicitation_request", "elicitation_id": eid, "params": params},
+        )
+        await self.peer.park(incoming)
+        self.parked[eid] = Parked(incoming, call, eid)
+
+    @handles(Approval)
+    async def approval(self, msg: Approval, incoming: Incoming) -> InputAccepted:
+        parked = self.parked.get(msg.elicitation_id)
+        if parked is None or parked.call.session_id != msg.session_id:
+            return InputAccepted(
+                status=404,
+                error={
+                    "code": "not_found",
+                    "message": f"no tool call waits on {msg.elicitation_id!r}",
+                },
+            )
+        if parked.verdict is not None:
+            return InputAccepted(status=204)  # already being acted on; this copy is redundant
+        incoming.deferred = True
+        parked.verdict = incoming
+        assert self.nursery is not None
+        self.nursery.start_soon(self._resume, parked, msg.action)
+        return InputAccepted(status=204)
+
+    async def _resume(self, parked: Parked, action: str) -> None:
+        call = parked.call
+        await self._publish(
+            call.session_id,
+            {
+                "type": "response.elicitation_resolved",
+                "elicitation_id": parked.elicitation_id,
+                "action": action,
+            },
+        )
+        if action == "accept":
+            with trio.CancelScope() as scope:
+                self.running[call.call_id] = (call, scope)
+                try:
+                    outcome = await self._run(call)
+                except Exception:
+                    log.exception("approved tool call %s failed", call.call_id)
+                    outcome = _outcome(call, "failed", TOOL_FAILED)
+                finally:
+                    self.running.pop(call.call_id, None)
+            if scope.cancelled_caught:
+                outcome = _outcome(call, "cancelled", CANCELLED)
+        else:
+            outcome = _outcome(call, "denied", DECLINED)
+        await self._answer(call, parked.incoming, outcome, parked=parked, state_reason=action)
+
+    @handles(TurnEnded)
+    async def turn_ended(self, msg: TurnEnded, incoming: Incoming) -> None:
+        for call, scope in list(self.running.values()):
+            if call.session_id == msg.session_id and call.turn_id == msg.turn_id:
+                scope.cancel()
+                await self.peer.cast(self.options.tools, ToolCancel(call_id=call.call_id))
+        for parked in list(self.parked.values()):
+            call = parked.call
+            ours = call.session_id == msg.session_id and call.turn_id == msg.turn_id
+            if ours and parked.verdict is None:  # one with a verdict is cancelled above
+                outcome = _outcome(call, "cancelled", CANCELLED)
+                await self._answer(
+                    call, parked.incoming, outcome, parked=parked, state_reason="turn_ended"
+                )
+
+    async def _run(self, call: ToolCall) -> ToolOutcome:
+        """Run the call in the tools actor, then gate its result."""
+        request = ToolExec(
+            session_id=call.session_id,
+            call_id=call.call_id,
+            name=call.name,
+            arguments=call.arguments,
+            spec=call.spec,
+        )
+        try:
+            reply = await self.peer.call(
+                self.options.tools,
+                request,
+                durable=True,
+                timeout=self.options.tool_timeout_s,
+                session_id=call.session_id,
+            )
+        except Exception as exc:
+            log.warning(
+                "the tools actor did not answer call %s (%s): %s", call.call_id, call.name, exc
+            )
+            return _outcome(call, "failed", TOOL_FAILED)
+        if not isinstance(reply, ToolExecResult):
+            log.warning("the tools actor answered call %s with %r", call.call_id, reply)
+            return _outcome(call, "failed", TOOL_FAILED)
+        outcome = ToolOutcome(
+            session_id=call.session_id,
+            turn_id=call.turn_id,
+            call_id=call.call_id,
+            output=reply.output,
+            status=reply.status,
+        )
+        if call.origin == "mcp" or not self.options.evaluate_results:
+            return outcome
+        data = {"name": call.name, "call_id": call.call_id, "output": reply.output}
+        action, reason = await self._verdict(
+            call.session_id, call.runner_id, "PHASE_TOOL_RESULT", data
+        )
+        if action == DENY:
+            self.stats["denied"] += 1
+            return _outcome(call, "denied", reason or WITHHELD)
+        return outcome
+
+    async def _answer(
+        self,
+        call: ToolCall,
+        incoming: Incoming,
+        outcome: ToolOutcome,
+        *,
+        parked: Parked | None = None,
+        state_reason: str | None = None,
+    ) -> None:
+        """Deliver an outcome, then release what it came from (in this order: crash-safe)."""
+        if call.origin == "mcp":
+            await self.peer.reply(incoming, outcome)
+        else:
+            await self.peer.cast(call.reply_to, outcome, durable=True, session_id=call.session_id)
+        if parked is not None:
+            self.parked.pop(parked.elicitation_id, None)
+            state = "cancelled" if outcome.status == "cancelled" else "resolved"
+            await self.peer.unpark(parked.incoming.env.id, state, state_reason)
+            if parked.verdict is not None:
+                self.peer.ack(parked.verdict)
+        else:
+            self.peer.ack(incoming)
+
+    # --- verdicts ----------------------------------------------------------------------------
+
+    async def _verdict(
+        self, session_id: str, runner_id: str | None, phase: str, data: dict[str, Any]
+    ) -> tuple[str, str | None]:
+        """``(action, reason)`` for one phase; no server allows everything."""
+        server = self._server(runner_id)
+        if server is None:
+            return ALLOW, None
+        try:
+            answer = await server.evaluate_policy(
+                session_id, {"event": {"type": phase, "data": data}}
+            )
+            action, reason = parse_verdict(answer)
+        except Exception as exc:
+            if phase in FAIL_CLOSED:
+                self.stats["failed_closed"] += 1
+                log.warning(
+                    "policy evaluation (%s) for session %s failed closed: %s",
+                    phase,
+                    session_id,
+                    exc,
+                )
+                return DENY, POLICY_FAILED
+            log.warning(
+                "policy evaluation (%s) for session %s failed; allowing: %s", phase, session_id, exc
+            )
+            return ALLOW, None
+        return (ALLOW if action == UNSPECIFIED else action), reason
+
+    @handles(PolicyEvaluate)
+    async def evaluate(self, msg: PolicyEvaluate, incoming: Incoming) -> None:
+        incoming.deferred = True
+        assert self.nursery is not None
+        self.nursery.start_soon(self._evaluate, msg, incoming)
+
+    async def _evaluate(self, msg: PolicyEvaluate, incoming: Incoming) -> None:
+        action, reason = await self._verdict(msg.session_id, msg.runner_id, msg.phase, msg.data)
+        verdict = PolicyVerdict(
+            session_id=msg.session_id,
+            evaluation_id=msg.evaluation_id,
+            action=f"POLICY_ACTION_{action}",
+            reason=reason,
+        )
+        try:
+            await self.peer.cast(HARNESS_ACTOR, verdict, durable=True, session_id=msg.session_id)
+        except Exception as exc:
+            log.warning("could not deliver verdict %s: %s", msg.evaluation_id, exc)
+            await self.peer.nack(incoming, str(exc))
+            return
+        self.peer.ack(incoming)
+
+    async def _publish(self, session_id: str, event: dict[str, Any]) -> None:
+        await self.peer.cast(
+            self.options.dispatch,
+            PublishEvents(session_id=session_id, events=[event]),
+            durable=True,
+            session_id=session_id,
+        )
+
+
+def parse_verdict(answer: Any) -> tuple[str, str | None]:
+    """``(ALLOW|DENY|ASK|UNSPECIFIED, reason)`` from a ``/policies/evaluate`` answer.
+
+    Accepts ``{"result": "POLICY_ACTION_ALLOW"}`` (the capture), ``{"action": "deny"}`` and
+    an optional ``reason``/``message``.
+
+    Raises:
+        PolicyError: the answer names no known action.
+    """
+    if not isinstance(answer, dict):
+        raise PolicyError(f"the answer is not an object: {type(answer).__name__}")
+    raw = answer.get("result", answer.get("action"))
+    if isinstance(raw, dict):
+        raw = raw.get("action")
+    if not isinstance(raw, str):
+        raise PolicyError("the answer names no action")
+    action = raw.upper().removeprefix("POLICY_ACTION_")
+    if action not in (ALLOW, DENY, ASK, UNSPECIFIED):
+        raise PolicyError(f"unknown action {raw!r}")
+    reason = answer.get("reason", answer.get("message"))
+    return action, reason if isinstance(reason, str) and reason else None
+
+
+def _outcome(call: ToolCall, status: Any, message: str) -> ToolOutcome:
+    return ToolOutcome(
+        session_id=call.session_id,
+        turn_id=call.turn_id,
+        call_id=call.call_id,
+        output=json.dumps({"error": message}),
+        status=status,
+    )

@@ -1,0 +1,273 @@
+"""The tools actor: runs runner-local tools (T-01..T-27).
+
+Handles:
+    ToolExec (durable call, from policy)  run one tool → ToolExecResult
+    ToolCancel (from policy)              stop a running call (its turn ended)
+    HttpRequest (from the gateway)        GET .../resources[/terminals], DELETE .../resources
+
+Only the policy actor sends :class:`ToolExec`: every call has passed its gate. The table of
+tools is :func:`corral.tools.registry.tool_table` for the session's spec (terminal tools only
+when the spec declares ``terminals:``).
+
+Crash safety. Each call is written to the call log (:mod:`corral.tools.calls`) before it runs
+and with its result after; the result is answered only once it is written. A redelivered call
+is answered from the log, and one that a crash cut off mid-run ends with an error result
+instead of running twice. Inbox items (async results) are durable in
+:class:`~corral.tools.inbox.Inbox`; background calls a crash cut off are reported to the inbox
+as failed when the next incarnation starts.
+
+Session events a tool causes (terminal resources, ``session.changed_files.invalidated``) go to
+dispatch as durable :class:`~corral.tools.protocol.PublishEvents`, before the call's result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from ..bus import Incoming
+from ..routes import HttpRequest, HttpResponse, json_response
+from ..tools import registry
+from ..tools._api import ToolContext, ToolError
+from ..tools.async_calls import AsyncCalls
+from ..tools.calls import CallLog
+from ..tools.changed_files import ChangedFilesSignal
+from ..tools.inbox import Inbox
+from ..tools.os_env import default_os_env_root, workspace_from_env
+from ..tools.protocol import PublishEvents, ToolCancel, ToolExec, ToolExecResult
+from ..tools.terminals import Terminals
+from ._actor import Actor, ActorContext, handles
+from ._process import sweep, write_pidfile
+
+log = logging.getLogger("corral.actors.tools")
+
+#: What the model sees when a tool fails in a way it cannot act on (P-28).
+TOOL_BROKE = "The tool failed on the runner; see runner logs for details."
+CUT_OFF = "The tools actor restarted while this call ran; it may have partly run."
+TIMED_OUT = "The tool call did not finish within {s:g} s and was stopped."
+CANCELLED = "The tool call was cancelled."
+
+
+class ToolsOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[actors.tools.options]``."""
+
+    #: The runner workspace (``corral up --workspace``; else ``CORRAL_WORKSPACE`` /
+    #: ``OMNIGENT_RUNNER_WORKSPACE``).
+    workspace: str | None = None
+    #: Root of per-conversation fallback directories (else the data dir's ``os-envs``).
+    os_env_root: str | None = None
+    #: Deadline of one tool call (``sys_os_shell`` default), in seconds.
+    timeout_s: float = 120.0
+    #: Largest tool output returned to the model, in characters.
+    max_output_chars: int = 100_000
+    dispatch: str = "dispatch"
+
+
+class ToolsActor(Actor):
+    """Runs the runner-local tools of every session on this host."""
+
+    def __init__(self, ctx: ActorContext, peer: Any) -> None:
+        super().__init__(ctx, peer)
+        self.options = msgspec.convert(ctx.options, ToolsOptions)
+        workspace = Path(self.options.workspace) if self.options.workspace else None
+        workspace = workspace or workspace_from_env()
+        self.workspace = workspace.absolute() if workspace else None
+        self.os_env_root = (
+            Path(self.options.os_env_root)
+            if self.options.os_env_root
+            else default_os_env_root(ctx.data_dir)
+        )
+        self.calls = CallLog(ctx.data_dir / "calls.log")
+        self.inbox = Inbox(ctx.data_dir / "inbox")
+        self.terminals = Terminals(ctx.data_dir / "terminals", publish=self._publish)
+        self.async_calls = AsyncCalls(ctx.data_dir / "async", self.inbox)
+        self.changed = ChangedFilesSignal()
+        self.groups = ProcessGroups(ctx.data_dir / "groups")
+        self.scopes: dict[str, trio.CancelScope] = {}
+        self.stats = {"calls": 0, "failed": 0, "timed_out": 0, "cut_off": 0, "replayed": 0}
+
+    async def setup(self) -> None:
+        assert self.nursery is not None
+        killed = sweep(self.groups.dir)
+        if killed:
+            log.warning(
+                "killed %d process groups a crashed incarnation left: %s", len(killed), killed
+            )
+        await self.calls.load()
+        await self.nursery.start(self.async_calls.run)  # reports calls a crash cut off
+        await self.nursery.start(self.terminals.run)  # kills a crashed incarnation's tmux
+
+    async def terminate(self) -> None:
+        await self.terminals.aclose()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**super().snapshot(), **self.stats, "running": sorted(self.scopes)}
+
+    # --- tool calls --------------------------------------------------------------------------
+
+    @handles(ToolExec)
+    async def execute(self, msg: ToolExec, incoming: Incoming) -> ToolExecResult | None:
+        record = self.calls.get(msg.call_id)
+        if record is not None and record.state == "done":
+            self.stats["replayed"] += 1
+            return ToolExecResult(
+                call_id=msg.call_id, output=record.output or "", status=record.status or "failed"
+            )
+        if record is not None or msg.call_id in self.scopes:
+            if msg.call_id in self.scopes:
+                return None  # the same call, already running here, answers when it ends
+            self.stats["cut_off"] += 1
+            output = _error(CUT_OFF)
+            await self.calls.done(msg.call_id, output, "failed")
+            return ToolExecResult(call_id=msg.call_id, output=output, status="failed")
+        incoming.deferred = True
+        assert self.nursery is not None
+        self.nursery.start_soon(self._execute, msg, incoming)
+        return None
+
+    async def _execute(self, msg: ToolExec, incoming: Incoming) -> None:
+        self.stats["calls"] += 1
+        await self.calls.started(msg.call_id)
+        ctx = self._context(msg)
+        timeout = msg.timeout_s or self.options.timeout_s
+        status = "completed"
+        output: str | None = None
+        with trio.CancelScope() as scope:
+            self.scopes[msg.call_id] = scope
+            # The shell tool has its own deadline (and reports ``timed_out``); this one is
+            # the backstop for every tool, a little later.
+            with trio.move_on_after(timeout + 5) as deadline:
+                output, status = await self._run(ctx, msg.name, msg.arguments)
+        self.scopes.pop(msg.call_id, None)
+        if output is None:
+            if deadline.cancelled_caught:
+                self.stats["timed_out"] += 1
+                output = _error(TIMED_OUT.format(s=timeout))
+            else:
+                output = _error(CANCELLED)
+            status = "cancelled" if scope.cancelled_caught else "failed"
+        if status != "completed":
+            self.stats["failed"] += 1
+        await self.calls.done(msg.call_id, output, status)
+        await self.peer.reply(
+            incoming, ToolExecResult(call_id=msg.call_id, output=output, status=status)
+        )
+        self.peer.ack(incoming)
+
+    async def _run(self, ctx: ToolContext, name: str, arguments: str) -> tuple[str, str]:
+        try:
+            args = json.loads(arguments or "{}")
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            return _error(f"The arguments of {name} are not a JSON object."), "failed"
+        table = registry.tool_table(ctx.spec)
+        tool = table.get(name)
+        if tool is None:
+            known = registry.is_runner_local(name)
+            return _error(
+                registry.not_enabled_error(name) if known else registry.not_in_table_error(name)
+            ), "failed"
+        try:
+            output = await tool.run(ctx, args)
+        except ToolError as exc:
+            return _error(str(exc)), "failed"
+        except Exception:
+            log.exception("tool %s failed in session %s", name, ctx.session_id)
+            return _error(TOOL_BROKE), "failed"
+        if tool.mutates_files:
+            await self.changed.maybe_signal(ctx.session_id, ctx.publish)
+        return output, "completed"
+
+    async def _publish(self, session_id: str, event: dict[str, Any]) -> None:
+        await self.peer.cast(
+            self.options.dispatch,
+            PublishEvents(session_id=session_id, events=[event]),
+            durable=True,
+            session_id=session_id,
+        )
+
+    def _context(self, msg: ToolExec) -> ToolContext:
+        async def publish(event: dict[str, Any]) -> None:
+            await self._publish(msg.session_id, event)
+
+        ctx = ToolContext(
+            session_id=msg.session_id,
+            call_id=msg.call_id,
+            spec=msg.spec,
+            workspace=self.workspace,
+            os_env_root=self.os_env_root,
+            timeout_s=msg.timeout_s or self.options.timeout_s,
+            publish=publish,
+            data_dir=self.ctx.data_dir,
+            inbox=self.inbox,
+            async_calls=self.async_calls,
+            terminals=self.terminals,
+            processes=self.groups,
+            max_output_chars=self.options.max_output_chars,
+        )
+
+        async def run_tool(name: str, args: dict[str, Any]) -> str:
+            output, _status = await self._run(ctx, name, json.dumps(args))
+            return output
+
+        ctx.run_tool = run_tool
+        return ctx
+
+    @handles(ToolCancel)
+    async def cancel(self, msg: ToolCancel, incoming: Incoming) -> None:
+        scope = self.scopes.get(msg.call_id)
+        if scope is not None:
+            scope.cancel()
+
+    # --- resources ---------------------------------------------------------------------------
+
+    @handles(HttpRequest)
+    async def http(self, msg: HttpRequest, incoming: Incoming) -> HttpResponse:
+        parts = msg.path.strip("/").split("/")
+        session_id = parts[2] if len(parts) > 2 else ""
+        rest = parts[3:]
+        if msg.method == "GET" and rest in (["resources"], ["resources", "terminals"]):
+            data = await self.terminals.list_resources(session_id)
+            return json_response(200, _page(data))
+        if msg.method == "DELETE" and rest == ["resources"]:
+            await self.terminals.close_all(session_id)
+            return json_response(
+                200,
+                {"session_id": session_id, "object": "session.resources.cleaned", "cleaned": True},
+            )
+        detail = f"No route {msg.method} {msg.path} on the tools actor."
+        return json_response(404, {"error": "not_found", "detail": detail})
+
+
+class ProcessGroups:
+    """Pidfiles of the process groups tools run (shell commands), swept at start: a
+    ``kill -9`` of this actor must not leave a model's command running unowned."""
+
+    def __init__(self, dir: Path) -> None:
+        self.dir = dir
+
+    def started(self, pid: int) -> None:
+        write_pidfile(self.dir / f"{pid}.pid", pid)
+
+    def ended(self, pid: int) -> None:
+        (self.dir / f"{pid}.pid").unlink(missing_ok=True)
+
+
+def _error(message: str) -> str:
+    return json.dumps({"error": message})
+
+
+def _page(data: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": False,
+    }

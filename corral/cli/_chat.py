@@ -1,0 +1,531 @@
+"""``corral agents``, ``corral send`` and ``corral chat``: talk to the embedded control plane.
+
+The commands are thin: finding the control plane and following a turn live in
+:mod:`._client`, and how a turn looks on a terminal lives in :func:`describe` and
+:class:`TurnView` here — plain code over recorded events, testable without a TTY or a host.
+
+Approvals. ``corral send`` runs in scripts, where nobody can answer a prompt, so an approval
+request is answered by a flag: ``--decline`` (the default — a script should not let an agent
+act on something nobody approved) or ``--approve``. ``corral chat`` asks inline (``y``/``n``).
+Nothing waits forever: ``send --timeout`` (300 s by default) interrupts the turn and exits 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import trio
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..config import resolve_state_dir
+from ._client import (
+    ApiError,
+    ControlPlane,
+    NoControlPlane,
+    StreamEvent,
+    TurnFollower,
+    run_turn,
+)
+from ._output import EXIT_FAILURE, NoHost, emit_json, json_option, state_dir_option
+
+T = TypeVar("T")
+
+DEFAULT_AGENT = "demo"
+DEFAULT_TIMEOUT_S = 300.0
+#: Tool arguments and outputs are cut to this many characters on screen.
+SHOW_CHARS = 160
+
+
+# --- how events look -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """What one event shows: ``kind`` is text, tool, output, approval, error or note.
+
+    ``key`` identifies the thing shown (a tool call's ``call_id``) so that a view shows it
+    once even when the stream reports it twice (``in_progress``, then ``completed``).
+    """
+
+    kind: str
+    text: str
+    key: str | None = None
+
+
+def _clip(text: str, limit: int = SHOW_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_arguments(arguments: Any) -> str:
+    """A tool call's arguments on one line (they arrive as a JSON string, or a mapping)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return _clip(arguments)
+    return _clip(json.dumps(arguments, ensure_ascii=False, separators=(", ", ": ")))
+
+
+def summarize_output(output: Any) -> str:
+    """A tool output in a few words: a shell result as ``exit N: stdout``, else clipped text."""
+    value = output
+    if isinstance(output, str):
+        try:
+            value = json.loads(output)
+        except ValueError:
+            value = output
+    if isinstance(value, dict) and ("stdout" in value or "exit_code" in value):
+        streams = str(value.get("stdout") or "") + str(value.get("stderr") or "")
+        return _clip(f"exit {value.get('exit_code')}: {streams.strip() or '(no output)'}")
+    if isinstance(value, dict) and "error" in value:
+        return _clip(f"error: {value['error']}")
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return _clip(text) or "(empty)"
+
+
+def describe(event: StreamEvent) -> Line | None:
+    """What a chat shows for one session event, or None for events it keeps quiet about."""
+    data = event.data
+    if event.type == "response.output_text.delta":
+        delta = str(data.get("delta") or "")
+        return Line("text", delta) if delta else None
+    if event.type == "response.output_item.done":
+        item = data.get("item") if isinstance(data.get("item"), dict) else {}
+        if item.get("type") == "function_call":
+            call = f"{item.get('name')} {format_arguments(item.get('arguments') or {})}"
+            return Line("tool", call, key=str(item.get("call_id") or item.get("id")))
+        if item.get("type") == "function_call_output":
+            return Line("output", summarize_output(item.get("output")))
+        return None
+    if event.type == "response.elicitation_request":
+        params = data.get("params") if isinstance(data.get("params"), dict) else {}
+        return Line("approval", str(params.get("message") or "The agent asks for approval."))
+    if event.type == "session.status":
+        if data.get("status") == "failed":
+            error = data.get("error") if isinstance(data.get("error"), dict) else {}
+            code = error.get("code") or "failed"
+            return Line("error", f"turn failed: {code}: {error.get('message') or ''}".rstrip(": "))
+        if data.get("status") == "waiting":
+            return Line("note", "waiting…")
+    return None
+
+
+_STYLES = {
+    "tool": ("  tool: ", "cyan"),
+    "output": ("  output: ", "dim"),
+    "approval": ("  approval requested: ", "yellow"),
+    "error": ("", "red"),
+    "note": ("", "dim"),
+}
+
+
+class TurnView:
+    """Shows a turn as it happens: text streamed to ``out``, everything else as lines on
+    ``notes`` (``out`` too by default; ``corral send`` keeps stdout for the text alone)."""
+
+    def __init__(self, out: Console, notes: Console | None = None) -> None:
+        self.out = out
+        self.notes = notes if notes is not None else out
+        self._mid_line = False
+        self._shown: set[str] = set()
+
+    def show(self, event: StreamEvent) -> None:
+        """Show one event (each tool call once)."""
+        line = describe(event)
+        if line is None:
+            return
+        if line.key is not None:
+            if line.key in self._shown:
+                return
+            self._shown.add(line.key)
+        if line.kind == "text":
+            self.out.print(line.text, end="", markup=False, highlight=False, soft_wrap=True)
+            self.out.file.flush()
+            self._mid_line = not line.text.endswith("\n")
+            return
+        self.note(line.text, kind=line.kind)
+
+    def note(self, text: str, *, kind: str = "note") -> None:
+        """A line of its own (after ending streamed text, if it shares the console)."""
+        if self._mid_line and self.notes is self.out:
+            self.out.print()
+            self._mid_line = False
+        prefix, style = _STYLES.get(kind, ("", ""))
+        self.notes.print(Text(prefix + text, style=style), soft_wrap=True)
+
+    def new_turn(self) -> None:
+        """Forget the tool calls shown: a new turn starts (call ids are per turn)."""
+        self._shown.clear()
+
+    def end_text(self) -> None:
+        """End the streamed text's line, if one is open."""
+        if self._mid_line:
+            self.out.print()
+            self._mid_line = False
+
+
+# --- plumbing --------------------------------------------------------------------------------
+
+
+def _cursor(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _client_call(state_dir: Path | None, work: Callable[[ControlPlane], Awaitable[T]]) -> T:
+    """Run ``work`` against the state dir's control plane, mapping errors to exit codes."""
+
+    async def main() -> T:
+        async with ControlPlane(resolve_state_dir(str(state_dir) if state_dir else None)) as api:
+            return await work(api)
+
+    try:
+        return trio.run(main)
+    except NoControlPlane as exc:
+        raise NoHost(str(exc)) from None
+    except ApiError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _open_session(
+    api: ControlPlane, session_id: str | None, agent: str | None
+) -> dict[str, Any]:
+    """The given session, or a new one of ``agent`` (default ``demo``), with a clear error."""
+    if session_id is not None:
+        try:
+            return await api.session(session_id)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise click.ClickException(f"unknown session {session_id!r}") from None
+            raise
+    name = agent or DEFAULT_AGENT
+    try:
+        return await api.create_session(name)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        names = ", ".join(str(a.get("name")) for a in await api.agents()) or "none"
+        raise click.ClickException(f"unknown agent {name!r} (agents here: {names})") from None
+
+
+def _session_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option(
+        "--session", "session_id", metavar="ID", help="Talk in this session (else a new one)."
+    )(fn)
+    return click.option(
+        "--agent", metavar="NAME", help=f"The agent of a new session (default {DEFAULT_AGENT})."
+    )(fn)
+
+
+def _check_session_options(session_id: str | None, agent: str | None) -> None:
+    if session_id is not None and agent is not None:
+        raise click.UsageError("give --session or --agent, not both")
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+@click.command("agents")
+@state_dir_option
+@json_option
+def agents_command(state_dir: Path | None, as_json: bool) -> None:
+    """List the agents of the embedded control plane."""
+    agents = _client_call(state_dir, lambda api: api.agents())
+    if as_json:
+        emit_json({"agents": agents})
+        return
+    table = Table("name", "harness", "model", "description")
+    for a in agents:
+        table.add_row(
+            str(a.get("name")),
+            str(a.get("harness") or "-"),
+            str(a.get("model") or "-"),
+            str(a.get("description") or ""),
+        )
+    Console().print(table)
+
+
+@click.command("send")
+@click.argument("text")
+@_session_options
+@click.option(
+    "--approve/--decline",
+    default=False,
+    help="Accept, or decline (the default), every approval the turn asks for.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for the turn to end; past it the turn is interrupted (exit 1).",
+)
+@state_dir_option
+@json_option
+def send_command(
+    text: str,
+    session_id: str | None,
+    agent: str | None,
+    approve: bool,
+    timeout: float,
+    state_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Post one message and wait for the turn to end (exit 0 idle, 1 failed).
+
+    Creates a session of --agent (default demo) unless --session is given. TEXT `-` reads
+    the message from stdin. With --json prints {session_id, status, text, error, events};
+    without, streams the text to stdout and tool calls and approvals to stderr.
+
+    \b
+    Example:
+        corral send --agent demo --approve "hi" --json
+    """
+    _check_session_options(session_id, agent)
+    if text == "-":
+        text = sys.stdin.read()
+    out = Console(highlight=False)
+    view = TurnView(out, Console(stderr=True, highlight=False))
+
+    async def work(api: ControlPlane) -> TurnFollower:
+        session = await _open_session(api, session_id, agent)
+        turn = TurnFollower(str(session["id"]))
+
+        async def decide(event: StreamEvent) -> str:
+            action = "accept" if approve else "decline"
+            if not as_json:
+                view.note("accepted (--approve)" if approve else "declined (--decline)")
+            return action
+
+        with trio.move_on_after(timeout) as scope:
+            await run_turn(
+                api,
+                turn.session_id,
+                _cursor(session.get("last_event_id")),
+                text,
+                on_event=(lambda e: None) if as_json else view.show,
+                decide=decide,
+                follower=turn,
+            )
+        if scope.cancelled_caught:
+            # Nobody is waiting any more: stop the agent rather than let it act unobserved.
+            with trio.move_on_after(5), contextlib.suppress(ApiError, NoControlPlane):
+                await api.interrupt(turn.session_id)
+            turn.status = "failed"
+            turn.error = {
+                "code": "client_timeout",
+                "message": f"the turn did not end within {timeout:g}s; it was interrupted",
+            }
+        return turn
+
+    turn = _client_call(state_dir, work)
+    view.end_text()
+    if as_json:
+        emit_json(turn.result())
+    if turn.status != "idle":
+        error = turn.error or {}
+        view.notes.print(
+            Text(
+                f"error: session {turn.session_id}: {error.get('code')}: {error.get('message')}",
+                style="red",
+            ),
+            soft_wrap=True,
+        )
+        raise SystemExit(EXIT_FAILURE)
+
+
+class LineReader:
+    """Reads input lines in a worker thread, one at a time, on request.
+
+    A read abandoned half-way (Ctrl-C interrupted the turn while an approval prompt waited)
+    keeps its thread; the line typed next goes to the next :meth:`read` rather than being
+    lost, and no second thread competes for stdin.
+    """
+
+    def __init__(self, input_fn: Callable[[str], str] = input) -> None:
+        self._input = input_fn
+        self._pending: _PendingRead | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a thread is still blocked reading a line nobody waits for any more."""
+        return self._pending is not None and not self._pending.done.is_set()
+
+    async def read(self, prompt: str) -> str:
+        """The next line (without its newline).
+
+        Raises:
+            EOFError: input ended (Ctrl-D).
+        """
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = _PendingRead()
+            trio.lowlevel.spawn_system_task(self._read_one, pending, prompt)
+        else:
+            sys.stdout.write(prompt)  # the abandoned read printed an older prompt
+            sys.stdout.flush()
+        await pending.done.wait()
+        self._pending = None
+        if pending.error is not None:
+            raise pending.error
+        return pending.line
+
+    async def _read_one(self, pending: _PendingRead, prompt: str) -> None:
+        try:
+            pending.line = await trio.to_thread.run_sync(
+                self._input, prompt, abandon_on_cancel=True
+            )
+        except (EOFError, OSError, ValueError) as exc:  # ValueError: stdin was closed
+            pending.error = exc if isinstance(exc, EOFError) else EOFError(str(exc))
+        pending.done.set()
+
+
+class _PendingRead:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.line = ""
+        self.error: EOFError | None = None
+
+
+async def chat_turn(
+    api: ControlPlane,
+    reader: LineReader,
+    view: TurnView,
+    session_id: str,
+    after: str | None,
+    text: str,
+) -> tuple[TurnFollower, bool]:
+    """One turn of ``corral chat``; returns it and whether the user asked to quit.
+
+    Ctrl-C interrupts the turn (the turn still ends with its own edge, which is awaited);
+    a second Ctrl-C quits. Approval prompts are answered inline.
+    """
+    turn = TurnFollower(session_id)
+    view.new_turn()
+    quit_chat = False
+    prompt_scope: trio.CancelScope | None = None
+    error: Exception | None = None
+
+    async def decide(event: StreamEvent) -> str | None:
+        nonlocal prompt_scope
+        with trio.CancelScope() as prompt_scope:
+            try:
+                answer = await reader.read("approve? [y/N] ")
+            except EOFError:
+                answer = ""
+            return "accept" if answer.strip().lower() in ("y", "yes") else "decline"
+        return None  # interrupted instead
+
+    async def interrupt() -> None:
+        try:
+            await api.interrupt(session_id)
+        except (ApiError, NoControlPlane) as exc:
+            view.note(f"could not interrupt: {exc}", kind="error")
+
+    async def watch_ctrl_c(*, task_status: trio.TaskStatus[None]) -> None:
+        nonlocal quit_chat
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()
+            interrupted = False
+            async for _ in signals:
+                if interrupted:
+                    quit_chat = True
+                    nursery.cancel_scope.cancel()
+                    return
+                interrupted = True
+                view.note("interrupting the turn (Ctrl-C again to quit)")
+                if prompt_scope is not None:
+                    prompt_scope.cancel()
+                nursery.start_soon(interrupt)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch_ctrl_c)
+        try:
+            await run_turn(
+                api, session_id, after, text, on_event=view.show, decide=decide, follower=turn
+            )
+        except Exception as exc:  # re-raised below, unwrapped from the nursery's group
+            error = exc
+        nursery.cancel_scope.cancel()
+    view.end_text()
+    if error is not None:
+        raise error
+    return turn, quit_chat
+
+
+async def chat_loop(
+    api: ControlPlane,
+    reader: LineReader,
+    view: TurnView,
+    *,
+    session_id: str | None,
+    agent: str | None,
+) -> None:
+    """The REPL: prompt, run the turn, repeat until EOF or a double Ctrl-C."""
+    session = await _open_session(api, session_id, agent)
+    sid = str(session["id"])
+    cursor = _cursor(session.get("last_event_id"))
+    view.note(
+        f"session {sid} with agent {session.get('agent') or agent or DEFAULT_AGENT}: "
+        "Ctrl-C interrupts a turn; Ctrl-D (or Ctrl-C at the prompt) quits"
+    )
+    while True:
+        try:
+            line = await reader.read("you> ")
+        except EOFError:
+            view.out.print()
+            return
+        if not line.strip():
+            continue
+        turn, quit_chat = await chat_turn(api, reader, view, sid, cursor, line)
+        cursor = turn.last_id or cursor
+        if quit_chat:
+            return
+
+
+@click.command("chat")
+@_session_options
+@state_dir_option
+def chat_command(session_id: str | None, agent: str | None, state_dir: Path | None) -> None:
+    """Talk to an agent: streamed text, tool calls as they happen, approvals inline.
+
+    Ctrl-C interrupts the running turn (twice quits); Ctrl-D or Ctrl-C at the prompt quits.
+
+    \b
+    Example:
+        corral chat --agent demo
+    """
+    _check_session_options(session_id, agent)
+    view = TurnView(Console(highlight=False))
+    reader = LineReader()
+
+    async def work(api: ControlPlane) -> None:
+        await chat_loop(api, reader, view, session_id=session_id, agent=agent)
+
+    code = 0
+    try:
+        _client_call(state_dir, work)
+    except KeyboardInterrupt:
+        view.out.print()
+    except click.ClickException as exc:
+        if not reader.busy:
+            raise
+        exc.show()
+        code = exc.exit_code
+    if reader.busy:
+        # A thread still blocks in input(), holding stdin's lock: interpreter shutdown would
+        # abort on that lock, so leave without waiting for it (nothing else is pending).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

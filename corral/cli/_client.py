@@ -1,0 +1,537 @@
+"""The client side of ``corral agents/send/chat``: find the control plane, call it, follow turns.
+
+The embedded control plane writes ``<state dir>/server/server.json`` once it listens; that
+file is how every client command finds it, as ``corral status`` finds the host through
+``host.json``. The HTTP API is the plane's client API (``/v1/agents``, ``/v1/sessions``,
+``/v1/sessions/{id}/stream`` as resumable Server-Sent Events).
+
+Following one turn without races or repeats is the whole point of this module:
+
+* The session's ``last_event_id`` is read first, the stream is opened *after* it, and only
+  then is the message posted — so no event of the turn can slip out before the client
+  listens, whatever the timing.
+* A dropped stream (the control plane restarted, a proxy cut it, it went silent past
+  :data:`STREAM_READ_TIMEOUT_S`) is reopened with ``Last-Event-ID`` = the last event seen,
+  and :class:`TurnFollower` drops any event it has already seen, so each event is shown
+  exactly once.
+* The turn is over at its terminal ``session.status`` (``idle`` or ``failed``) after its
+  ``running`` — the runner publishes exactly one per turn (a buffered follow-up message runs
+  on with no ``idle`` in between, and is covered by the same edge).
+
+The event logic (:class:`SseParser`, :class:`TurnFollower`) is plain code with no I/O, so it
+is tested on recorded event lists. :class:`ControlPlane` does the I/O: every call re-reads
+``server.json`` after a connection failure and retries until :attr:`connect_wait_s`, so a
+control plane that the host is restarting costs a pause, not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from ..actors._control import request
+from ..actors._process import alive
+from ..instance import Instance
+
+log = logging.getLogger("corral.cli.client")
+
+#: A stream that sends nothing at all (not even a keepalive comment) for this long is
+#: treated as dropped and reopened.
+STREAM_READ_TIMEOUT_S = 60.0
+#: How long a call waits for an unreachable control plane (e.g. one being restarted).
+CONNECT_WAIT_S = 30.0
+#: The turn edges that end a turn.
+TERMINAL_STATUSES = ("idle", "failed")
+
+
+class NoControlPlane(Exception):
+    """No control plane is found or reachable through the state dir (exit code 3)."""
+
+
+class ApiError(Exception):
+    """The control plane answered with an error status; ``error`` is its slug."""
+
+    def __init__(self, message: str, *, status: int, error: str, detail: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.detail = detail
+
+    @classmethod
+    def from_response(cls, method: str, path: str, response: httpx.Response) -> ApiError:
+        """Build one from an error response: ``{"error": slug, "detail": text}`` if it is one."""
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            error = str(body.get("error") or "error")
+            detail = str(body.get("detail") or "")
+        else:
+            error, detail = "error", response.text[:200]
+        what = f"{detail} ({error})" if detail else error
+        return cls(
+            f"{method} {path} failed with HTTP {response.status_code}: {what}",
+            status=response.status_code,
+            error=error,
+            detail=detail,
+        )
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+def _event_number(event_id: str | None) -> int | None:
+    if event_id is None:
+        return None
+    try:
+        return int(event_id)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One event of a session stream: its id, type and JSON payload."""
+
+    id: str | None
+    type: str
+    data: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        """The event as ``corral send --json`` lists it: the payload, its ``type`` and its
+        stream id as ``event_id`` (a number when the id is one)."""
+        number = _event_number(self.id)
+        return {
+            "event_id": number if number is not None else self.id,
+            **self.data,
+            "type": self.type,
+        }
+
+
+class SseParser:
+    """Turns the lines of a ``text/event-stream`` body into :class:`StreamEvent` s.
+
+    Comments (``: keepalive``) and events without data are skipped; ``data`` that is not a
+    JSON object becomes ``{"data": <text>}`` rather than an error, so one odd frame cannot
+    end a turn the user is watching.
+    """
+
+    def __init__(self) -> None:
+        self._id: str | None = None
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> StreamEvent | None:
+        """Take one line (without its line ending); return an event when one is complete."""
+        if line == "":
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None
+
+    def _dispatch(self) -> StreamEvent | None:
+        data, event, self._data, self._event = self._data, self._event, [], None
+        if not data:
+            return None
+        text = "\n".join(data)
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = {"data": text}
+        if not isinstance(payload, dict):
+            payload = {"data": payload}
+        kind = event or str(payload.get("type") or "message")
+        # The id persists across events (SSE rules); the last one seen is the resume point.
+        return StreamEvent(id=self._id, type=kind, data=payload)
+
+
+@dataclass
+class TurnFollower:
+    """Collects the events of one turn and says when it is over.
+
+    Feed it every event the stream delivers after the cursor the turn started from; it
+    drops events it has already seen (a reconnect replays from the last id), and is
+    :attr:`done` at the first ``session.status`` ``idle``/``failed`` after a ``running``.
+    """
+
+    session_id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    status: str | None = None
+    error: dict[str, Any] | None = None
+    running: bool = False
+    done: bool = False
+    #: The id of the newest event seen: the resume point of the next turn.
+    last_id: str | None = None
+    _text: list[str] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set)
+    _newest: int | None = None
+    _failure: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        """The assistant text streamed so far."""
+        return "".join(self._text)
+
+    def feed(self, event: StreamEvent) -> bool:
+        """Record ``event``; False if it is a repeat (or came after the end) and was dropped."""
+        if self.done:
+            return False
+        if event.id is not None:
+            number = _event_number(event.id)
+            if event.id in self._seen or (
+                number is not None and self._newest is not None and number <= self._newest
+            ):
+                return False
+            self._seen.add(event.id)
+            self.last_id = event.id
+            if number is not None:
+                self._newest = number
+        self.events.append(event.record())
+        data = event.data
+        if event.type == "response.output_text.delta":
+            self._text.append(str(data.get("delta") or ""))
+        elif event.type == "response.failed":
+            response = data.get("response")
+            error = data.get("error") or (response or {}).get("error")
+            if isinstance(error, dict):
+                self._failure = error
+        elif event.type == "session.status":
+            status = data.get("status")
+            if status == "running":
+                self.running = True
+            elif status in TERMINAL_STATUSES and self.running:
+                self.status = str(status)
+                self.done = True
+                if status == "failed":
+                    error = data.get("error")
+                    self.error = (
+                        error
+                        if isinstance(error, dict)
+                        else self._failure or {"code": "failed", "message": "the turn failed"}
+                    )
+        return True
+
+    def result(self) -> dict[str, Any]:
+        """The document ``corral send --json`` prints."""
+        return {
+            "session_id": self.session_id,
+            "status": self.status,
+            "text": self.text,
+            "error": self.error,
+            "events": self.events,
+        }
+
+
+# --- finding and calling the control plane ---------------------------------------------------
+
+
+def server_file(state_dir: Path) -> Path:
+    """Where the control plane of a state dir writes its address."""
+    return state_dir / "server" / "server.json"
+
+
+def locate(state_dir: Path) -> str | None:
+    """The control plane's base URL, or None while the host is (re)starting it.
+
+    Raises:
+        NoControlPlane: neither a live control plane nor a live host is on ``state_dir``.
+    """
+    try:
+        info = json.loads(server_file(state_dir).read_text())
+    except (OSError, ValueError):
+        info = None
+    if isinstance(info, dict) and info.get("url"):
+        pid = info.get("pid")
+        if not isinstance(pid, int) or alive(pid, None):
+            return str(info["url"]).rstrip("/")
+    host = Instance(state_dir).read_host()
+    if host and isinstance(host.get("pid"), int) and alive(host["pid"], host.get("start_time")):
+        return None
+    raise NoControlPlane(
+        f"no running host found on {state_dir}: no corral control plane answers there "
+        "(start one with `corral up`)"
+    )
+
+
+class ControlPlane:
+    """An HTTP client of one state dir's control plane (use ``async with``).
+
+    Args:
+        state_dir: the host's state dir.
+        connect_wait_s: how long a call keeps retrying a control plane it cannot reach.
+        stream_read_timeout_s: silence after which a stream is reopened.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        connect_wait_s: float = CONNECT_WAIT_S,
+        stream_read_timeout_s: float = STREAM_READ_TIMEOUT_S,
+    ) -> None:
+        self.state_dir = state_dir
+        self.connect_wait_s = connect_wait_s
+        self.stream_read_timeout_s = stream_read_timeout_s
+        self._url: str | None = None
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+
+    async def __aenter__(self) -> ControlPlane:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._http.aclose()
+
+    async def url(self) -> str:
+        """The base URL, waiting up to :attr:`connect_wait_s` for a restarting control plane.
+
+        Raises:
+            NoControlPlane: there is none, or it did not come back in time.
+        """
+        if self._url is not None:
+            return self._url
+        asked = False
+        with trio.move_on_after(self.connect_wait_s):
+            while True:
+                url = locate(self.state_dir)
+                if url is not None:
+                    self._url = url
+                    return url
+                if not asked:
+                    # A host that serves another server never starts one: say so at once
+                    # rather than after the whole wait.
+                    asked = True
+                    if await trio.to_thread.run_sync(self._host_has_no_control_plane):
+                        break
+                await trio.sleep(0.1)
+        raise NoControlPlane(
+            f"no running host found on {self.state_dir}: the host there runs no embedded "
+            "control plane (it serves [[runners]] or --server), or it did not come up within "
+            f"{self.connect_wait_s:g}s"
+        )
+
+    def _host_has_no_control_plane(self) -> bool:
+        """Whether the running host says it runs no control plane (False if it cannot say)."""
+        inst = Instance(self.state_dir)
+        host = inst.read_host() or {}
+        try:
+            status = request(Path(host.get("control") or inst.control_path), "status", timeout=5)
+        except (OSError, RuntimeError, ValueError):
+            return False
+        return isinstance(status, dict) and "server" in status and status["server"] is None
+
+    async def call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, *, idempotent: bool
+    ) -> dict[str, Any]:
+        """One API call; its JSON answer.
+
+        Connection failures are retried (after re-reading ``server.json``) until
+        :attr:`connect_wait_s`: a request that never reached the server is always safe to
+        send again. Failures after it may have arrived, and 502/504 answers, are retried
+        only when ``idempotent``; 503 (nothing done) always is.
+
+        Raises:
+            NoControlPlane: the control plane cannot be reached.
+            ApiError: it answered with an error status.
+        """
+        deadline = trio.current_time() + self.connect_wait_s
+        delay = 0.1
+        while True:
+            url = await self.url()
+            try:
+                response = await self._http.request(method, url + path, json=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                problem: str = f"cannot connect to {url}: {exc}"
+            except httpx.TransportError as exc:
+                if not idempotent:
+                    raise NoControlPlane(
+                        f"the control plane at {url} dropped {method} {path}: {exc}; it may or "
+                        "may not have been done"
+                    ) from exc
+                problem = f"{method} {path} at {url} failed: {exc}"
+            else:
+                retry = response.status_code == 503 or (
+                    idempotent and response.status_code in (502, 504)
+                )
+                if not retry:
+                    if response.status_code >= 400:
+                        raise ApiError.from_response(method, path, response)
+                    return response.json() if response.content else {}
+                problem = f"{method} {path} answered {response.status_code}"
+            if trio.current_time() + delay > deadline:
+                raise NoControlPlane(
+                    f"no running host found on {self.state_dir}: {problem} "
+                    f"(for {self.connect_wait_s:g}s)"
+                )
+            log.debug("%s; retrying", problem)
+            self._url = None  # it may have come back elsewhere
+            await trio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    # --- the API ---------------------------------------------------------------------------
+
+    async def agents(self) -> list[dict[str, Any]]:
+        """``GET /v1/agents``: the agents this control plane offers."""
+        return list((await self.call("GET", "/v1/agents", idempotent=True)).get("agents", []))
+
+    async def create_session(self, agent: str, title: str | None = None) -> dict[str, Any]:
+        """``POST /v1/sessions``: a new session of ``agent``."""
+        body: dict[str, Any] = {"agent": agent}
+        if title:
+            body["title"] = title
+        return await self.call("POST", "/v1/sessions", body, idempotent=False)
+
+    async def session(self, session_id: str) -> dict[str, Any]:
+        """``GET /v1/sessions/{id}``: the session, with its ``last_event_id``."""
+        return await self.call("GET", f"/v1/sessions/{session_id}", idempotent=True)
+
+    async def post_message(self, session_id: str, text: str) -> dict[str, Any]:
+        """Post one user message (``202 {"queued", "item_id"}``)."""
+        body = {"type": "message", "data": {"content": text}}
+        return await self.call("POST", f"/v1/sessions/{session_id}/events", body, idempotent=False)
+
+    async def interrupt(self, session_id: str) -> dict[str, Any]:
+        """Ask the session's running turn to stop (repeating it is harmless)."""
+        body: dict[str, Any] = {"type": "interrupt", "data": {}}
+        return await self.call("POST", f"/v1/sessions/{session_id}/events", body, idempotent=True)
+
+    async def resolve(self, session_id: str, elicitation_id: str, action: str) -> dict[str, Any]:
+        """Answer an approval request: ``accept``, ``decline`` or ``cancel``."""
+        path = f"/v1/sessions/{session_id}/elicitations/{elicitation_id}/resolve"
+        return await self.call("POST", path, {"action": action}, idempotent=True)
+
+    async def follow(
+        self,
+        session_id: str,
+        after: str | None,
+        on_event: Callable[[StreamEvent], Awaitable[bool]],
+        *,
+        on_open: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Stream the session's events after ``after`` until ``on_event`` returns True.
+
+        ``on_open`` runs once, as soon as the first stream is open (its response head has
+        arrived): the moment to post the message the stream is meant to follow. A stream
+        that drops, ends or goes silent is reopened from the last event id seen.
+
+        Raises:
+            NoControlPlane: the stream could not be reopened within :attr:`connect_wait_s`.
+            ApiError: the control plane refused the stream (e.g. an unknown session).
+        """
+        cursor = after
+        opened = False
+        lost_at: float | None = None
+        delay = 0.1
+        path = f"/v1/sessions/{session_id}/stream"
+        timeout = httpx.Timeout(10.0, read=self.stream_read_timeout_s)
+        while True:
+            url = await self.url()
+            headers = {"accept": "text/event-stream"}
+            if cursor is not None:
+                headers["last-event-id"] = str(cursor)
+            try:
+                async with self._http.stream(
+                    "GET", url + path, headers=headers, timeout=timeout
+                ) as response:
+                    if response.status_code >= 400 and response.status_code not in (502, 503, 504):
+                        await response.aread()
+                        raise ApiError.from_response("GET", path, response)
+                    if response.status_code < 400:
+                        lost_at, delay = None, 0.1
+                        if not opened:
+                            opened = True
+                            if on_open is not None:
+                                await on_open()
+                        parser = SseParser()
+                        async for line in response.aiter_lines():
+                            event = parser.feed(line.rstrip("\r"))
+                            if event is None:
+                                continue
+                            if event.id is not None:
+                                cursor = event.id
+                            if await on_event(event):
+                                return
+            except httpx.TransportError as exc:
+                log.debug("stream of %s dropped: %s", session_id, exc)
+            # Dropped, ended or refused for now: reopen from the cursor.
+            now = trio.current_time()
+            lost_at = now if lost_at is None else lost_at
+            if now - lost_at > self.connect_wait_s:
+                raise NoControlPlane(
+                    f"lost the control plane's stream of session {session_id} for "
+                    f"{self.connect_wait_s:g}s"
+                )
+            self._url = None
+            await trio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+# --- one turn --------------------------------------------------------------------------------
+
+#: Decides an approval request: returns ``accept``/``decline``/``cancel``, or None to leave
+#: it unanswered (the user interrupted instead).
+Decide = Callable[[StreamEvent], Awaitable[str | None]]
+
+
+async def run_turn(
+    api: ControlPlane,
+    session_id: str,
+    after: str | None,
+    text: str,
+    *,
+    on_event: Callable[[StreamEvent], None],
+    decide: Decide,
+    follower: TurnFollower | None = None,
+) -> TurnFollower:
+    """Post ``text`` to the session and follow the turn it starts to its end.
+
+    ``after`` is the session's ``last_event_id`` read *before* this call: the stream opens
+    after it, and the message is posted only once the stream is open. ``on_event`` sees each
+    new event once, in order; approval requests go to ``decide`` and its verdict is sent at
+    once (each request answered at most once). Bound it with a trio deadline.
+    """
+    turn = follower if follower is not None else TurnFollower(session_id)
+    answered: set[str] = set()
+
+    async def post() -> None:
+        await api.post_message(session_id, text)
+
+    async def handle(event: StreamEvent) -> bool:
+        if not turn.feed(event):
+            return False
+        on_event(event)
+        if event.type == "response.elicitation_resolved":
+            answered.add(str(event.data.get("elicitation_id")))
+        elif event.type == "response.elicitation_request" and not turn.done:
+            elicitation_id = str(event.data.get("elicitation_id") or "")
+            if elicitation_id and elicitation_id not in answered:
+                answered.add(elicitation_id)
+                action = await decide(event)
+                if action is not None:
+                    try:
+                        await api.resolve(session_id, elicitation_id, action)
+                    except ApiError as exc:
+                        if exc.status not in (404, 409, 410):
+                            raise
+                        # Already answered or gone (an interrupt cancelled it): the turn
+                        # still ends with its own edge, so keep following.
+                        log.warning("approval %s was not taken: %s", elicitation_id, exc)
+        return turn.done
+
+    await api.follow(session_id, after, handle, on_open=post)
+    return turn

@@ -1,0 +1,262 @@
+"""The conversation store, built from the runner's events (PROTOCOL_FACTS §ii.6).
+
+Runs inside the store's write transactions (see ``_store.py``). As the real server does
+("Server-side consumption"): ``response.output_text.delta`` texts accumulate in the session's
+*draft*, which becomes ONE assistant ``message`` item at the response's terminal event
+(``response.completed``, ``failed``, ``cancelled``, ``incomplete``) or before a
+``function_call`` with status ``completed``; completed function calls, their outputs and
+``session.resource.created/deleted`` become items too. The draft is kept in the session's row,
+so text streamed before a restart is not lost from the item written after it. A turn that
+goes idle without a terminal event was interrupted; its partial text is dropped, as the real
+server does (§v.4).
+
+Every stored event gets the session's next event id (the ``id:`` of the client stream).
+Heartbeats are liveness only and are not stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "HEARTBEATS",
+    "TERMINAL_EVENTS",
+    "EventLog",
+    "UnknownSession",
+    "append_runner_events",
+    "append_server_events",
+    "insert_item",
+    "new_id",
+]
+
+log = logging.getLogger("corral.server.store")
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.decode
+
+#: Runner events that end a response: the draft becomes an item before them.
+TERMINAL_EVENTS = frozenset(
+    {"response.completed", "response.failed", "response.cancelled", "response.incomplete"}
+)
+#: Runner stream events that are liveness only and never stored (§ii.6).
+HEARTBEATS = frozenset({"session.heartbeat", "response.heartbeat"})
+_STATUSES = frozenset({"idle", "running", "waiting", "failed"})
+
+
+class UnknownSession(LookupError):
+    """The session id is not in the store."""
+
+
+def new_id() -> str:
+    """A fresh 32-hex id, the shape of the server's ids."""
+    return uuid.uuid4().hex
+
+
+def insert_item(con: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Store one item in the flattened shape of §iii.6; returns it."""
+    item: dict[str, Any] = {
+        "id": new_id(),
+        "response_id": fields.get("response_id") or f"turn_{new_id()}",
+        "type": fields["type"],
+        "status": "completed",
+        "created_at": int(time.time()),
+    }
+    item.update({k: v for k, v in fields.items() if k not in item and v is not None})
+    con.execute(
+        "INSERT INTO items (id, session_id, type, data) VALUES (?,?,?,?)",
+        (item["id"], session_id, item["type"], _encode(item).decode()),
+    )
+    return item
+
+
+class EventLog:
+    """Appends events of one session inside a transaction, numbering them."""
+
+    def __init__(self, con: sqlite3.Connection, session_id: str) -> None:
+        row = con.execute(
+            "SELECT last_event_id, draft, status FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        if row is None:
+            raise UnknownSession(session_id)
+        self.con = con
+        self.session_id = session_id
+        self.seq: int = row[0]
+        self.draft: dict[str, Any] | None = _decode(row[1]) if row[1] else None
+        self.status: str = row[2]
+        self.now = time.time()
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Append one event under the next event id."""
+        self.seq += 1
+        self.con.execute(
+            "INSERT INTO events (session_id, seq, type, data, created_at) VALUES (?,?,?,?,?)",
+            (self.session_id, self.seq, str(event["type"]), _encode(event).decode(), self.now),
+        )
+
+    def item(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Persist one item of this session."""
+        return insert_item(self.con, self.session_id, fields)
+
+    def save(self) -> int:
+        """Write back the session's last event id, draft and status; returns the id."""
+        draft = _encode(self.draft).decode() if self.draft else None
+        self.con.execute(
+            "UPDATE sessions SET last_event_id = ?, draft = ?, status = ?, updated_at = ? "
+            "WHERE id = ?",
+            (self.seq, draft, self.status, self.now, self.session_id),
+        )
+        return self.seq
+
+    # -- the conversation store ------------------------------------------------------------
+
+    def flush_draft(self) -> None:
+        """The accumulated assistant text becomes one ``message`` item (and its event)."""
+        draft = self.draft
+        if not draft or not draft.get("text"):
+            return
+        item = self.item(
+            {
+                "type": "message",
+                "response_id": draft.get("response_id"),
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": draft["text"]}],
+                "model": draft.get("model"),
+            }
+        )
+        draft["text"] = ""
+        # As the real server does (Appendix A): clients get the persisted message before the
+        # terminal event, so they can show the final text without joining deltas themselves.
+        self.emit({"sequence_number": None, "type": "response.output_item.done", "item": item})
+
+    def runner_event(self, event: dict[str, Any]) -> None:
+        """Store one runner event, updating items, draft, status and elicitations."""
+        kind = event["type"]
+        if kind in ("session.status", "session.terminal_pending"):
+            event = {**event, "conversation_id": self.session_id}
+        if kind == "session.status":
+            status = event.get("status")
+            if status in _STATUSES:
+                self.status = status
+            if status in ("idle", "failed") and self.draft and self.draft.get("text"):
+                # A turn that ends without a terminal response event was interrupted; the real
+                # server does not persist its partial text (§v.4), and keeping it would glue it
+                # onto the next answer.
+                log.info("session %s: dropping %d characters of an interrupted answer",
+                         self.session_id, len(self.draft["text"]))  # fmt: skip
+                self.draft = None
+        elif kind in ("response.created", "response.in_progress"):
+            response = event.get("response") if isinstance(event.get("response"), dict) else {}
+            self.flush_draft()
+            self.draft = {
+                "text": "",
+                "response_id": response.get("id"),
+                "model": response.get("model"),
+            }
+        elif kind == "response.output_text.delta":
+            delta = event.get("delta")
+            if isinstance(delta, str) and not event.get("message_id"):
+                if self.draft is None:
+                    self.draft = {"text": "", "response_id": None, "model": None}
+                self.draft["text"] += delta
+        elif kind == "response.output_item.done":
+            self._output_item(event.get("item"))
+        elif kind in TERMINAL_EVENTS:
+            self.flush_draft()
+        elif kind == "response.elicitation_request":
+            self._runner_elicitation(event)
+        elif kind == "response.elicitation_resolved":
+            eid = event.get("elicitation_id")
+            if isinstance(eid, str):
+                self.con.execute(
+                    "UPDATE elicitations SET state = 'resolved', resolved_at = ? "
+                    "WHERE id = ? AND session_id = ? AND state = 'pending'",
+                    (self.now, eid, self.session_id),
+                )
+        elif kind in ("session.resource.created", "session.resource.deleted"):
+            resource = event.get("resource") if isinstance(event.get("resource"), dict) else {}
+            self.item(
+                {
+                    "type": "resource_event",
+                    "response_id": self.session_id,
+                    "event_type": kind,
+                    "resource_id": resource.get("id"),
+                    "resource_type": resource.get("type"),
+                    "resource": resource,
+                }
+            )
+        self.emit(event)
+        if kind in TERMINAL_EVENTS:
+            self.draft = None
+
+    def _output_item(self, item: Any) -> None:
+        if not isinstance(item, dict):
+            return
+        kind = item.get("type")
+        response_id = (self.draft or {}).get("response_id")
+        model = (self.draft or {}).get("model")
+        if kind == "message":
+            # A whole message supersedes any deltas of it that were accumulated.
+            if self.draft:
+                self.draft["text"] = ""
+            fields = {k: v for k, v in item.items() if k not in ("id", "status", "agent")}
+            self.item({"role": "assistant", "response_id": response_id, **fields})
+        elif kind == "function_call" and item.get("status") == "completed":
+            self.flush_draft()
+            self.item(
+                {
+                    "type": "function_call",
+                    "response_id": response_id,
+                    "model": model,
+                    "name": item.get("name"),
+                    "arguments": item.get("arguments"),
+                    "call_id": item.get("call_id"),
+                }
+            )
+        elif kind == "function_call_output":
+            self.item(
+                {
+                    "type": "function_call_output",
+                    "response_id": response_id,
+                    "call_id": item.get("call_id"),
+                    "output": item.get("output"),
+                }
+            )
+
+    def _runner_elicitation(self, event: dict[str, Any]) -> None:
+        eid = event.get("elicitation_id")
+        if not isinstance(eid, str) or not eid:
+            return
+        params = event.get("params") if isinstance(event.get("params"), dict) else {}
+        self.con.execute(
+            "INSERT OR IGNORE INTO elicitations (id, session_id, source, params, state, "
+            "created_at) VALUES (?,?,?,?,?,?)",
+            (eid, self.session_id, "runner", _encode(params).decode(), "pending", self.now),
+        )
+
+
+def append_runner_events(
+    con: sqlite3.Connection, session_id: str, events: list[dict[str, Any]]
+) -> int:
+    """Store a batch of runner events (heartbeats dropped); returns the last event id."""
+    stored = EventLog(con, session_id)
+    for event in events:
+        if event.get("type") in HEARTBEATS:
+            continue
+        stored.runner_event(event)
+    return stored.save()
+
+
+def append_server_events(
+    con: sqlite3.Connection, session_id: str, events: list[dict[str, Any]]
+) -> int:
+    """Store events the server publishes itself, as they are; returns the last event id."""
+    stored = EventLog(con, session_id)
+    for event in events:
+        stored.emit(event)
+    return stored.save()

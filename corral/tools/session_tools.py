@@ -1,0 +1,249 @@
+"""Session and agent tools: their table entries and the gates that run before any server call.
+
+``sys_session_*``, ``sys_agent_*``, ``sys_list_models`` and ``sys_cancel_task`` are
+runner-local (T-26): the runner answers them, talking to the server for the caller. Their
+server side is not on this runner yet, so each answers
+``{"error": "<name> is not available on this runner yet"}``. The local gates of two of
+them are real already, and run first, so that when the server side lands nothing reaches
+the server or the disk that these gates refuse:
+
+* ``sys_agent_download``: ``dest_filename``, when given, must be a bare file name (P-20)
+  and must resolve, by real path, strictly inside the working directory, so a symlink of
+  that name pointing elsewhere is refused (P-21). Nothing is written.
+* ``sys_session_create``: exactly one of ``agent_id`` and ``config_path`` (S-40);
+  ``config_path`` must resolve inside the working directory (P-22) and is not read when it
+  does not; a config file that does not exist gives ``config_not_found`` (S-41).
+
+:data:`PENDING` names the tools still waiting for their server side; the registry keeps
+them out of advertised schemas so models are not offered tools that always fail.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from ._api import ToolContext, ToolError, ToolFamily, ToolSpec
+from .os_env import effective_cwd
+from .paths import download_destination, resolve_inside
+
+__all__ = ["EXACTLY_ONE_MODE_MESSAGE", "PENDING", "TOOLS", "not_available"]
+
+#: S-40: the error when ``sys_session_create`` gets both modes or neither.
+EXACTLY_ONE_MODE_MESSAGE = (
+    "sys_session_create requires exactly one of 'agent_id' (existing agent) or "
+    "'config_path' (new agent from a local config)"
+)
+
+
+def not_available(name: str) -> ToolError:
+    """The error of a tool whose server side is not on this runner yet."""
+    return ToolError(f"{name} is not available on this runner yet")
+
+
+def _optional_text(args: dict[str, Any], name: str) -> str | None:
+    """``args[name]`` as a string; absent, null and empty all mean "not given"."""
+    value = args.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ToolError(f"{name} must be a string")
+    return value
+
+
+async def sys_agent_download(ctx: ToolContext, args: dict[str, Any]) -> str:
+    """Download a session's agent bundle into the working directory (S-44; gates P-20, P-21)."""
+    dest = args.get("dest_filename")
+    if dest is not None:
+        cwd = await effective_cwd(ctx)
+        await trio.to_thread.run_sync(download_destination, cwd, dest)
+    raise not_available("sys_agent_download")
+
+
+async def sys_session_create(ctx: ToolContext, args: dict[str, Any]) -> str:
+    """Create a child session from an agent id or a local config (S-38, S-39; gates S-40, P-22)."""
+    agent_id = _optional_text(args, "agent_id")
+    config_path = _optional_text(args, "config_path")
+    if (agent_id is None) == (config_path is None):
+        raise ToolError(EXACTLY_ONE_MODE_MESSAGE)
+    if config_path is not None:
+        cwd = await effective_cwd(ctx)
+
+        def check() -> bool:
+            # Containment first: a path outside the cwd is not even looked at.
+            return resolve_inside(cwd, config_path, what="config_path").is_file()
+
+        if not await trio.to_thread.run_sync(check):
+            return json.dumps({"error": "config_not_found", "config_path": config_path})
+    raise not_available("sys_session_create")
+
+
+_Run = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+
+
+def _pending(name: str) -> _Run:
+    async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
+        raise not_available(name)
+
+    run.__name__ = name
+    run.__doc__ = f"``{name}``: not available on this runner yet."
+    return run
+
+
+def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def _text(description: str) -> dict[str, Any]:
+    return {"type": "string", "description": description}
+
+
+_SESSION_ID = _text("Id of the session.")
+
+# name, family, description, parameters, gated implementation (None: not available yet)
+_DEFINITIONS: list[tuple[str, ToolFamily, str, dict[str, Any], _Run | None]] = [
+    (
+        "sys_session_list",
+        "session",
+        "List the sessions of this session tree (children, siblings) with their status.",
+        _object({}),
+        None,
+    ),
+    (
+        "sys_session_get_history",
+        "session",
+        "Read the recent items of another session's conversation.",
+        _object(
+            {
+                "session_id": _SESSION_ID,
+                "tail": {"type": "integer", "minimum": 1, "description": "Items to return."},
+            },
+            ("session_id",),
+        ),
+        None,
+    ),
+    (
+        "sys_session_get_info",
+        "session",
+        "Get a session's metadata: agent, title, status, parent.",
+        _object({"session_id": _SESSION_ID}, ("session_id",)),
+        None,
+    ),
+    (
+        "sys_session_create",
+        "session",
+        "Create a child session from an existing agent (agent_id) or a local agent config "
+        "file (config_path), and send it a first message.",
+        _object(
+            {
+                "agent_id": _text("Id of an existing agent."),
+                "config_path": _text("Agent YAML file, relative to the working directory."),
+                "title": _text("Title of the new session."),
+                "message": _text("First message for the new session."),
+            }
+        ),
+        sys_session_create,
+    ),
+    (
+        "sys_session_send",
+        "session",
+        "Send a message to a sub-agent: start a named one (agent, title) or continue a child "
+        "session by session_id. The result arrives in the inbox.",
+        _object(
+            {
+                "agent": _text("Declared sub-agent to start."),
+                "title": _text("Title of the new child session."),
+                "session_id": _text("Child session to continue."),
+                "message": _text("The message."),
+                "model": _text("Model for a new child session (see sys_list_models)."),
+            },
+            ("message",),
+        ),
+        None,
+    ),
+    (
+        "sys_session_close",
+        "session",
+        "Close a child session.",
+        _object({"session_id": _SESSION_ID}, ("session_id",)),
+        None,
+    ),
+    (
+        "sys_session_share",
+        "session",
+        "Share a session with a user (read, edit or manage).",
+        _object(
+            {
+                "session_id": _text("Session to share; default this session."),
+                "user_id": _text("User to grant access to."),
+                "level": {"type": "string", "enum": ["read", "edit", "manage"]},
+            },
+            ("user_id",),
+        ),
+        None,
+    ),
+    (
+        "sys_agent_get",
+        "agent",
+        "Get the agent behind a session: name, version, harness, MCP servers, policies.",
+        _object({"session_id": _SESSION_ID}, ("session_id",)),
+        None,
+    ),
+    (
+        "sys_agent_download",
+        "agent",
+        "Download the agent bundle of a session into the working directory.",
+        _object(
+            {
+                "session_id": _SESSION_ID,
+                "dest_filename": _text(
+                    "Bare file name to write; default <name>-v<version>.tar.gz."
+                ),
+            },
+            ("session_id",),
+        ),
+        sys_agent_download,
+    ),
+    (
+        "sys_agent_list",
+        "agent",
+        "List built-in agents, agents of sessions, and local agent configs.",
+        _object({}),
+        None,
+    ),
+    (
+        "sys_list_models",
+        "session",
+        "List the models each sub-agent (and this agent) can use.",
+        _object({}),
+        None,
+    ),
+    (
+        "sys_cancel_task",
+        "session",
+        "Cancel a background task or a sub-agent's work by its id.",
+        _object({"task_id": _text("Handle or child session id.")}, ("task_id",)),
+        None,
+    ),
+]
+
+#: The session and agent tools, in the order they are advertised.
+TOOLS: list[ToolSpec] = [
+    ToolSpec(
+        name=name,
+        description=description,
+        parameters=parameters,
+        run=run if run is not None else _pending(name),
+        family=family,
+    )
+    for name, family, description, parameters, run in _DEFINITIONS
+]
+
+#: Tools of :data:`TOOLS` whose server side is not on this runner yet (all of them, for now).
+PENDING: frozenset[str] = frozenset(tool.name for tool in TOOLS)

@@ -1,0 +1,346 @@
+"""Tool calls end to end: worker → dispatch → policy → tools → policy → dispatch → worker.
+
+A real host (harness, tools, policy, dispatch actors; scripted workers), the fake server for
+policy verdicts and agent specs, and a stand-in gateway on the bus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from corral.actors._process import start_time
+from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, wait_until
+from tests.fake_server import FakeOmnigentServer
+from tests.integration._gateway import FakeGateway, fake_gateway
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOmnigentServer]:
+    fake = FakeOmnigentServer()
+    with fake.serve_in_thread():
+        yield fake
+
+
+@pytest.fixture
+def thost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    url = json.dumps(server.base_url)
+    h = host_factory(
+        FAST_LIVENESS
+        + f'[actors.dispatch.options]\nserver_url = {url}\nsubscribers = ["test-gateway"]\n'
+        + f"[actors.policy.options]\nserver_url = {url}\n"
+        + "[server]\nenabled = false\n"
+    ).start()
+    yield h
+    if h.proc is not None and h.proc.poll() is None:
+        h.stop()
+
+
+def agent(server: FakeOmnigentServer, cwd: Path, *turns: list[str]) -> tuple[str, str]:
+    """An agent on the scripted harness whose OS env is ``cwd`` (T-07), and a session of it."""
+    lines = [
+        "name: toolsmith",
+        "executor:",
+        "  harness: scripted",
+        "  model: scripted-model",
+        "  script:",
+        "    turns:",
+    ]
+    for steps in turns:
+        lines.append("      -")
+        lines += [f"        - {step}" for step in steps]
+    lines.append(f"os_env: {{type: caller_process, cwd: {json.dumps(str(cwd))}}}")
+    agent_id = server.add_agent("\n".join(lines) + "\n")
+    return agent_id, server.add_session(agent_id)["id"]
+
+
+def tool(name: str, **arguments: Any) -> str:
+    return json.dumps({"tool": name, "arguments": arguments})
+
+
+def outputs(gw: FakeGateway, sid: str) -> list[str]:
+    return [
+        e["item"]["output"]
+        for e in gw.events.get(sid, [])
+        if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call_output"
+    ]
+
+
+def of_type(gw: FakeGateway, sid: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in gw.events.get(sid, []) if e["type"] == kind]
+
+
+def phase_policy(**actions: str):
+    """A server policy answering per phase (ALLOW for phases not named)."""
+
+    def policy(session_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        phase = body["event"]["type"]
+        return {"result": actions.get(phase, "POLICY_ACTION_ALLOW"), "reason": f"rule for {phase}"}
+
+    return policy
+
+
+async def test_t01_t03_tools_write_edit_read_in_the_spec_cwd(thost, server, tmp_path) -> None:
+    agent_id, sid = agent(
+        server,
+        tmp_path,
+        [
+            tool("sys_os_write", path="notes/a.txt", content="hello\nworld\n"),
+            tool("sys_os_edit", path="notes/a.txt", oldText="world", newText="planet"),
+            tool("sys_os_read", path="notes/a.txt"),
+            tool("sys_os_read", path="../outside.txt"),
+        ],
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        wrote, edited, read, escaped = (json.loads(o) for o in outputs(gw, sid))
+    assert wrote["created"] is True
+    assert edited["replacements"] == 1
+    assert read["content"] == "hello\nplanet\n"
+    assert "escapes the working directory" in escaped["error"]
+    assert (tmp_path / "notes" / "a.txt").read_text() == "hello\nplanet\n"
+    # Every call went through the server's gate, call and result phases (§iii.8).
+    phases = [r.json["event"]["type"] for r in server.received("POST", r".*/policies/evaluate")]
+    assert phases.count("PHASE_TOOL_CALL") == 4
+    assert phases.count("PHASE_TOOL_RESULT") == 4
+
+
+async def test_policy_deny_answers_the_model_and_runs_nothing(thost, server, tmp_path) -> None:
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_DENY")
+    agent_id, sid = agent(
+        server, tmp_path, [tool("sys_os_write", path="x.txt", content="no"), '{text: "ok"}']
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        (output,) = outputs(gw, sid)
+    assert json.loads(output) == {"error": "rule for PHASE_TOOL_CALL"}
+    assert not (tmp_path / "x.txt").exists()
+
+
+async def test_policy_fails_closed_for_tool_calls_and_open_for_results(
+    thost, server, tmp_path
+) -> None:
+    server.fail("POST", r"/v1/sessions/.*/policies/evaluate", status=500, times=1)
+    agent_id, sid = agent(
+        server,
+        tmp_path,
+        [tool("sys_os_write", path="x.txt", content="no")],
+        [tool("sys_os_write", path="y.txt", content="yes")],
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "first")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        assert "policy check failed" in json.loads(outputs(gw, sid)[0])["error"]
+        assert not (tmp_path / "x.txt").exists(), "fail closed: the call did not run"
+        # A malformed answer for the result phase lets the output through (logged).
+        server.policy = lambda sid_, body: (
+            {"nonsense": 1}
+            if body["event"]["type"] == "PHASE_TOOL_RESULT"
+            else {"result": "POLICY_ACTION_ALLOW"}
+        )
+        await gw.message(sid, "second")
+        assert await gw.until_status(sid, count=2, timeout=30) == ["running", "idle"] * 2
+        assert json.loads(outputs(gw, sid)[1])["created"] is True
+    assert (tmp_path / "y.txt").read_text() == "yes"
+
+
+async def test_policy_result_deny_withholds_the_output(thost, server, tmp_path) -> None:
+    (tmp_path / "secret.txt").write_text("s3cret\n")
+    server.policy = phase_policy(PHASE_TOOL_RESULT="POLICY_ACTION_DENY")
+    agent_id, sid = agent(server, tmp_path, [tool("sys_os_read", path="secret.txt")])
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        (output,) = outputs(gw, sid)
+    assert "s3cret" not in output
+    assert json.loads(output) == {"error": "rule for PHASE_TOOL_RESULT"}
+
+
+async def _ask(gw: FakeGateway, sid: str) -> dict[str, Any]:
+    await gw.wait(lambda: of_type(gw, sid, "response.elicitation_request"), timeout=30)
+    return of_type(gw, sid, "response.elicitation_request")[0]
+
+
+async def _verdict(gw: FakeGateway, sid: str, eid: str, action: str) -> None:
+    body = {"type": "approval", "data": {"elicitation_id": eid, "action": action}}
+    reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body)
+    assert (reply.status, reply.body) == (204, b"")
+
+
+async def test_policy_ask_parks_until_accepted_then_runs(thost, server, tmp_path) -> None:
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
+    agent_id, sid = agent(
+        server, tmp_path, [tool("sys_os_write", path="ok.txt", content="approved")]
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        ask = await _ask(gw, sid)
+        assert ask["params"]["message"] == "rule for PHASE_TOOL_CALL"
+        assert ask["params"]["requestedSchema"]["required"] == ["approved"]
+        parked = thost.ask("elicitations")["elicitations"]
+        assert [(e["elicitation_id"], e["owner"], e["state"]) for e in parked] == [
+            (ask["elicitation_id"], "policy", "parked")
+        ]
+        assert not (tmp_path / "ok.txt").exists(), "nothing runs before the verdict"
+        await _verdict(gw, sid, ask["elicitation_id"], "accept")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        resolved = of_type(gw, sid, "response.elicitation_resolved")
+        assert [(e["elicitation_id"], e["action"]) for e in resolved] == [
+            (ask["elicitation_id"], "accept")
+        ]
+        assert json.loads(outputs(gw, sid)[0])["created"] is True
+        # The verdict resolved the parked entry: an approval for it now finds nobody.
+        late = {
+            "type": "approval",
+            "data": {"elicitation_id": ask["elicitation_id"], "action": "accept"},
+        }
+        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", late)
+        assert reply.status == 404
+    assert (tmp_path / "ok.txt").read_text() == "approved"
+
+
+async def test_policy_ask_declined_runs_nothing(thost, server, tmp_path) -> None:
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
+    agent_id, sid = agent(server, tmp_path, [tool("sys_os_write", path="no.txt", content="x")])
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        ask = await _ask(gw, sid)
+        await _verdict(gw, sid, ask["elicitation_id"], "decline")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        assert "declined" in json.loads(outputs(gw, sid)[0])["error"]
+    assert not (tmp_path / "no.txt").exists()
+
+
+@pytest.mark.slow
+async def test_kill9_policy_while_parked_the_verdict_still_lands(thost, server, tmp_path) -> None:
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
+    agent_id, sid = agent(
+        server, tmp_path, [tool("sys_os_write", path="later.txt", content="landed")]
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        ask = await _ask(gw, sid)
+        before = thost.actor("policy")
+        os.kill(before["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: (
+                    thost.actor("policy")["restarts"] > before["restarts"]
+                    and thost.actor("policy")["state"] == "running"
+                ),
+                timeout=20,
+                what="policy restarted",
+            )
+        )
+        await _verdict(gw, sid, ask["elicitation_id"], "accept")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+    assert (tmp_path / "later.txt").read_text() == "landed"
+
+
+@pytest.mark.slow
+async def test_kill9_tools_during_a_long_shell_call_ends_it_with_an_error(
+    thost, server, tmp_path
+) -> None:
+    agent_id, sid = agent(
+        server,
+        tmp_path,
+        [tool("sys_os_shell", command="echo $$ > shell.pid; sleep 60; echo never"), '{text: "on"}'],
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: (tmp_path / "shell.pid").exists(), timeout=20)
+        )
+        shell = int((tmp_path / "shell.pid").read_text())
+        started = start_time(shell)
+        os.kill(thost.actor("tools")["pid"], signal.SIGKILL)
+        assert await gw.until_status(sid, timeout=40) == ["running", "idle"]
+        (output,) = outputs(gw, sid)
+        assert "restarted while this call ran" in json.loads(output)["error"]
+        assert gw.texts(sid) == "on", "the turn went on after the tool's error"
+        # The command the crash cut off does not run on unowned: the next incarnation killed it.
+        await trio.to_thread.run_sync(lambda: wait_until(lambda: process_gone(shell, started)))
+
+
+@pytest.mark.slow
+async def test_t23_inbox_items_survive_kill9_of_the_tools_actor(thost, server, tmp_path) -> None:
+    agent_id, sid = agent(
+        server,
+        tmp_path,
+        [tool("sys_call_async", tool="sys_os_shell", args={"command": "echo async-done"})],
+        [tool("sys_read_inbox")],
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "start it")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        handle = json.loads(outputs(gw, sid)[0])["handle_id"]
+        inbox = thost.instance.actor_dir("tools") / "inbox"
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: any(handle in p.read_text() for p in inbox.rglob("*") if p.is_file()),
+                timeout=20,
+                what="the async result in the inbox",
+            )
+        )
+        before = thost.actor("tools")
+        os.kill(before["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: (
+                    thost.actor("tools")["restarts"] > before["restarts"]
+                    and thost.actor("tools")["state"] == "running"
+                ),
+                timeout=20,
+            )
+        )
+        await gw.message(sid, "read it")
+        assert await gw.until_status(sid, count=2, timeout=30) == ["running", "idle"] * 2
+        text = outputs(gw, sid)[1]
+    assert text.startswith(f"[System: task {handle} completed — sys_os_shell returned: ")
+    assert "async-done" in text
+
+
+async def test_mcp_execute_route_runs_a_tool_and_rejects_bad_bodies(
+    thost, server, tmp_path
+) -> None:
+    agent_id, sid = agent(server, tmp_path, ['{text: "x"}'])
+    (tmp_path / "f.txt").write_text("via mcp\n")
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        path = f"/v1/sessions/{sid}/mcp/execute"
+        call = {
+            "method": "tools/call",
+            "params": {"name": "sys_os_read", "arguments": {"path": "f.txt"}},
+        }
+        reply = await gw.request("POST", path, call)
+        assert reply.status == 200
+        assert json.loads(json.loads(reply.body)["result"]["output"])["content"] == "via mcp\n"
+        for bad, status in [(b"{", 400), (b'{"method": "tools/list"}', 422)]:
+            reply = await gw.request("POST", path, raw=bad)
+            assert reply.status == status, bad
+        unknown = {"method": "tools/call", "params": {"name": "list_tasks", "arguments": {}}}
+        reply = await gw.request("POST", path, unknown)
+        assert (
+            "not available on this runner"
+            in json.loads(json.loads(reply.body)["result"]["output"])["error"]
+        )
+    # The server evaluated that call before sending it: the runner does not ask again.
+    assert server.received("POST", r".*/policies/evaluate") == []
