@@ -152,7 +152,12 @@ def host_factory(tmp_path: Path) -> Iterator[Callable[..., HostProcess]]:
     hosts: list[HostProcess] = []
 
     def make(config: str = FAST_LIVENESS, name: str = "state") -> HostProcess:
-        h = HostProcess(tmp_path / name, config + os.environ.get("CORRAL_TEST_EXTRA_CONFIG", ""))
+        config += os.environ.get("CORRAL_TEST_EXTRA_CONFIG", "")
+        if "[server]" not in config:
+            # Tests of the host and its actors drive them directly (a stand-in gateway, a
+            # fake tunnel server): no embedded control plane unless a test asks for one.
+            config += "\n[server]\nenabled = false\n"
+        h = HostProcess(tmp_path / name, config)
         hosts.append(h)
         return h
 

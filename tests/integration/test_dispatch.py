@@ -30,7 +30,6 @@ def dhost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
         + "[actors.dispatch.options]\n"
         + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
         + f'[actors.policy.options]\nserver_url = "{server.base_url}"\n'
-        + "[server]\nenabled = false\n"
     ).start()
     yield h
     if h.proc is not None and h.proc.poll() is None:

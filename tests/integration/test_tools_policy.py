@@ -36,7 +36,6 @@ def thost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
         FAST_LIVENESS
         + f'[actors.dispatch.options]\nserver_url = {url}\nsubscribers = ["test-gateway"]\n'
         + f"[actors.policy.options]\nserver_url = {url}\n"
-        + "[server]\nenabled = false\n"
     ).start()
     yield h
     if h.proc is not None and h.proc.poll() is None:
