@@ -1,0 +1,41 @@
+"""The gateway's settings: ``[actors.gateway.options]`` as one frozen Struct."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ...config import Positive, PositiveInt, RunnerSettings
+
+
+class GatewayOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[actors.gateway.options]`` (the top-level ``[[runners]]`` are appended to ``runners``)."""
+
+    runners: list[RunnerSettings] = []
+    #: The actor that owns ``/v1/sessions`` routes.
+    dispatch: str = "dispatch"
+    dispatch_timeout_s: Positive = 60.0
+    #: The actor that owns a session's resources (terminals).
+    tools: str = "tools"
+    #: Deadline of ``POST .../mcp/execute``, which lasts as long as the tool runs.
+    tool_timeout_s: Positive = 900.0
+    #: A session stream sends ``session.heartbeat`` after this much silence.
+    heartbeat_s: Positive = 15.0
+    backoff_base_s: Positive = 0.5
+    backoff_cap_s: Positive = 10.0
+    connect_timeout_s: Positive = 10.0
+    #: WebSocket-level pings to the server; no pong within the timeout drops the tunnel.
+    ping_interval_s: Positive = 30.0
+    ping_timeout_s: Positive = 90.0
+    #: Incoming frames larger than this (in characters) are refused.
+    max_frame_bytes: PositiveInt = 100 * 1024 * 1024
+    #: Coalescing: at most this many events / bytes in one ``response.body`` of a stream.
+    sse_batch_events: PositiveInt = 64
+    sse_batch_bytes: PositiveInt = 256 * 1024
+    #: Undelivered events kept per session; past it the oldest are dropped (and logged).
+    max_buffered_events: PositiveInt = 100_000
+    #: The buffer file is compacted once it is this large and mostly delivered.
+    compact_bytes: PositiveInt = 16 * 1024 * 1024
+    #: Frames queued for one tunnel's writer before request tasks wait.
+    send_queue: PositiveInt = 256
+    #: Harness names announced in ``hello`` (default: every registered harness).
+    harnesses: list[str] | None = None

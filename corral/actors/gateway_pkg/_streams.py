@@ -1,0 +1,271 @@
+"""The durable per-session event buffer: :class:`StreamBuffer` and its file, ``streams.log``.
+
+Every session event the gateway receives is kept here before it goes anywhere, and stays
+until its frame has been handed to the kernel; the buffer survives ``kill -9`` of the
+gateway, so events are neither lost nor sent twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import struct
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import trio
+
+from ...bus import Incoming
+
+log = logging.getLogger("corral.actors.gateway")
+
+_MAGIC = b"corral-gateway-streams 1\n"
+_RECORD = struct.Struct("<II")  # payload length, crc32 of the payload
+_EVENT, _DONE = 0, 1
+_Record = tuple[int, str, int, bytes]
+_encode_record = msgspec.msgpack.Encoder().encode
+_decode_record = msgspec.msgpack.Decoder(_Record).decode
+#: What one pending event costs in the file, roughly (for the compaction rule).
+_OVERHEAD = 48
+
+
+def _record(kind: int, session_id: str, seq: int, data: bytes = b"") -> bytes:
+    payload = _encode_record((kind, session_id, seq, data))
+    return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+class _Session:
+    __slots__ = ("done", "events", "last")
+
+    def __init__(self) -> None:
+        #: Undelivered events, oldest first: (seq, JSON bytes).
+        self.events: deque[tuple[int, bytes]] = deque()
+        #: The highest seq seen, and the highest one no longer pending (delivered or dropped).
+        self.last = 0
+        self.done = 0
+
+
+class StreamBuffer:
+    """Session events not yet delivered to the server, kept in ``streams.log``.
+
+    The file holds records ``u32 length | u32 crc32 | msgpack (kind, session, seq, data)``
+    after a magic line: ``kind`` 0 is an event, 1 says every event of the session up to
+    ``seq`` is no longer pending (sent to the server, or dropped past the bound). Replay
+    stops at the first torn or corrupt record and truncates the file there. Event records are
+    written in batches and fsynced by :meth:`run` (which then acks their bus messages); the
+    delivered mark is written at once when a frame was sent, so that a killed process does not
+    resend it. The file is rewritten with only pending events once it is large and mostly
+    delivered.
+    """
+
+    def __init__(self, path: Path, *, max_events: int, compact_bytes: int) -> None:
+        self.path = path
+        self.max_events = max_events
+        self.compact_bytes = compact_bytes
+        self.sessions: dict[str, _Session] = {}
+        self.stats = {"events": 0, "duplicates": 0, "dropped": 0, "syncs": 0, "compactions": 0}
+        self._fd = -1
+        self._size = 0
+        self._live = 0
+        self._unwritten: list[bytes] = []
+        self._dirty = False
+        self._to_ack: list[Incoming] = []
+        self._wanted = trio.Event()
+        self._warned: dict[str, float] = {}
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Rebuild the pending events from the file (repairing a torn tail) and open it."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        if data and not data.startswith(_MAGIC):
+            aside = self.path.with_suffix(f".unreadable-{int(time.time())}")
+            log.error("%s is not a stream buffer; moved it to %s", self.path, aside)
+            os.replace(self.path, aside)
+            data = b""
+        offset = len(_MAGIC) if data else 0
+        while offset + _RECORD.size <= len(data):
+            length, crc = _RECORD.unpack_from(data, offset)
+            payload = data[offset + _RECORD.size : offset + _RECORD.size + length]
+            if len(payload) < length or zlib.crc32(payload) != crc:
+                break
+            try:
+                kind, session_id, seq, event = _decode_record(payload)
+            except msgspec.DecodeError:
+                break
+            if kind == _EVENT:
+                self._add(session_id, seq, event)
+            else:
+                self._done(session_id, seq)
+            offset += _RECORD.size + length
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if not data:
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, _MAGIC)
+            offset = len(_MAGIC)
+        elif offset < len(data):
+            log.warning("%s: dropped a torn tail of %d bytes", self.path, len(data) - offset)
+            os.ftruncate(self._fd, offset)
+        os.fsync(self._fd)
+        self._size = offset
+        self._unwritten.clear()
+        pending = self.pending_count()
+        if pending:
+            log.info("stream buffer: %d undelivered events of %d sessions", pending, len(self))
+
+    def __len__(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.events)
+
+    def pending_count(self) -> int:
+        return sum(len(s.events) for s in self.sessions.values())
+
+    # -- the event path --------------------------------------------------------------------
+
+    def add(self, session_id: str, seq: int, event: bytes) -> bool:
+        """Keep an event; False (and nothing kept) if it is not newer than the last one."""
+        if not self._add(session_id, seq, event):
+            self.stats["duplicates"] += 1
+            return False
+        self.stats["events"] += 1
+        self._wanted.set()
+        return True
+
+    def _add(self, session_id: str, seq: int, event: bytes) -> bool:
+        s = self.sessions.get(session_id)
+        if s is None:
+            s = self.sessions[session_id] = _Session()
+        if seq <= s.last or seq <= s.done:
+            return False
+        s.last = seq
+        s.events.append((seq, event))
+        self._unwritten.append(_record(_EVENT, session_id, seq, event))
+        self._live += len(event) + _OVERHEAD
+        if len(s.events) > self.max_events:
+            dropped, data = s.events.popleft()
+            self._live -= len(data) + _OVERHEAD
+            s.done = dropped
+            self._unwritten.append(_record(_DONE, session_id, dropped))
+            self.stats["dropped"] += 1
+            self._warn_dropped(session_id)
+        return True
+
+    def ack_when_synced(self, incoming: Incoming) -> None:
+        """Ack a bus message once the records written so far are fsynced."""
+        self._to_ack.append(incoming)
+        self._wanted.set()
+
+    def has_pending(self, session_id: str) -> bool:
+        s = self.sessions.get(session_id)
+        return bool(s and s.events)
+
+    def pending_in(self, session_id: str) -> int:
+        s = self.sessions.get(session_id)
+        return len(s.events) if s else 0
+
+    def take(self, session_id: str, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
+        """The oldest pending events of a session (they stay pending until :meth:`delivered`)."""
+        s = self.sessions.get(session_id)
+        out: list[tuple[int, bytes]] = []
+        size = 0
+        for seq, event in s.events if s else ():
+            if out and (len(out) >= max_events or size + len(event) > max_bytes):
+                break
+            out.append((seq, event))
+            size += len(event)
+        return out
+
+    def delivered(self, session_id: str, seq: int) -> None:
+        """Every event of the session up to ``seq`` reached the kernel: never send it again."""
+        s = self.sessions.get(session_id)
+        if s is None or seq <= s.done:
+            return
+        self._done(session_id, seq)
+        self._write(_record(_DONE, session_id, seq))
+
+    def _done(self, session_id: str, seq: int) -> None:
+        s = self.sessions.get(session_id)
+        if s is None:
+            s = self.sessions[session_id] = _Session()
+        s.done = max(s.done, seq)
+        s.last = max(s.last, seq)
+        while s.events and s.events[0][0] <= s.done:
+            self._live -= len(s.events.popleft()[1]) + _OVERHEAD
+
+    def _warn_dropped(self, session_id: str) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(session_id, -math.inf) > 10:
+            self._warned[session_id] = now
+            log.warning(
+                "session %s: more than %d undelivered events; dropping the oldest",
+                session_id,
+                self.max_events,
+            )
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _write(self, extra: bytes = b"") -> None:
+        if self._unwritten:
+            extra = b"".join(self._unwritten) + extra
+            self._unwritten.clear()
+        if extra:
+            os.write(self._fd, extra)
+            self._size += len(extra)
+            self._dirty = True
+
+    async def run(self, ack: Callable[[Incoming], None]) -> None:
+        """Write, fsync (one round at a time, so rounds group), ack, compact; forever."""
+        while True:
+            await self._wanted.wait()
+            self._wanted = trio.Event()
+            self._write()
+            acks, self._to_ack = self._to_ack, []
+            if self._dirty:
+                self._dirty = False
+                await trio.to_thread.run_sync(os.fsync, self._fd)
+                self.stats["syncs"] += 1
+            for incoming in acks:
+                ack(incoming)
+            if self._size > self.compact_bytes and self._size > 4 * self._live:
+                self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the file with only what replay needs (synchronous: nothing interleaves)."""
+        self._write()
+        parts = [_MAGIC]
+        for session_id, s in self.sessions.items():
+            if s.done:
+                parts.append(_record(_DONE, session_id, s.done))
+            parts.extend(_record(_EVENT, session_id, seq, ev) for seq, ev in s.events)
+        data = b"".join(parts)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._size = len(data)
+        self.stats["compactions"] += 1
+
+    def close(self) -> None:
+        """Write and fsync what is pending, and close the file."""
+        if self._fd < 0:
+            return
+        self._write()
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
