@@ -25,7 +25,6 @@ import pytest
 import trio
 
 from corral.cli._client import ControlPlane, StreamEvent, TurnFollower, run_turn
-from corral.config import BUILTIN_ACTORS
 from tests.conftest import FAST_LIVENESS, HostProcess, corral, processes_of, wait_until
 
 SLOW_FIRST = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -60,26 +59,19 @@ AGENTS = {
 }
 
 
-def _config(agents_dir: Path) -> str:
+def _config(agents_dir: Path, extra: str = "") -> str:
     text = FAST_LIVENESS
-    # The tools and policy actors, for as long as they are not built in.
-    for name, target in (
-        ("policy", "corral.actors.policy:PolicyActor"),
-        ("tools", "corral.actors.tools:ToolsActor"),
-    ):
-        if name not in BUILTIN_ACTORS:
-            text += f'[actors.{name}]\ntarget = "{target}"\n'
     text += "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
-    text += f"[server]\nagents_dirs = [{json.dumps(str(agents_dir))}]\n"
+    text += f"[server]\nagents_dirs = [{json.dumps(str(agents_dir))}]\n" + extra
     return text + os.environ.get("CORRAL_TEST_EXTRA_CONFIG", "")
 
 
-def _host(root: Path) -> HostProcess:
+def _host(root: Path, extra: str = "") -> HostProcess:
     agents = root / "agents"
     agents.mkdir(parents=True, exist_ok=True)
     for name, text in AGENTS.items():
         (agents / name).write_text(textwrap.dedent(text))
-    return HostProcess(root / "state", _config(agents))
+    return HostProcess(root / "state", _config(agents, extra))
 
 
 def _start(host: HostProcess) -> HostProcess:
@@ -206,6 +198,44 @@ def test_send_demo_full_turn_with_a_tool_call_and_an_approval(shared_host: HostP
     second = json.loads(again.stdout)
     assert second["text"] == DEMO_GREETING + DEMO_DECLINED
     assert second["events"][0]["event_id"] == events[-1]["event_id"] + 1
+
+
+def test_p_ask_rule_of_the_control_plane_prompts_before_the_tool_runs(tmp_path: Path) -> None:
+    """Issue #8 item 7: a ``[[server.policies]]`` ask rule drives the runner's gate, so the
+    client is asked before the tool runs, and the approval runs it."""
+    rule = (
+        '[[server.policies]]\ntool = "sys_os_*"\naction = "ask"\n'
+        'message = "The demo wants a shell. OK?"\n'
+    )
+    host = _host(tmp_path, rule)
+    try:
+        _start(host)
+        out = _send(host, "--agent", "demo", "--approve", "hi", "--json")
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["status"] == "idle", result
+        events = result["events"]
+        _check_stream(events)
+        asks = [e for e in events if e["type"] == "response.elicitation_request"]
+        assert [a["params"]["message"] for a in asks] == [
+            "The demo wants a shell. OK?",
+            "May I finish this demo turn?",
+        ]
+        types = _types(events)
+        first_ask = types.index("response.elicitation_request")
+        output = types.index("item:function_call_output")
+        assert first_ask < types.index("response.elicitation_resolved") < output
+        assert "hello from corral" in events[output]["item"]["output"]
+        declined = _send(host, "--agent", "demo", "--decline", "hi", "--json")
+        outputs = [
+            e["item"]["output"]
+            for e in json.loads(declined.stdout)["events"]
+            if e["type"] == "response.output_item.done"
+            and e["item"]["type"] == "function_call_output"
+        ]
+        assert "declined" in json.loads(outputs[0])["error"]
+    finally:
+        _stop(host)
 
 
 def test_send_streams_text_without_json(shared_host: HostProcess) -> None:

@@ -89,9 +89,14 @@ class WsCloseFrame(Frame, tag="ws.close"):
 ServerFrame = (
     RequestFrame | RequestCancelFrame | PingFrame | WsOpenFrame | WsDataFrame | WsCloseFrame
 )
-_decode_frame = msgspec.json.Decoder(ServerFrame).decode
-_encode_frame = msgspec.json.Encoder().encode
-_OVERSIZED_ID = re.compile(r'"kind"\s*:\s*"request".*?"id"\s*:\s*"([^"\\]{1,128})"', re.DOTALL)
+#: Decodes (and validates) one frame from the server.
+decode_frame = msgspec.json.Decoder(ServerFrame).decode
+#: Encodes one frame of the runner's.
+encode_frame = msgspec.json.Encoder().encode
+#: Finds the id of a ``request`` frame too large to decode, so that it can be answered 413.
+OVERSIZED_REQUEST_ID = re.compile(
+    r'"kind"\s*:\s*"request".*?"id"\s*:\s*"([^"\\]{1,128})"', re.DOTALL
+)
 
 
 def body_encoding(headers: list[tuple[str, str]]) -> Literal["utf-8", "base64"]:

@@ -1,0 +1,482 @@
+"""One runner id's WebSocket tunnel to its server (PROTOCOL_FACTS.md §i): :class:`Tunnel`.
+
+The gateway keeps one WebSocket **client** connection per runner id to
+``{server}/v1/runners/{runner_id}/tunnel`` and sends ``hello`` first. Incoming ``request``
+frames each run in a task of their own and are answered through a :class:`Responder`
+(``response.head``, ``response.body`` pieces, ``response.end``); one writer task sends every
+outgoing frame, so a cancelled request never cuts one in half.
+
+Failure handling. Malformed frames are logged and ignored; frames over ``max_frame_bytes``
+are refused (a request gets 413), and ones over four times that close the tunnel. Close codes
+4001, 4002 and 4004 are fatal for that runner (the reason is logged and shown in ``corral
+status``); every other drop reconnects with exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import msgspec
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
+
+from ... import __version__
+from ..._exceptions import CorralError
+from ...config import RunnerSettings
+from ...routes import HttpResponse, json_response
+from ._frames import (
+    FRAME_PROTOCOL_VERSION,
+    OVERSIZED_REQUEST_ID,
+    Frame,
+    HelloFrame,
+    PingFrame,
+    PongFrame,
+    RequestCancelFrame,
+    RequestFrame,
+    ResponseBodyFrame,
+    ResponseEndFrame,
+    ResponseHeadFrame,
+    WsCloseFrame,
+    WsOpenFrame,
+    body_encoding,
+    decode_frame,
+    encode_frame,
+)
+
+if TYPE_CHECKING:
+    from ._actor import GatewayActor
+
+log = logging.getLogger("corral.actors.gateway")
+
+ORIGIN = "omnigent://internal"
+TOKEN_HEADER = "X-Omnigent-Runner-Tunnel-Token"
+#: Close codes after which reconnecting cannot help (§i.3), and what each means.
+FATAL_CLOSE_CODES = {
+    4001: "the server did not get a hello frame first",
+    4002: "the server does not speak frame protocol version 1",
+    4004: "the runner id does not match the tunnel token (or the server requires a token)",
+}
+#: Response bodies are cut into frames of at most this many bytes (a multiple of 3, so that
+#: base64 pieces concatenate).
+BODY_PIECE = 512 * 1024
+
+
+class TunnelFatal(CorralError):
+    """The server closed a tunnel with a code that reconnecting cannot fix (4001/4002/4004)."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TunnelDown(CorralError):
+    """A frame was sent on a tunnel that is no longer connected."""
+
+
+def tunnel_url(server: str, runner_id: str) -> str:
+    """``ws(s)://host[/prefix]/v1/runners/{quoted id}/tunnel`` for a server's base URL (§i.1)."""
+    parts = urlsplit(server)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    path = f"{parts.path.rstrip('/')}/v1/runners/{quote(runner_id, safe='')}/tunnel"
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def backoff_delay(
+    attempt: int, *, base: float, cap: float, rand: Callable[[], float] = random.random
+) -> float:
+    """Seconds before reconnect attempt ``attempt`` (0-based): ``base·2ⁿ`` up to ``cap``, ±50 %."""
+    return min(cap, base * 2 ** min(attempt, 32)) * (0.5 + rand())
+
+
+class _Outgoing:
+    """A frame queued for a tunnel's writer; ``sent`` is set once it was sent or dropped."""
+
+    __slots__ = ("on_sent", "sent", "text")
+
+    def __init__(self, text: str, on_sent: Callable[[], None] | None, wait: bool) -> None:
+        self.text = text
+        self.on_sent = on_sent
+        self.sent = trio.Event() if wait else None
+
+
+class Responder:
+    """Writes one request's answer: head, body pieces, end."""
+
+    def __init__(self, tunnel: Tunnel, request_id: str) -> None:
+        self.tunnel = tunnel
+        self.id = request_id
+        self.head_sent = False
+        self.ended = False
+        self.encoding: Literal["utf-8", "base64"] = "utf-8"
+
+    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.encoding = body_encoding(headers)
+        self.head_sent = True
+        await self.tunnel.send(ResponseHeadFrame(id=self.id, status=status, headers=headers))
+
+    async def body(self, data: bytes) -> None:
+        if self.encoding == "utf-8":
+            try:
+                text = data.decode()
+            except UnicodeDecodeError:
+                self.encoding = "base64"
+            else:
+                for i in range(0, len(text), BODY_PIECE):
+                    await self.text(text[i : i + BODY_PIECE])
+                return
+        for i in range(0, len(data), BODY_PIECE):
+            body = base64.b64encode(data[i : i + BODY_PIECE]).decode("ascii")
+            await self.tunnel.send(ResponseBodyFrame(id=self.id, body=body, encoding="base64"))
+
+    async def text(self, text: str, on_sent: Callable[[], None] | None = None) -> None:
+        """Send a UTF-8 body piece; with ``on_sent``, wait until it was sent (or dropped)."""
+        frame = ResponseBodyFrame(id=self.id, body=text, encoding="utf-8")
+        await self.tunnel.send(frame, on_sent=on_sent, wait=on_sent is not None)
+
+    async def end(self) -> None:
+        self.ended = True
+        await self.tunnel.send(ResponseEndFrame(id=self.id))
+
+    async def respond(self, response: HttpResponse) -> None:
+        await self.head(response.status, list(response.headers))
+        if response.body:
+            await self.body(response.body)
+        await self.end()
+
+
+class Tunnel:
+    """One runner id's connection to its server, reconnected until it is fatal or stopped."""
+
+    def __init__(self, gateway: GatewayActor, runner: RunnerSettings, runner_id: str) -> None:
+        self.gateway = gateway
+        self.options = gateway.options
+        self.runner = runner
+        self.runner_id = runner_id
+        self.url = tunnel_url(runner.server, runner_id)
+        self.state = "connecting"
+        self.since = time.time()
+        self.error: str | None = None
+        self.close_code: int | None = None
+        self.next_attempt_at: float | None = None
+        self.connects = 0
+        self.requests: dict[str, trio.CancelScope] = {}
+        self.stats = dict.fromkeys(
+            ("frames_in", "frames_out", "requests", "malformed", "oversized"), 0
+        )
+        self._out: trio.MemorySendChannel[_Outgoing] | None = None
+        self._drop_reason: str | None = None
+        self._malformed_logged = -math.inf
+
+    def status(self) -> dict[str, Any]:
+        """This tunnel's state for ``corral status``."""
+        now = time.time()
+        return {
+            "runner_id": self.runner_id,
+            "server": self.runner.server,
+            "url": self.url,
+            "state": self.state,
+            "since": self.since,
+            "error": self.error,
+            "close_code": self.close_code,
+            "next_attempt_at": self.next_attempt_at,
+            "next_attempt_in_s": (
+                max(0.0, round(self.next_attempt_at - now, 3)) if self.next_attempt_at else None
+            ),
+            "connects": self.connects,
+            "requests_in_flight": len(self.requests),
+            **self.stats,
+        }
+
+    def _set_state(self, state: str, error: str | None = None) -> None:
+        self.state = state
+        self.error = error
+        self.since = time.time()
+
+    # -- the connection loop ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect, serve, and reconnect with backoff until a fatal close."""
+        opts = self.options
+        attempt = 0
+        while True:
+            connected_for = 0.0
+            try:
+                connected_for = await self._connect_and_serve()
+                error = self._drop_reason or "the server closed the tunnel"
+            except TunnelFatal as exc:
+                self.close_code = exc.code
+                self._set_state("fatal", str(exc))
+                log.error("tunnel %s: %s; not reconnecting", self.runner_id, exc)
+                return
+            except ConnectionRejected as exc:
+                error = f"the server refused the tunnel upgrade with HTTP {exc.status_code}"
+            except HandshakeError as exc:
+                cause = exc.__cause__ or exc
+                error = f"cannot connect to {self.url}: {cause or type(cause).__name__}"
+            except (ConnectionClosed, OSError, trio.BrokenResourceError) as exc:
+                error = f"the tunnel broke: {type(exc).__name__}: {exc}"
+            except Exception as exc:
+                log.exception("tunnel %s: unexpected failure", self.runner_id)
+                error = f"internal error: {type(exc).__name__}: {exc}"
+            if connected_for >= opts.backoff_cap_s:
+                attempt = 0
+            delay = backoff_delay(attempt, base=opts.backoff_base_s, cap=opts.backoff_cap_s)
+            attempt += 1
+            self._set_state("reconnecting", error)
+            self.next_attempt_at = time.time() + delay
+            log.warning("tunnel %s: %s; reconnecting in %.2fs", self.runner_id, error, delay)
+            await trio.sleep(delay)
+            self.next_attempt_at = None
+            self.state = "connecting"
+
+    async def _connect_and_serve(self) -> float:
+        """One connection, from handshake to close; returns how long it was up."""
+        opts = self.options
+        headers = [(b"Origin", ORIGIN.encode())]
+        if self.runner.token:
+            headers.append((TOKEN_HEADER.encode(), self.runner.token.encode()))
+        self._drop_reason = None
+        self.close_code = None
+        started = time.monotonic()
+        async with open_websocket_url(
+            self.url,
+            extra_headers=headers,
+            max_message_size=4 * opts.max_frame_bytes,
+            connect_timeout=opts.connect_timeout_s,
+            disconnect_timeout=2.0,
+            receive_buffer_size=64 * 1024,
+        ) as ws:
+            try:
+                await self._serve(ws)
+            finally:
+                if ws.closed is None:
+                    # Stopping (or dropping the connection on our side): close it cleanly.
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        reason = (self._drop_reason or "runner shutting down")[:120]
+                        await ws.aclose(1000, reason)
+        reason = ws.closed
+        if reason is not None:
+            self.close_code = reason.code
+            if reason.code in FATAL_CLOSE_CODES:
+                raise TunnelFatal(
+                    f"the server closed the tunnel with {reason.code} "
+                    f"({reason.reason or 'no reason given'}): {FATAL_CLOSE_CODES[reason.code]}",
+                    code=reason.code,
+                )
+            if self._drop_reason is None:
+                self._drop_reason = (
+                    f"the tunnel closed with {reason.code} ({reason.reason or reason.name})"
+                )
+        return time.monotonic() - started
+
+    async def _serve(self, ws: WebSocketConnection) -> None:
+        hello = HelloFrame(
+            runner_version=__version__,
+            frame_protocol_version=FRAME_PROTOCOL_VERSION,
+            harnesses=self.gateway.harnesses,
+            envs=[],
+            telemetry_opt_out=True,
+        )
+        try:
+            await ws.send_message(encode_frame(hello).decode())
+        except ConnectionClosed:
+            return  # closed right after the upgrade (4004 comes so); the caller reads why
+        self.connects += 1
+        self._set_state("connected")
+        log.info("tunnel %s: connected to %s", self.runner_id, self.url)
+        out, queue = trio.open_memory_channel[_Outgoing](self.options.send_queue)
+        self._out = out
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, ws, queue, nursery.cancel_scope)
+                nursery.start_soon(self._pinger, ws, nursery.cancel_scope)
+                await self._reader(ws, nursery)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._out = None
+            self.requests.clear()
+
+    async def _writer(
+        self,
+        ws: WebSocketConnection,
+        queue: trio.MemoryReceiveChannel[_Outgoing],
+        scope: trio.CancelScope,
+    ) -> None:
+        # The only task that writes frames, so a cancelled request never cuts one in half.
+        item: _Outgoing | None = None
+        try:
+            async for item in queue:
+                await ws.send_message(item.text)
+                self.stats["frames_out"] += 1
+                if item.on_sent is not None:
+                    try:
+                        item.on_sent()
+                    except Exception:
+                        log.exception("tunnel %s: a sent-callback failed", self.runner_id)
+                if item.sent is not None:
+                    item.sent.set()
+                item = None
+        except ConnectionClosed:
+            scope.cancel()
+        finally:
+            # Whatever was not sent never will be: release everyone waiting on it, then close
+            # (no checkpoint in between, so nothing slips into the queue unseen).
+            if item is not None and item.sent is not None:
+                item.sent.set()
+            while True:
+                try:
+                    left = queue.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                if left.sent is not None:
+                    left.sent.set()
+            queue.close()
+
+    async def _pinger(self, ws: WebSocketConnection, scope: trio.CancelScope) -> None:
+        timeout = self.options.ping_timeout_s
+        while True:
+            await trio.sleep(self.options.ping_interval_s)
+            with trio.move_on_after(timeout) as waited:
+                try:
+                    await ws.ping()
+                except ConnectionClosed:
+                    scope.cancel()
+                    return
+            if waited.cancelled_caught:
+                self._drop_reason = f"no pong from the server within {timeout:g}s"
+                scope.cancel()
+                return
+
+    async def send(
+        self, frame: Frame, *, on_sent: Callable[[], None] | None = None, wait: bool = False
+    ) -> None:
+        """Queue a frame for the writer; with ``wait``, return once it was sent or dropped."""
+        out = self._out
+        if out is None:
+            raise TunnelDown(f"tunnel {self.runner_id} is not connected")
+        item = _Outgoing(encode_frame(frame).decode(), on_sent, wait)
+        try:
+            await out.send(item)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise TunnelDown(f"tunnel {self.runner_id} went down") from None
+        if item.sent is not None:
+            # Shielded: once queued, the frame's fate must be known before anyone else takes
+            # the same events (the writer or its teardown always sets ``sent``).
+            with trio.CancelScope(shield=True):
+                await item.sent.wait()
+
+    # -- incoming frames -------------------------------------------------------------------
+
+    async def _reader(self, ws: WebSocketConnection, nursery: trio.Nursery) -> None:
+        limit = self.options.max_frame_bytes
+        while True:
+            try:
+                raw = await ws.get_message()
+                await self._on_frame(raw, nursery, limit)
+            except (ConnectionClosed, TunnelDown):
+                return
+
+    async def _on_frame(self, raw: str | bytes, nursery: trio.Nursery, limit: int) -> None:
+        self.stats["frames_in"] += 1
+        if not isinstance(raw, str):
+            self._malformed("a binary frame (frames are text)", raw[:80])
+            return
+        if len(raw) > limit:
+            await self._refuse_oversized(raw)
+            return
+        try:
+            frame = decode_frame(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._malformed(str(exc), raw[:200])
+            return
+        if isinstance(frame, RequestFrame):
+            if frame.id in self.requests:
+                self._malformed(f"request id {frame.id!r} is already in flight", raw[:200])
+                return
+            scope = self.requests[frame.id] = trio.CancelScope()
+            nursery.start_soon(self._request, frame, scope)
+        elif isinstance(frame, PingFrame):
+            await self.send(PongFrame(ts=frame.ts))
+        elif isinstance(frame, RequestCancelFrame):
+            cancelled = self.requests.get(frame.id)
+            if cancelled is not None:
+                log.info(
+                    "tunnel %s: request %s cancelled (%s)", self.runner_id, frame.id, frame.reason
+                )
+                cancelled.cancel()
+        elif isinstance(frame, WsOpenFrame):
+            reason = "terminal attach is not supported by this runner"
+            await self.send(WsCloseFrame(ch_id=frame.ch_id, code=1011, reason=reason))
+        # ws.frame / ws.close: only for channels this runner never opens.
+
+    def _malformed(self, why: str, preview: str | bytes) -> None:
+        self.stats["malformed"] += 1
+        now = time.monotonic()
+        if self.stats["malformed"] <= 10 or now - self._malformed_logged > 5:
+            self._malformed_logged = now
+            log.warning(
+                "tunnel %s: ignoring a malformed frame (%d so far): %s: %r",
+                self.runner_id,
+                self.stats["malformed"],
+                why,
+                preview,
+            )
+
+    async def _refuse_oversized(self, raw: str) -> None:
+        self.stats["oversized"] += 1
+        limit = self.options.max_frame_bytes
+        match = OVERSIZED_REQUEST_ID.search(raw[:2048])
+        log.warning(
+            "tunnel %s: refusing a %d-character frame (limit %d)%s",
+            self.runner_id,
+            len(raw),
+            limit,
+            f" for request {match.group(1)}" if match else "",
+        )
+        if match:
+            response = json_response(
+                413,
+                {
+                    "error": "payload_too_large",
+                    "detail": f"The request frame is larger than this runner's limit of {limit}.",
+                },
+            )
+            await Responder(self, match.group(1)).respond(response)
+
+    async def _request(self, frame: RequestFrame, scope: trio.CancelScope) -> None:
+        self.stats["requests"] += 1
+        responder = Responder(self, frame.id)
+        try:
+            with scope:
+                try:
+                    await self.gateway.handle(self, frame, responder)
+                except TunnelDown:
+                    pass
+                except Exception:
+                    log.exception(
+                        "tunnel %s: request %s %s failed", self.runner_id, frame.method, frame.path
+                    )
+                    if not responder.head_sent:
+                        await responder.respond(
+                            json_response(500, {"error": "runner_dispatch_failed"})
+                        )
+                    elif not responder.ended:
+                        await responder.end()
+        except TunnelDown:
+            pass
+        finally:
+            if self.requests.get(frame.id) is scope:
+                del self.requests[frame.id]
