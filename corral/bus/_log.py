@@ -24,6 +24,8 @@ from pathlib import Path
 
 import msgspec
 
+from .._jsonlines import fsync_dir
+
 MAGIC = b"CORRALMB\x01\n"
 _HEADER = struct.Struct("<II")
 
@@ -133,15 +135,6 @@ def _iter_records(data: bytes, pos: int) -> Iterator[tuple[LogRecord, int]]:
             return
         yield record, end
         pos = end
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a created or renamed file) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class MailboxLog:

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from .._exceptions import ConfigError, CorralError
+from .._jsonlines import fsync_dir
 from ..server_client import runner_id_for_token
 
 __all__ = [
@@ -125,7 +126,7 @@ def ensure_runner_token(directory: Path) -> tuple[str, str]:
             pass  # another process won the race; its token is the one
         finally:
             tmp.unlink()
-        _fsync_dir(directory)
+        _fsync_dir_quietly(directory)
     token = path.read_text().strip()
     if not token or any(c.isspace() for c in token):
         raise ConfigError(f"{path} holds no usable runner token; remove it to make a new one")
@@ -152,7 +153,7 @@ def write_server_json(directory: Path, info: ServerInfo) -> Path:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(directory)
+    _fsync_dir_quietly(directory)
     return path
 
 
@@ -201,12 +202,8 @@ def _bind_error(host: str, port: int) -> str | None:
     return None
 
 
-def _fsync_dir(directory: Path) -> None:
+def _fsync_dir_quietly(directory: Path) -> None:
     # Makes the rename durable; some file systems refuse fsync on a directory, which only
     # weakens durability there, so that is not an error.
     with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(directory)

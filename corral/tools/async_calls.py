@@ -34,8 +34,9 @@ from typing import Any
 
 import trio
 
+from .._jsonlines import JsonLinesLog
 from ._api import RunTool, ToolContext, ToolSpec
-from .inbox import NO_INBOX, SYS_READ_INBOX, Inbox, JsonLinesLog
+from .inbox import NO_INBOX, SYS_READ_INBOX, Inbox
 
 log = logging.getLogger("corral.tools.async_calls")
 

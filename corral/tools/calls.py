@@ -8,22 +8,23 @@ every call is written down before it runs and again with its result:
 * a call that started but has no result was cut off by a crash: it is answered with an error
   saying so, never re-run.
 
-Format: JSON lines ``{"id", "state": "started"|"done", "output", "status", "at"}``, each
-written before the call runs or is answered. A write survives a ``kill -9`` of the actor
-(the page cache is the kernel's), which is the crash this log is for; ``fsync=True`` also
-survives a power cut, at about a millisecond per call. A torn last line is skipped. The
-log keeps the newest ``keep`` finished calls and is rewritten once it holds twice that many
-lines.
+Format: JSON lines ``{"id", "state": "started"|"done", "output", "status", "at"}`` in a
+:class:`~corral._jsonlines.JsonLinesLog`, written before the call runs or is answered. A
+write survives a ``kill -9`` of the actor (the page cache is the kernel's), which is the crash
+this log is for; ``fsync=True`` also survives a power cut, at a thread hop and an fsync per
+record. The log keeps the newest ``keep`` finished calls and is rewritten once it holds twice
+that many lines.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import msgspec
 import trio
+
+from .._jsonlines import JsonLinesLog
 
 
 class CallRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -40,28 +41,18 @@ class CallLog:
     """Durable started/done marks of tool calls, keyed by call id."""
 
     def __init__(self, path: Path, *, keep: int = 10_000, fsync: bool = False) -> None:
-        self.path = path
         self.keep = keep
-        self.fsync = fsync
         self.records: dict[str, CallRecord] = {}
         self._lines = 0
-        self._io = trio.CapacityLimiter(1)
+        self._log = JsonLinesLog(path, trio.CapacityLimiter(1), fsync=fsync)
 
     async def load(self) -> None:
         """Read the log (call once, before anything else)."""
-        await trio.to_thread.run_sync(self._load, limiter=self._io)
-
-    def _load(self) -> None:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return
-        decoder = msgspec.json.Decoder(CallRecord)
-        for line in data.splitlines():
+        for raw in await self._log.load():
             try:
-                record = decoder.decode(line)
-            except msgspec.DecodeError:
-                continue  # a torn last line
+                record = msgspec.convert(raw, CallRecord)
+            except msgspec.ValidationError:
+                continue
             self.records[record.id] = record
             self._lines += 1
 
@@ -82,30 +73,16 @@ class CallLog:
     async def _write(self, record: CallRecord) -> None:
         self.records[record.id] = record
         self._lines += 1
-        line = msgspec.json.encode(record) + b"\n"
-        await trio.to_thread.run_sync(self._append, line, limiter=self._io)
+        await self._log.append([msgspec.to_builtins(record)])
         if self._lines > 2 * self.keep:
-            await trio.to_thread.run_sync(self._compact, limiter=self._io)
+            await self._compact()
 
-    def _append(self, line: bytes) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _compact(self) -> None:
+    async def _compact(self) -> None:
         # Unfinished calls always stay: they decide the answer to a redelivery.
         done = sorted((r for r in self.records.values() if r.state == "done"), key=lambda r: r.at)[
             -self.keep :
         ]
         kept = [r for r in self.records.values() if r.state != "done"] + done
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in kept))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        await self._log.rewrite([msgspec.to_builtins(r) for r in kept])
         self.records = {r.id: r for r in kept}
         self._lines = len(kept)

@@ -26,19 +26,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import msgspec
 import trio
 
+from .._jsonlines import JsonLinesLog
 from ._api import ToolContext, ToolSpec
-
-log = logging.getLogger("corral.tools.inbox")
 
 #: What a drain of an empty inbox returns (T-19).
 INBOX_EMPTY = "Inbox is empty — no completed tasks."
@@ -136,118 +132,6 @@ def render_item(item: dict[str, Any]) -> str:
     if not output.strip():
         return f"[System: task {handle} {status} — {tool} produced no output]"
     return f"[System: task {handle} {status} — {tool} returned: {cap_output(output)}]"
-
-
-# ---------------------------------------------------------------------------------------------
-# The file
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class JsonLinesLog:
-    """An append-only file of JSON objects, one per line, that survives crashes.
-
-    Every :meth:`append` is fsynced before it returns. A crash can leave the last line
-    half-written: :meth:`load` drops that fragment and truncates the file to the end of its
-    last complete line, so the next append does not glue a record onto it. A complete line
-    that does not decode (disk damage) is skipped with a warning rather than losing the
-    records after it. :meth:`rewrite` replaces the file atomically (temporary file, fsync,
-    rename, directory fsync).
-
-    Blocking I/O runs in worker threads under ``limiter``; callers shield the await when a
-    record must not be half-applied in memory (see :class:`Inbox`).
-    """
-
-    def __init__(self, path: Path, limiter: trio.CapacityLimiter) -> None:
-        self.path = path
-        self._limiter = limiter
-
-    async def load(self) -> list[dict[str, Any]]:
-        """Every intact record in file order; repairs a torn tail. ``[]`` if no file."""
-        return await trio.to_thread.run_sync(self._load_sync, limiter=self._limiter)
-
-    async def append(self, records: list[dict[str, Any]]) -> None:
-        """Append ``records`` and fsync (creating the file, durably, if needed)."""
-        data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
-        await trio.to_thread.run_sync(self._append_sync, data, limiter=self._limiter)
-
-    async def rewrite(self, records: list[dict[str, Any]]) -> None:
-        """Replace the whole file with ``records``, atomically."""
-        data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
-        await trio.to_thread.run_sync(self._rewrite_sync, data, limiter=self._limiter)
-
-    async def remove(self) -> None:
-        """Delete the file (no error if it does not exist)."""
-        await trio.to_thread.run_sync(self._remove_sync, limiter=self._limiter)
-
-    def _load_sync(self) -> list[dict[str, Any]]:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
-        records: list[dict[str, Any]] = []
-        pos = 0
-        while True:
-            end = data.find(b"\n", pos)
-            if end == -1:
-                break
-            line = data[pos:end]
-            pos = end + 1
-            if not line.strip():
-                continue
-            try:
-                record = msgspec.json.decode(line)
-            except msgspec.DecodeError:
-                record = None
-            if not isinstance(record, dict):
-                log.warning("%s: skipping an unreadable record at byte %d", self.path, pos)
-                continue
-            records.append(record)
-        if pos < len(data):
-            log.warning("%s: dropping a torn tail of %d bytes", self.path, len(data) - pos)
-            with open(self.path, "r+b") as f:
-                f.truncate(pos)
-                os.fsync(f.fileno())
-        return records
-
-    def _append_sync(self, data: bytes) -> None:
-        created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if created:
-            _fsync_dir(self.path.parent)
-
-    def _rewrite_sync(self, data: bytes) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
-
-    def _remove_sync(self) -> None:
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            return
-        _fsync_dir(self.path.parent)
 
 
 # ---------------------------------------------------------------------------------------------

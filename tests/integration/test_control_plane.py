@@ -37,6 +37,7 @@ from corral.server import ControlPlane, PlaneOptions, serve
 from corral.server._state import StateDirBusy
 from corral.server_client import ServerClient
 from tests._fake_runner import FakeRunner
+from tests.conftest import wait_until
 
 FAST = PlaneOptions(
     hello_timeout_s=5,
@@ -1152,17 +1153,6 @@ async def test_bad_client_input_is_refused_and_nothing_is_stored(
 # --- the real process ------------------------------------------------------------------------
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 def test_subprocess_server_json_and_port_reuse(tmp_path: Path, agents_dir: Path) -> None:
     state = tmp_path / "state"
     config = tmp_path / "corral.toml"
@@ -1194,7 +1184,7 @@ def test_subprocess_server_json_and_port_reuse(tmp_path: Path, agents_dir: Path)
                 return None
             return info if info["pid"] == proc.pid and info["started_at"] >= started else None
 
-        return proc, wait_for(fresh, 20, "server.json")
+        return proc, wait_until(fresh, 20, "server.json")
 
     def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from corral.tools import inbox as inbox_module
+from corral import _jsonlines as jsonlines_module
 from corral.tools._api import ToolContext
 from corral.tools.inbox import (
     INBOX_EMPTY,
@@ -180,13 +181,13 @@ async def test_every_push_and_drain_is_fsynced(
     inbox = Inbox(tmp_path)
     await inbox.push(SID, task("h0"), key="h0")  # creates the file (and fsyncs the dir)
     synced: list[int] = []
-    real_fsync = inbox_module.os.fsync
+    real_fsync = os.fsync
 
     def counting_fsync(fd: int) -> None:
         synced.append(fd)
         real_fsync(fd)
 
-    monkeypatch.setattr(inbox_module.os, "fsync", counting_fsync)
+    monkeypatch.setattr(jsonlines_module.os, "fsync", counting_fsync)
     await inbox.push(SID, task("h1"), key="h1")
     assert len(synced) == 1
     await inbox.drain(SID, "call_1")

@@ -1,0 +1,130 @@
+"""Durable files: an append-only JSON-lines log with torn-tail repair, and ``fsync_dir``.
+
+A floor module (imports nothing of corral): the tools actor's call log, the session inboxes
+and background-call records, the broker's log and the control plane's state files use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+log = logging.getLogger("corral.files")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a created, renamed or removed file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class JsonLinesLog:
+    """An append-only file of JSON objects, one per line, that survives crashes.
+
+    Every :meth:`append` is fsynced before it returns (with ``fsync=False`` it is only
+    written: it survives a crash of the process, the page cache being the kernel's, but not
+    a power cut). A crash can leave the last line
+    half-written: :meth:`load` drops that fragment and truncates the file to the end of its
+    last complete line, so the next append does not glue a record onto it. A complete line
+    that does not decode (disk damage) is skipped with a warning rather than losing the
+    records after it. :meth:`rewrite` replaces the file atomically (temporary file, fsync,
+    rename, directory fsync).
+
+    Blocking I/O runs in worker threads under ``limiter``; callers shield the await when a
+    record must not be half-applied in memory (see :class:`Inbox`).
+    """
+
+    def __init__(self, path: Path, limiter: trio.CapacityLimiter, *, fsync: bool = True) -> None:
+        self.path = path
+        self._limiter = limiter
+        self._fsync = fsync
+
+    async def load(self) -> list[dict[str, Any]]:
+        """Every intact record in file order; repairs a torn tail. ``[]`` if no file."""
+        return await trio.to_thread.run_sync(self._load_sync, limiter=self._limiter)
+
+    async def append(self, records: list[dict[str, Any]]) -> None:
+        """Append ``records`` and fsync (creating the file, durably, if needed)."""
+        data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
+        await trio.to_thread.run_sync(self._append_sync, data, limiter=self._limiter)
+
+    async def rewrite(self, records: list[dict[str, Any]]) -> None:
+        """Replace the whole file with ``records``, atomically."""
+        data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
+        await trio.to_thread.run_sync(self._rewrite_sync, data, limiter=self._limiter)
+
+    async def remove(self) -> None:
+        """Delete the file (no error if it does not exist)."""
+        await trio.to_thread.run_sync(self._remove_sync, limiter=self._limiter)
+
+    def _load_sync(self) -> list[dict[str, Any]]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        records: list[dict[str, Any]] = []
+        pos = 0
+        while True:
+            end = data.find(b"\n", pos)
+            if end == -1:
+                break
+            line = data[pos:end]
+            pos = end + 1
+            if not line.strip():
+                continue
+            try:
+                record = msgspec.json.decode(line)
+            except msgspec.DecodeError:
+                record = None
+            if not isinstance(record, dict):
+                log.warning("%s: skipping an unreadable record at byte %d", self.path, pos)
+                continue
+            records.append(record)
+        if pos < len(data):
+            log.warning("%s: dropping a torn tail of %d bytes", self.path, len(data) - pos)
+            with open(self.path, "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
+        return records
+
+    def _append_sync(self, data: bytes) -> None:
+        created = not self.path.exists()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self._fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created and self._fsync:
+            fsync_dir(self.path.parent)
+
+    def _rewrite_sync(self, data: bytes) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        fsync_dir(self.path.parent)
+
+    def _remove_sync(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return
+        fsync_dir(self.path.parent)
