@@ -496,9 +496,13 @@ class Peer:
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         sock = self._ctx.socket(zmq.DEALER)
-        configure(sock, hwm=self.bus.hwm, linger_ms=self.bus.linger_ms)
-        sock.setsockopt(zmq.IDENTITY, self.name.encode())
-        sock.connect(self.endpoint)
+        try:
+            configure(sock, hwm=self.bus.hwm, linger_ms=self.bus.linger_ms)
+            sock.setsockopt(zmq.IDENTITY, self.name.encode())
+            sock.connect(self.endpoint)
+        except BaseException:
+            sock.close(0)  # else close() would wait forever terminating the context
+            raise
         self._socket = Socket(sock)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_loop)

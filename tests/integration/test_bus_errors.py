@@ -200,3 +200,11 @@ def test_protocol_error_names_the_path() -> None:
     )
     with pytest.raises(ProtocolError, match=r"\$\.text"):
         BodyDecoder().decode(env)
+
+
+async def test_a_bad_endpoint_is_an_error_not_a_hang() -> None:
+    """Name and endpoint swapped: the peer fails at once and closes what it opened."""
+    with trio.fail_after(5), pytest.raises(BaseExceptionGroup) as failed:
+        async with open_peer("not-an-endpoint", "bench-peer"):
+            pass
+    assert failed.group_contains(zmq.ZMQError)
