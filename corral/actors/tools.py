@@ -236,7 +236,8 @@ class ToolsActor(Actor):
             data = await self.terminals.list_resources(session_id)
             return json_response(200, _page(data))
         if msg.method == "DELETE" and rest == ["resources"]:
-            await self.terminals.close_all(session_id)
+            for event in await self.terminals.close_all(session_id):
+                await self._publish(session_id, event)
             return json_response(
                 200,
                 {"session_id": session_id, "object": "session.resources.cleaned", "cleaned": True},

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from corral.actors._process import start_time
+from corral.routes import HttpRequest
 from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, wait_until
 from tests.fake_server import FakeOmnigentServer
 from tests.integration._gateway import FakeGateway, fake_gateway
@@ -42,7 +43,9 @@ def thost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
         h.stop()
 
 
-def agent(server: FakeOmnigentServer, cwd: Path, *turns: list[str]) -> tuple[str, str]:
+def agent(
+    server: FakeOmnigentServer, cwd: Path, *turns: list[str], extra: str = ""
+) -> tuple[str, str]:
     """An agent on the scripted harness whose OS env is ``cwd`` (T-07), and a session of it."""
     lines = [
         "name: toolsmith",
@@ -56,6 +59,7 @@ def agent(server: FakeOmnigentServer, cwd: Path, *turns: list[str]) -> tuple[str
         lines.append("      -")
         lines += [f"        - {step}" for step in steps]
     lines.append(f"os_env: {{type: caller_process, cwd: {json.dumps(str(cwd))}}}")
+    lines.append(extra)
     agent_id = server.add_agent("\n".join(lines) + "\n")
     return agent_id, server.add_session(agent_id)["id"]
 
@@ -343,3 +347,48 @@ async def test_mcp_execute_route_runs_a_tool_and_rejects_bad_bodies(
         )
     # The server evaluated that call before sending it: the runner does not ask again.
     assert server.received("POST", r".*/policies/evaluate") == []
+
+
+async def test_t13_t16_terminal_resources_on_the_stream_and_the_resource_routes(
+    thost, server, tmp_path
+) -> None:
+    agent_id, sid = agent(
+        server,
+        tmp_path,
+        [
+            tool("sys_terminal_launch", terminal="sh", session="s1"),
+            tool("sys_terminal_launch", terminal="sh", session="s1"),
+        ],
+        extra="terminals:\n  sh: {command: sh}",
+    )
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        first, again = (json.loads(o)["status"] for o in outputs(gw, sid))
+        assert (first, again) == ("launched", "already_running")
+        created = of_type(gw, sid, "session.resource.created")
+        assert len(created) == 1, "T-15: an idempotent launch publishes nothing"
+        assert created[0]["resource"]["id"] == "terminal_sh_s1"
+        resources = await gw.peer.call(
+            "tools",
+            HttpRequest(
+                request_id="r1", method="GET", path=f"/v1/sessions/{sid}/resources/terminals"
+            ),
+        )
+        listed = json.loads(resources.body)
+        assert [r["id"] for r in listed["data"]] == ["terminal_sh_s1"]
+        assert listed["data"][0]["metadata"]["running"] is True
+        cleaned = await gw.peer.call(
+            "tools",
+            HttpRequest(request_id="r2", method="DELETE", path=f"/v1/sessions/{sid}/resources"),
+        )
+        assert json.loads(cleaned.body)["cleaned"] is True
+        await gw.wait(lambda: of_type(gw, sid, "session.resource.deleted"))
+        (deleted,) = of_type(gw, sid, "session.resource.deleted")
+        assert (deleted["resource_id"], deleted["session_id"]) == ("terminal_sh_s1", sid)
+        resources = await gw.peer.call(
+            "tools",
+            HttpRequest(request_id="r3", method="GET", path=f"/v1/sessions/{sid}/resources"),
+        )
+        assert json.loads(resources.body)["data"] == []
