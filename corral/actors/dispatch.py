@@ -82,6 +82,7 @@ from ..tools.protocol import (
     ToolOutcome,
     TurnEnded,
 )
+from ..tools.registry import tool_schemas
 from . import _history as history
 from ._actor import Actor, ActorContext, every, handles
 from .journal import JournalAppend, JournalEvent
@@ -660,7 +661,7 @@ class DispatchActor(Actor):
             "instructions": last.get("instructions")
             or spec.get("prompt")
             or spec.get("instructions"),
-            "tools": last.get("tools") or [],
+            "tools": last.get("tools") or runner_tools(spec),
             "conversation_id": session.id,
         }
         try:
@@ -1026,6 +1027,15 @@ def _accepted() -> HttpResponse:
 
 def _error(status: int, code: str, detail: str) -> HttpResponse:
     return json_response(status, {"error": code, "detail": detail})
+
+
+def runner_tools(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools this runner runs for the agent, as function-tool schemas for the worker
+    (PROTOCOL_FACTS.md §iv.1 ``tools``) when the server's message names none."""
+    return [
+        {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        for tool in tool_schemas(spec)
+    ]
 
 
 def _from_harness(reply: Message | None) -> HttpResponse:

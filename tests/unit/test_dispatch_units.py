@@ -122,3 +122,17 @@ async def test_d27_media_blocks_become_data_urls_and_file_ids_vanish() -> None:
     assert block["type"] == "input_image"
     assert block["image_url"] == "data:image/png;base64," + base64.b64encode(b"\x89PNG").decode()
     assert "file_id" not in msgspec.json.encode(resolved).decode()
+
+
+def test_runner_tools_offer_the_runner_local_table_in_the_iv1_shape() -> None:
+    from corral.actors.dispatch import runner_tools
+
+    plain = {t["function"]["name"]: t for t in runner_tools({})}
+    assert {"sys_os_read", "sys_os_write", "sys_os_edit", "sys_os_shell"} <= set(plain)
+    assert not any(name.startswith("sys_terminal_") for name in plain), "P-27"
+    assert "list_tasks" not in plain, "T-27"
+    shell = plain["sys_os_shell"]
+    assert shell["type"] == "function" and "type" not in shell["function"]
+    assert shell["function"]["parameters"]["type"] == "object"
+    with_terminals = {t["function"]["name"] for t in runner_tools({"terminals": {"sh": {}}})}
+    assert "sys_terminal_launch" in with_terminals
