@@ -6,8 +6,9 @@ and turns each into an :class:`HttpRequest` for the owning actor (dispatch for
 (``?stream=true`` SSE) sets ``streaming`` and then sends :class:`HttpChunk` messages to the
 request's ``reply_to``, the last one with ``end``. Chunks travel separately from the reply,
 so the first may arrive before the head: the gateway holds them until the head is in.
-Session events that are not tied to one request go to the gateway as
-:class:`SessionEvent`, in order, for ``GET .../stream``.
+Session events that are not tied to one request go to the gateway in order, for
+``GET .../stream``: as :class:`SessionEvents`, a batch of :class:`SessionEvent` records in one
+bus message (a lone :class:`SessionEvent` is accepted too); :func:`events_of` reads either.
 """
 
 from __future__ import annotations
@@ -65,6 +66,26 @@ class SessionEvent(Message, tag="gateway.session_event"):
     runner_id: str | None = None
     #: When the event's source (e.g. a harness worker) sent it, for end-to-end latency.
     origin_at: float = 0.0
+
+
+class SessionEvents(Message, tag="gateway.session_events"):
+    """Session events in publish order, as one bus message (of one or more sessions).
+
+    Sent durably, each event would cost a broker log record, a group-commit acceptance, an
+    ack and a stream-buffer write of its own; a batch pays each of those once. Events of one
+    session keep their order within a batch and across batches.
+    """
+
+    events: list[SessionEvent]
+
+
+def events_of(msg: Message) -> list[SessionEvent]:
+    """The session events a message carries, in order (none if it is neither kind)."""
+    if isinstance(msg, SessionEvents):
+        return msg.events
+    if isinstance(msg, SessionEvent):
+        return [msg]
+    return []
 
 
 def json_response(status: int, body: Any) -> HttpResponse:

@@ -9,9 +9,10 @@ Handles:
     ToolOutcome (durable, from policy)   a tool call's output → the worker as ``tool_result``
     PublishEvents (durable, from tools and policy)   events on the session stream, in order
 
-Publishes, in order, per session: :class:`~corral.routes.SessionEvent` to each subscriber (the
-gateway) and every event to the journal actor (one run per turn). A ``?stream=true`` request
-gets the turn's events as SSE :class:`~corral.routes.HttpChunk` messages too.
+Publishes, in order, per session: every event to each subscriber (the gateway), durably, in
+:class:`~corral.routes.SessionEvents` batches, and to the journal actor (one run per turn). A
+``?stream=true`` request gets the turn's events as SSE :class:`~corral.routes.HttpChunk`
+messages too.
 
 Turns. A message with no active turn starts one (202 ``accepted`` in the background, or 200
 SSE when streaming); a message during a turn is buffered (202 ``buffered``), offered to the
@@ -69,6 +70,7 @@ from ..routes import (
     HttpRequest,
     HttpResponse,
     SessionEvent,
+    SessionEvents,
     empty_response,
     json_response,
     sse_frame,
@@ -89,8 +91,13 @@ from .journal import JournalAppend, JournalEvent
 
 log = logging.getLogger("corral.actors.dispatch")
 
-#: Session events per durable batch to one subscriber.
+#: Session events per durable :class:`~corral.routes.SessionEvents` message, and about how
+#: many bytes of them (well under the bus's default 4 MiB message limit).
 _EVENT_BATCH = 512
+_EVENT_BATCH_BYTES = 1024 * 1024
+#: How long journal events gather before they go out as one append per run: a flood of
+#: deltas otherwise costs one append (a bus message, a journal write) per delta.
+_JOURNAL_WINDOW_S = 0.02
 #: Stream sequence numbers of a dispatch incarnation start at ``epoch << _EPOCH_SHIFT``.
 _EPOCH_SHIFT = 32
 GENERIC_DETAIL = "Request failed on the runner; see runner logs for details."
@@ -220,8 +227,10 @@ class Turn:
     text: list[str] = field(default_factory=list)
     stream_to: tuple[str, str] | None = None  # (reply_to, request_id) of a ?stream=true POST
     spec_resolved: bool = True
-    #: Tool calls sent to policy, and those whose output went to the worker (dedup).
+    #: Tool calls sent to policy, those still waiting (a turn waiting on a tool or a human's
+    #: verdict is not silent), and those whose output went to the worker (dedup).
     tool_calls: int = 0
+    waiting: set[str] = field(default_factory=set)
     answered: set[str] = field(default_factory=set)
 
 
@@ -269,6 +278,8 @@ class DispatchActor(Actor):
         self.servers: dict[str, Any] = {}
         self.epoch = 0
         self._journal: dict[tuple[str, str], list[JournalEvent]] = {}
+        #: Runs' last appends, oldest first, for the journal loop to send durably.
+        self._journal_final: list[JournalAppend] = []
         self._events: dict[str, list[SessionEvent]] = {}
         self._events_ready = trio.Event()
         self._journal_ready = trio.Event()
@@ -303,9 +314,11 @@ class DispatchActor(Actor):
     async def terminate(self) -> None:
         await self._flush_journal()
         await self.outbox.flush()
-        for name, batch in self._events.items():
+        while self._journal_final:
+            await self._append_final(self._journal_final.pop(0), timeout=2)
+        for name, events in self._events.items():
             with contextlib.suppress(Exception):
-                await self.peer.cast_many(name, batch, durable=True, timeout=2)
+                await self.peer.cast_many(name, _event_batches(events), durable=True, timeout=2)
         for client in {id(c): c for c in (self.server, *self.servers.values()) if c}.values():
             await client.aclose()
 
@@ -803,6 +816,7 @@ class DispatchActor(Actor):
             )
             return
         turn.tool_calls += 1
+        turn.waiting.add(call_id)
         arguments = item.get("arguments")
         call = ToolCall(
             session_id=session.id,
@@ -824,6 +838,7 @@ class DispatchActor(Actor):
             log.info("dropping the outcome of tool call %s: its turn is over", msg.call_id)
             return
         turn.answered.add(msg.call_id)
+        turn.waiting.discard(msg.call_id)
         turn.last_event = time.monotonic()
         result = ToolResult(session_id=msg.session_id, call_id=msg.call_id, output=msg.output)
         self.in_order(msg.session_id, lambda: self._to_harness(result))
@@ -930,36 +945,41 @@ class DispatchActor(Actor):
         if not terminal:
             self._journal_ready.set()
             return
-        # The run's last append carries what is still pending, durably.
+        # The run's last append carries what is still pending, durably. The journal loop
+        # sends it: a handler awaiting its acceptance would stall while the peer is not
+        # reading (a flood past its inbox and overflow), and the handler is what drains them.
         del self._journal[(session.id, run)]
-        await self._flush_journal()
-        await self.outbox.flush()
-        append = JournalAppend(session_id=session.id, run_id=run, events=pending)
-        try:
-            await self.peer.cast(journal, append, durable=True, session_id=session.id)
-        except Exception as exc:
-            log.warning("journal append failed: %s", exc)
+        self._journal_final.append(JournalAppend(session_id=session.id, run_id=run, events=pending))
+        self._journal_ready.set()
 
     async def _events_loop(self) -> None:
         """Send published events to each subscriber, durably, in batches.
 
         Durable, so that events published while the gateway restarts (or is killed) wait in
-        its mailbox instead of being lost; batched, so that one group commit carries every
-        event published meanwhile. Batches of one subscriber go one after another, in order.
+        its mailbox instead of being lost. Batched by acceptance: while one round waits for
+        its group commit, the events published meanwhile gather and go out together in
+        :class:`~corral.routes.SessionEvents` messages — one commit, one ack, one buffer write
+        per message — while a lone event finds the loop idle and goes at once. A round's
+        messages are all in flight at once (the broker keeps their order): their acceptance
+        can queue behind a flood of incoming deltas, and one round trip per message would
+        then cap the rate at one message's events per round trip.
         """
         while True:
             await self._events_ready.wait()
             self._events_ready = trio.Event()
             pending, self._events = self._events, {}
-            for name, batch in pending.items():
-                for start in range(0, len(batch), _EVENT_BATCH):
-                    chunk = batch[start : start + _EVENT_BATCH]
-                    try:
-                        await self.peer.cast_many(name, chunk, durable=True, timeout=60)
-                    except Exception as exc:
-                        log.warning(
-                            "%d session events for %s not delivered: %s", len(chunk), name, exc
-                        )
+            for name, events in pending.items():
+                try:
+                    await self.peer.cast_many(
+                        name, _event_batches(events), durable=True, timeout=60
+                    )
+                except Exception as exc:
+                    log.warning(
+                        "%d session events for %s may not have been delivered: %s",
+                        len(events),
+                        name,
+                        exc,
+                    )
 
     async def _flush_journal(self) -> None:
         """Queue one append per run for everything pending (a delta per append would
@@ -974,10 +994,39 @@ class DispatchActor(Actor):
             )
 
     async def _journal_loop(self) -> None:
+        """Flush journal events after a short window, so that an append carries many; send
+        runs' last appends durably, each after every earlier append of its run.
+
+        The window costs nothing a client sees: the stream does not wait for the journal. A
+        run's last append skips it.
+        """
         while True:
             await self._journal_ready.wait()
+            if not self._journal_final:
+                await trio.sleep(_JOURNAL_WINDOW_S)
             self._journal_ready = trio.Event()
             await self._flush_journal()
+            if not self._journal_final:
+                continue
+            # The run's stream appends go first: a durable one sent meanwhile could overtake
+            # them (the journal orders appends only within a durability class).
+            await self.outbox.flush()
+            while self._journal_final:
+                # Shielded, and taken off the list only once answered: a stop in the middle
+                # neither loses the append nor leaves terminate() to send it twice.
+                with trio.CancelScope(shield=True):
+                    await self._append_final(self._journal_final[0])
+                self._journal_final.pop(0)
+
+    async def _append_final(self, append: JournalAppend, timeout: float | None = None) -> None:
+        """Send a run's last append durably (a failure is logged: the stream goes on)."""
+        journal = self.options.journal or "journal"
+        try:
+            await self.peer.cast(
+                journal, append, durable=True, session_id=append.session_id, timeout=timeout
+            )
+        except Exception as exc:
+            log.warning("journal append failed: %s", exc)
 
     async def _stream_chunk(self, turn: Turn, msg: Output) -> None:
         if turn.stream_to is None:
@@ -997,7 +1046,7 @@ class DispatchActor(Actor):
             if turn is None:
                 continue
             too_long = now - turn.started > self.options.turn_timeout_s
-            silent = now - turn.last_event > self.options.turn_idle_timeout_s
+            silent = not turn.waiting and now - turn.last_event > self.options.turn_idle_timeout_s
             if too_long or silent:
                 self.stats["watchdog"] += 1
                 why = "took too long" if too_long else "went silent"
@@ -1013,6 +1062,23 @@ class DispatchActor(Actor):
                         },
                     ),
                 )
+
+
+def _event_batches(events: list[SessionEvent]) -> list[SessionEvents]:
+    """Publish-ordered events cut into messages of at most ``_EVENT_BATCH`` events and about
+    ``_EVENT_BATCH_BYTES`` (an event larger than that travels alone)."""
+    batches: list[SessionEvents] = []
+    start = size = 0
+    for i, event in enumerate(events):
+        if i > start and (
+            i - start >= _EVENT_BATCH or size + len(event.event) > _EVENT_BATCH_BYTES
+        ):
+            batches.append(SessionEvents(events=events[start:i]))
+            start, size = i, 0
+        size += len(event.event)
+    if start < len(events):
+        batches.append(SessionEvents(events=events[start:]))
+    return batches
 
 
 def _spec_harness(spec: dict[str, Any]) -> str | None:

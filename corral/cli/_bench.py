@@ -15,6 +15,7 @@ BENCHMARKS = {
     "journal": "corral.bench.journal",
     "harness": "corral.bench.harness",
     "turn": "corral.bench.turn",
+    "relay": "corral.bench.relay",
     "tools": "corral.bench.tools",
 }
 

@@ -1,4 +1,5 @@
-"""A stand-in for the gateway in dispatch tests: sends HttpRequests, collects SessionEvents."""
+"""A stand-in for the gateway in dispatch tests: sends HttpRequests, collects session events
+(``SessionEvents`` batches, or a lone ``SessionEvent``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import trio
 
 from corral.bus import Peer, open_peer
 from corral.config import LivenessSettings
-from corral.routes import HttpChunk, HttpRequest, HttpResponse, SessionEvent
+from corral.routes import HttpChunk, HttpRequest, HttpResponse, events_of
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 
@@ -29,16 +30,16 @@ class FakeGateway:
         async for incoming in self.peer.inbox:
             self.peer.ack(incoming)
             msg = incoming.msg
-            if isinstance(msg, SessionEvent):
-                got = self.events.setdefault(msg.session_id, [])
-                ordered = not got or got[-1]["_seq"] < msg.seq
+            for event in events_of(msg):
+                got = self.events.setdefault(event.session_id, [])
+                ordered = not got or got[-1]["_seq"] < event.seq
                 assert ordered, (
                     "events in order, no duplicates",
                     [(e["_seq"], e["type"]) for e in got],
-                    (msg.seq, msg.event[:80]),
+                    (event.seq, event.event[:80]),
                 )
-                got.append({**json.loads(msg.event), "_seq": msg.seq})
-            elif isinstance(msg, HttpChunk):
+                got.append({**json.loads(event.event), "_seq": event.seq})
+            if isinstance(msg, HttpChunk):
                 self.chunks.setdefault(msg.request_id, []).append(msg.data)
                 if msg.end:
                     self.ended.add(msg.request_id)

@@ -392,3 +392,28 @@ async def test_t13_t16_terminal_resources_on_the_stream_and_the_resource_routes(
             HttpRequest(request_id="r3", method="GET", path=f"/v1/sessions/{sid}/resources"),
         )
         assert json.loads(resources.body)["data"] == []
+
+
+async def test_d22_a_turn_waiting_on_an_approval_is_not_silent(
+    host_factory, server, tmp_path
+) -> None:
+    """The idle watchdog ends silent turns, not ones waiting on a human's verdict."""
+    url = json.dumps(server.base_url)
+    host = host_factory(
+        FAST_LIVENESS
+        + f"[actors.dispatch.options]\nserver_url = {url}\n"
+        + 'subscribers = ["test-gateway"]\nturn_idle_timeout_s = 0.5\n'
+        + f"[actors.policy.options]\nserver_url = {url}\n"
+    ).start()
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
+    agent_id, sid = agent(server, tmp_path, [tool("sys_os_write", path="w.txt", content="x")])
+    async with fake_gateway(host.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        ask = await _ask(gw, sid)
+        # Several watchdog rounds (one a second) pass while the call waits on the verdict.
+        await trio.sleep(2.5)
+        assert gw.statuses(sid) == ["running"]
+        await _verdict(gw, sid, ask["elicitation_id"], "accept")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+    host.stop()

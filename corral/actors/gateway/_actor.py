@@ -6,7 +6,9 @@ For every configured runner id the gateway keeps one WebSocket **client** connec
 answered with ``response.head``, ``response.body`` frames and ``response.end``.
 
 Handles:
-    SessionEvent (durable, from dispatch)   an event for a session's ``/stream``
+    SessionEvents (durable, from dispatch)  events for sessions' ``/stream``, in order
+    SessionEvent (durable)                  one event alone (as a mailbox kept from an
+                                            older dispatch may still hold them)
     HttpChunk (from the routes' owners)     a piece of a streaming answer to a request
 
 Routes:
@@ -25,18 +27,19 @@ any other ``/v1/sessions...``               dispatch, as an :class:`~corral.rout
 anything else                               404
 ==========================================  ==================================================
 
-Session streams. Dispatch publishes every session event to the gateway as a
-:class:`~corral.routes.SessionEvent` with a per-session ``seq`` that only grows. The gateway
-writes each one to a durable per-session buffer (:class:`StreamBuffer`) before anything else
-and sends it on the session's newest open ``/stream``; an event leaves the buffer only once
-its frame has been handed to the kernel, and that fact is written down at once. So events
+Session streams. Dispatch publishes every session event to the gateway, in
+:class:`~corral.routes.SessionEvents` batches, with a per-session ``seq`` that only grows.
+The gateway writes each one to a durable per-session buffer (:class:`StreamBuffer`) before
+anything else and sends it on the session's newest open ``/stream``; an event leaves the
+buffer only once its frame has been handed to the kernel, and that fact is written down at
+once. So events
 published while the tunnel is down wait in the buffer and go out, in order and once, when the
 server re-inits the session and re-opens its stream after a reconnect (§v.6), and a gateway
 killed with ``kill -9`` neither loses nor repeats them — provided the events reach it
 durably (see ``docs/gateway.md``: dispatch must send them as durable messages; the gateway
-acks each one only after its buffer record is fsynced). Backed-up events are coalesced:
-several SSE events share one ``response.body`` frame, while an event that finds the tunnel
-idle goes out at once on its own.
+acks each message only after the buffer records of its events are fsynced). Backed-up events
+are coalesced: several SSE events share one ``response.body`` frame, while an event that
+finds the tunnel idle goes out at once on its own.
 
 The tunnels themselves (connection, reconnect with backoff, frame limits) are in
 :mod:`._tunnel`; the buffer in :mod:`._streams`.
@@ -57,7 +60,15 @@ from ..._exceptions import BusError, ConfigError
 from ...bus import Incoming
 from ...config import check_runners
 from ...harnesses import HARNESSES
-from ...routes import HttpChunk, HttpRequest, HttpResponse, SessionEvent, json_response
+from ...routes import (
+    HttpChunk,
+    HttpRequest,
+    HttpResponse,
+    SessionEvent,
+    SessionEvents,
+    events_of,
+    json_response,
+)
 from ...runners import resolve_runner_ids
 from .._actor import Actor, ActorContext, handles
 from ._frames import RequestFrame
@@ -138,12 +149,22 @@ class GatewayActor(Actor):
 
     # --- bus messages ----------------------------------------------------------------------
 
-    @handles(SessionEvent)
-    async def session_event(self, msg: SessionEvent, incoming: Incoming) -> None:
-        if self.buffer.add(msg.session_id, msg.seq, msg.event):
+    @handles(SessionEvents, SessionEvent)
+    async def session_events(self, msg: SessionEvents | SessionEvent, incoming: Incoming) -> None:
+        """Keep a message's events in the buffer; ack it once they are fsynced.
+
+        A message whose events are all duplicates (a redelivery of what the buffer already
+        has) is acked at once.
+        """
+        touched: set[str] = set()
+        for event in events_of(msg):
+            if self.buffer.add(event.session_id, event.seq, event.event):
+                touched.add(event.session_id)
+        if touched:
             incoming.deferred = True
             self.buffer.ack_when_synced(incoming)
-            self._notify(msg.session_id)
+            for session_id in touched:
+                self._notify(session_id)
 
     @handles(HttpChunk)
     async def chunk(self, msg: HttpChunk, incoming: Incoming) -> None:
