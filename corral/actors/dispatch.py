@@ -772,7 +772,7 @@ class DispatchActor(Actor):
                 data=msg.data,
                 runner_id=session.record.runner_id,
             )
-            await self.peer.cast(self.options.policy, request, durable=True, session_id=session.id)
+            self.in_order(session.id, lambda: self._to_policy(request))
         if tag == "injection.consumed":
             consumed = getattr(msg, "injection_id", None)
             session.record.buffer = [
@@ -828,7 +828,14 @@ class DispatchActor(Actor):
             runner_id=session.record.runner_id,
             reply_to=self.peer.name,
         )
-        await self.peer.cast(self.options.policy, call, durable=True, session_id=session.id)
+        await self._to_policy(call)
+
+    async def _to_policy(self, msg: ToolCall | PolicyEvaluate | TurnEnded) -> None:
+        """A durable cast to the policy actor. Called from the session's queue, never from a
+        handler: awaiting the broker's acceptance in a handler stalls once the inbox is full
+        (the handler is what drains it)."""
+        assert self.options.policy is not None
+        await self.peer.cast(self.options.policy, msg, durable=True, session_id=msg.session_id)
 
     @handles(ToolOutcome)
     async def tool_outcome(self, msg: ToolOutcome, incoming: Incoming) -> None:
@@ -886,7 +893,7 @@ class DispatchActor(Actor):
         session.turn = None
         if turn.tool_calls and self.options.policy is not None:
             ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
-            await self.peer.cast(self.options.policy, ended, durable=True, session_id=session.id)
+            self.in_order(session.id, lambda: self._to_policy(ended))
         if turn.stream_to is not None:
             await self.outbox.flush()
             await self.peer.cast(
