@@ -172,6 +172,16 @@ async def test_policy_result_deny_withholds_the_output(thost, server, tmp_path) 
     assert json.loads(output) == {"error": "rule for PHASE_TOOL_RESULT"}
 
 
+async def restarted(host: HostProcess, name: str, before: dict[str, Any]) -> None:
+    """Wait until actor ``name`` runs again, restarted since ``before`` (its status row)."""
+
+    def again() -> bool:
+        now = host.actor(name)
+        return now["restarts"] > before["restarts"] and now["state"] == "running"
+
+    await trio.to_thread.run_sync(lambda: wait_until(again, 20, f"{name} restarted"))
+
+
 async def _ask(gw: FakeGateway, sid: str) -> dict[str, Any]:
     await gw.wait(lambda: of_type(gw, sid, "response.elicitation_request"), timeout=30)
     return of_type(gw, sid, "response.elicitation_request")[0]
@@ -241,16 +251,7 @@ async def test_kill9_policy_while_parked_the_verdict_still_lands(thost, server, 
         ask = await _ask(gw, sid)
         before = thost.actor("policy")
         os.kill(before["pid"], signal.SIGKILL)
-        await trio.to_thread.run_sync(
-            lambda: wait_until(
-                lambda: (
-                    thost.actor("policy")["restarts"] > before["restarts"]
-                    and thost.actor("policy")["state"] == "running"
-                ),
-                timeout=20,
-                what="policy restarted",
-            )
-        )
+        await restarted(thost, "policy", before)
         await _verdict(gw, sid, ask["elicitation_id"], "accept")
         assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
     assert (tmp_path / "later.txt").read_text() == "landed"
@@ -305,15 +306,7 @@ async def test_t23_inbox_items_survive_kill9_of_the_tools_actor(thost, server, t
         )
         before = thost.actor("tools")
         os.kill(before["pid"], signal.SIGKILL)
-        await trio.to_thread.run_sync(
-            lambda: wait_until(
-                lambda: (
-                    thost.actor("tools")["restarts"] > before["restarts"]
-                    and thost.actor("tools")["state"] == "running"
-                ),
-                timeout=20,
-            )
-        )
+        await restarted(thost, "tools", before)
         await gw.message(sid, "read it")
         assert await gw.until_status(sid, count=2, timeout=30) == ["running", "idle"] * 2
         text = outputs(gw, sid)[1]
