@@ -92,15 +92,24 @@ def _render_sub_agent(item: dict[str, Any]) -> str:
     # S-15: the sub-agent forms name the child task and "<agent>:<title>".
     task = _as_text(item.get("task_id") or item.get("handle_id"))
     who = f"{_as_text(item.get('agent') or item.get('tool_name'))}:{_as_text(item.get('title'))}"
+    return _task_line(f"sub-agent task {task}", who, item, cancelled_names_who=True)
+
+
+def _task_line(
+    task: str, who: str, item: dict[str, Any], *, cancelled_names_who: bool = False
+) -> str:
+    """One finished task's line: ``[System: <task> <status> — <who> returned: <output>]``
+    and its cancelled, failed and no-output forms (T-17, S-15)."""
     status = _as_text(item.get("status"))
     output = _as_text(item.get("output"))
     if status == "cancelled":
-        return f"[System: sub-agent task {task} cancelled — {who}]"
+        suffix = f" — {who}" if cancelled_names_who else ""
+        return f"[System: {task} cancelled{suffix}]"
     if status == "failed":
-        return f"[System: sub-agent task {task} failed — {who} error: {cap_output(output)}]"
+        return f"[System: {task} failed — {who} error: {cap_output(output)}]"
     if not output.strip():
-        return f"[System: sub-agent task {task} {status} — {who} produced no output]"
-    return f"[System: sub-agent task {task} {status} — {who} returned: {cap_output(output)}]"
+        return f"[System: {task} {status} — {who} produced no output]"
+    return f"[System: {task} {status} — {who} returned: {cap_output(output)}]"
 
 
 def render_item(item: dict[str, Any]) -> str:
@@ -122,16 +131,7 @@ def render_item(item: dict[str, Any]) -> str:
     if "handle_id" not in item:
         return f"[System: inbox item: {cap_output(_as_text(item))}]"
     handle = _as_text(item.get("handle_id"))
-    tool = _as_text(item.get("tool_name"))
-    status = _as_text(item.get("status"))
-    output = _as_text(item.get("output"))
-    if status == "cancelled":
-        return f"[System: task {handle} cancelled]"
-    if status == "failed":
-        return f"[System: task {handle} failed — {tool} error: {cap_output(output)}]"
-    if not output.strip():
-        return f"[System: task {handle} {status} — {tool} produced no output]"
-    return f"[System: task {handle} {status} — {tool} returned: {cap_output(output)}]"
+    return _task_line(f"task {handle}", _as_text(item.get("tool_name")), item)
 
 
 # ---------------------------------------------------------------------------------------------
