@@ -470,6 +470,16 @@ class Broker:
             (frame_record(Put(id=env.id, recipient=env.recipient, frame=frame)), entry)
         )
         self._commit_wanted.set()
+        # Delivered while its commit runs; only the sender's Accepted waits for the fsync.
+        # The Put precedes anything the recipient's answer (an Ack, a Park, its own
+        # durable sends) can add to the log, so a log that holds the effect holds the
+        # cause. A crash before the commit loses a message its sender was never told was
+        # durable — the recipient may have seen it, hence recipients dedup by id or seq.
+        box = self.mailbox(env.recipient)
+        box.queued.append(entry)
+        self._live_bytes += len(frame)
+        self.stats["durable"] += 1
+        self._pump(box)
 
     def _send(self, peer: PeerState, frame: bytes) -> bool:
         """Send (or backlog) one frame to a peer. False if it had to be refused."""
@@ -567,23 +577,14 @@ class Broker:
         data = b"".join(chunk for chunk, _ in batch)
         await trio.to_thread.run_sync(self._write_sync, data, limiter=self._io_limiter)
         self.stats["commits"] += 1
-        touched: dict[str, Mailbox] = {}
         accepted: dict[str, list[str]] = {}
         for _, entry in batch:
-            if entry is None:
-                continue
-            box = self.mailbox(entry.recipient)
-            box.queued.append(entry)
-            touched[box.name] = box
-            self._live_bytes += len(entry.frame)
-            self.stats["durable"] += 1
-            accepted.setdefault(entry.sender, []).append(entry.id)
+            if entry is not None:
+                accepted.setdefault(entry.sender, []).append(entry.id)
         # One acknowledgement per sender per commit: a send per message would cost more
         # than the commit itself.
         for sender, ids in accepted.items():
             self._reply(sender, None, Accepted(ids=ids))
-        for box in touched.values():
-            self._pump(box)
         if (
             self._log.size > self.settings.compact_min_bytes
             and self._log.size > 4 * self._live_bytes

@@ -308,6 +308,7 @@ class Peer:
                     if isinstance(reply.msg, ErrorReply):
                         raise _error_from(reply)
                     if skip_accepted and isinstance(reply.msg, Accepted):
+                        waiter.result = None
                         waiter.event = trio.Event()
                         continue
                     return reply
@@ -429,7 +430,9 @@ class Peer:
         if isinstance(msg, Accepted):
             for mid in msg.ids:
                 waiter = self._waiters.get(mid)
-                if waiter is not None:
+                # The broker delivers a durable request while its commit runs, so the
+                # reply can arrive before the acceptance; it must not be overwritten.
+                if waiter is not None and waiter.result is None:
                     waiter.result = incoming
                     waiter.event.set()
             return

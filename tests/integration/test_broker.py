@@ -178,3 +178,56 @@ async def test_a_handler_awaiting_a_reply_is_not_deadlocked_by_a_full_inbox(tmp_
                     await worker.inbox.receive()
                     got += 1
         nursery.cancel_scope.cancel()
+
+
+async def test_durable_message_reaches_its_recipient_while_its_commit_runs(
+    tmp_path: Path,
+) -> None:
+    """Only the sender's Accepted waits for the fsync; the log still orders cause before effect."""
+    import threading
+
+    release = threading.Event()
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        write = broker._write_sync
+
+        def slow_write(data: bytes) -> None:
+            release.wait(10)
+            write(data)
+
+        broker._write_sync = slow_write  # type: ignore[method-assign]
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        async with (
+            open_peer("client", endpoint) as client,
+            open_peer("worker", endpoint) as worker,
+        ):
+            accepted = {"acked": trio.Event(), "kept": trio.Event()}
+
+            async def send(key: str) -> None:
+                await client.cast("worker", EchoRecord(key=key), durable=True)
+                accepted[key].set()
+
+            nursery.start_soon(send, "acked")
+            (first,) = await _drain(worker, 1)
+            assert first.msg == EchoRecord(key="acked")
+            await worker.flush()
+            assert not accepted["acked"].is_set(), "Accepted must wait for the commit"
+            nursery.start_soon(send, "kept")
+            await _drain(worker, 1, ack=False)
+            release.set()
+            with trio.fail_after(10):
+                for event in accepted.values():
+                    await event.wait()
+                while broker.mailboxes("worker")[0]["in_flight"] != 1:
+                    await trio.sleep(0.01)
+                while broker._pending:
+                    await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        row = broker.mailboxes("worker")[0]
+        assert row["queued"] == 1, "the acked one stays acked, the unacked one comes back"
+        async with open_peer("worker", endpoint) as worker:
+            (again,) = await _drain(worker, 1)
+            assert again.msg == EchoRecord(key="kept")
+        nursery.cancel_scope.cancel()

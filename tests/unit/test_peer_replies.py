@@ -1,0 +1,46 @@
+"""A peer's matching of replies and acceptances to the calls waiting for them."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from corral.actors.echo import EchoPong
+from corral.bus import Message
+from corral.bus._codec import encode_body, encode_envelope
+from corral.bus._messages import BROKER, Accepted, Envelope, new_id
+from corral.bus._peer import Peer, _Waiter
+from corral.config import BusSettings, LivenessSettings
+
+
+def _frame(sender: str, msg: Message, correlation_id: str | None = None) -> bytes:
+    env = Envelope(
+        id=new_id(),
+        sender=sender,
+        recipient="client",
+        type=msg.__struct_config__.tag,  # type: ignore[arg-type]
+        body=encode_body(msg),
+        correlation_id=correlation_id,
+    )
+    return encode_envelope(env)
+
+
+@pytest.mark.parametrize("reply_first", [True, False])
+async def test_a_reply_is_never_overwritten_by_a_late_acceptance(reply_first: bool) -> None:
+    """The broker delivers a durable request while its commit runs, so the reply can come
+    before the Accepted — both in one receive batch, before the caller wakes."""
+    peer = Peer(
+        "client",
+        "ipc://unused",
+        bus=BusSettings(),
+        liveness=LivenessSettings(),
+        ctx=zmq.Context.instance(),
+    )
+    waiter = peer._waiters["m1"] = _Waiter()
+    reply = _frame("worker", EchoPong(text="pong"), correlation_id="m1")
+    accepted = _frame(BROKER, Accepted(ids=["m1"]))
+    for frame in [reply, accepted] if reply_first else [accepted, reply]:
+        await peer._on_frames([frame])
+    assert waiter.event.is_set()
+    assert waiter.result is not None
+    assert waiter.result.msg == EchoPong(text="pong")
