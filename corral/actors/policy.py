@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -109,6 +109,8 @@ class Parked:
     elicitation_id: str
     #: The approval being acted on (acked once the call's outcome is durable).
     verdict: Incoming | None = None
+    #: Set once the broker holds the call parked (or the attempt to park it ended).
+    ready: trio.Event = field(default_factory=trio.Event)
 
 
 class PolicyActor(Actor):
@@ -136,7 +138,8 @@ class PolicyActor(Actor):
             if isinstance(incoming.msg, ToolCall):
                 call = incoming.msg
                 eid = elicitation_id_for(call.session_id, call.call_id)
-                self.parked[eid] = Parked(incoming, call, eid)
+                parked = self.parked[eid] = Parked(incoming, call, eid)
+                parked.ready.set()
         if self.parked:
             log.info("recovered %d tool calls waiting on approval", len(self.parked))
 
@@ -225,14 +228,22 @@ class PolicyActor(Actor):
             "requestedSchema": APPROVAL_SCHEMA,
             "tool": {"name": call.name, "call_id": call.call_id},
         }
-        # Published before parking: a crash in between redelivers the call, which asks again
-        # under the same id — a repeated prompt, never a lost one.
-        await self._publish(
-            call.session_id,
-            {"type": "response.elicitation_request", "elicitation_id": eid, "params": params},
-        )
-        await self.peer.park(incoming)
-        self.parked[eid] = Parked(incoming, call, eid)
+        # Known before it is announced: the broker delivers the announcement while its commit
+        # runs, so a quick client's verdict can arrive before the publish returns.
+        parked = self.parked[eid] = Parked(incoming, call, eid)
+        try:
+            # Published before parking: a crash in between redelivers the call, which asks
+            # again under the same id — a repeated prompt, never a lost one.
+            await self._publish(
+                call.session_id,
+                {"type": "response.elicitation_request", "elicitation_id": eid, "params": params},
+            )
+            await self.peer.park(incoming)
+        except BaseException:
+            self.parked.pop(eid, None)
+            raise
+        finally:
+            parked.ready.set()
 
     @handles(Approval)
     async def approval(self, msg: Approval, incoming: Incoming) -> InputAccepted:
@@ -255,6 +266,12 @@ class PolicyActor(Actor):
 
     async def _resume(self, parked: Parked, action: str) -> None:
         call = parked.call
+        await parked.ready.wait()
+        if self.parked.get(parked.elicitation_id) is not parked:
+            # Its turn ended while it was being announced; the gate answered it.
+            if parked.verdict is not None:
+                self.peer.ack(parked.verdict)
+            return
         await self._publish(
             call.session_id,
             {
@@ -288,7 +305,8 @@ class PolicyActor(Actor):
         for parked in list(self.parked.values()):
             call = parked.call
             ours = call.session_id == msg.session_id and call.turn_id == msg.turn_id
-            if ours and parked.verdict is None:  # one with a verdict is cancelled above
+            # One with a verdict, or still being announced, is running: cancelled above.
+            if ours and parked.verdict is None and call.call_id not in self.running:
                 outcome = _outcome(call, "cancelled", CANCELLED)
                 await self._answer(
                     call, parked.incoming, outcome, parked=parked, state_reason="turn_ended"

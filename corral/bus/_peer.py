@@ -5,6 +5,14 @@ itself with :class:`~corral.bus.Hello` (a fresh incarnation id per process), kee
 informed with heartbeats whenever it has been otherwise silent for an interval, matches
 replies to requests by correlation id, and hands every other message to :attr:`Peer.inbox`.
 
+Backpressure without deadlock. Past ``inbox_size`` queued messages the receive loop stops
+reading, so a flood backs up into the broker (whose per-peer backlog is bounded too) — unless
+the owner is awaiting a reply or an acceptance: then it keeps reading, since what it awaits
+may be queued behind the flood. Past four times ``inbox_size`` (a flood *and* a wait) a
+*stream* message is dropped and counted, and a sender that asked for a reply gets an
+``unreachable`` error, as when the broker's backlog for a peer is full. Durable messages are
+never dropped; the broker's in-flight window bounds them.
+
 Typical use::
 
     async with open_peer("dispatch", endpoint) as peer:
@@ -18,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,6 +44,7 @@ from .._exceptions import (
 )
 from ..config import BusSettings, LivenessSettings
 from ._codec import BodyDecoder, decode_envelope, encode_body, encode_envelope
+from ._inbox import InboxQueue
 from ._messages import (
     BROKER,
     Accepted,
@@ -59,6 +67,9 @@ from ._messages import (
 from ._socket import Socket, configure
 
 log = logging.getLogger("corral.bus.peer")
+
+#: Multiple of ``inbox_size`` past which stream messages are dropped while the owner waits.
+_HARD_LIMIT = 4
 
 
 class Incoming:
@@ -95,7 +106,7 @@ class Peer:
         bus: BusSettings,
         liveness: LivenessSettings,
         ctx: zmq.Context | None = None,
-        inbox_size: int = 1024,
+        inbox_size: int = 50_000,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
@@ -110,14 +121,11 @@ class Peer:
         self._acks: list[str] = []
         self._acks_wanted = trio.Event()
         self._last_send = 0.0
-        self._inbox_send, self.inbox = trio.open_memory_channel[Incoming](inbox_size)
+        #: Messages for the owner, in arrival order.
+        self.inbox: InboxQueue[Incoming] = InboxQueue(inbox_size)
         self._unreachable_logged: dict[str, float] = {}
-        self._overflow: deque[Incoming] = deque()
-        self._overflow_ready = trio.Event()
-        self._overflow_drained = trio.Event()
-        #: Messages buffered past a full inbox before reading stops.
-        self.overflow_max = 50_000
-        self.stats = {"sent": 0, "received": 0, "errors": 0}
+        self._drops_logged = 0.0
+        self.stats = {"sent": 0, "received": 0, "errors": 0, "dropped": 0}
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -249,6 +257,7 @@ class Peer:
             self.stats["sent"] += len(envs)
             return ids
         waiters = [self._waiters.setdefault(mid, _Waiter()) for mid in ids]
+        self.inbox.poke()
         deadline = timeout if timeout is not None else self.bus.request_timeout_s
         try:
             with trio.move_on_after(deadline):
@@ -297,6 +306,7 @@ class Peer:
         self, env: Envelope, frame: bytes, timeout: float | None, *, skip_accepted: bool = False
     ) -> Incoming:
         waiter = self._waiters[env.id] = _Waiter()
+        self.inbox.poke()
         deadline = timeout if timeout is not None else self.bus.request_timeout_s
         try:
             with trio.move_on_after(deadline):
@@ -445,32 +455,35 @@ class Peer:
             if isinstance(msg, ErrorReply):
                 self._log_error(env, msg)
                 return
-        # The receive loop already took one checkpoint for the whole batch. It must keep
-        # reading while the inbox is full: a handler that awaits a reply (or a durable
-        # send's acceptance) would otherwise wait for a frame queued behind the very
-        # messages it is not consuming. So a full inbox spills into a bounded overflow, and
-        # only a full overflow stops the reading (backpressure, never a deadlock below it).
-        if not self._overflow:
-            try:
-                self._inbox_send.send_nowait(incoming)
-                return
-            except trio.WouldBlock:
-                pass
-        self._overflow.append(incoming)
-        self._overflow_ready.set()
-        while len(self._overflow) > self.overflow_max:
-            self._overflow_drained = trio.Event()
-            await self._overflow_drained.wait()
+        if env.durability == "stream" and len(self.inbox) >= _HARD_LIMIT * self.inbox.limit:
+            await self._refuse(env)
+            return
+        self.inbox.put(incoming)
+        while len(self.inbox) >= self.inbox.limit and not self._waiters:
+            await self.inbox.wait_room()
 
-    async def _drain_overflow(self) -> None:
-        while True:
-            await self._overflow_ready.wait()
-            self._overflow_ready = trio.Event()
-            while self._overflow:
-                await self._inbox_send.send(self._overflow[0])
-                self._overflow.popleft()
-                if len(self._overflow) <= self.overflow_max:
-                    self._overflow_drained.set()
+    async def _refuse(self, env: Envelope) -> None:
+        """Drop a stream message the full inbox cannot take, and say so."""
+        self.stats["dropped"] += 1
+        t = time.monotonic()
+        if t - self._drops_logged > 5:
+            self._drops_logged = t
+            log.warning(
+                "%s: inbox full (%d queued); dropping stream messages (%d so far)",
+                self.name,
+                len(self.inbox),
+                self.stats["dropped"],
+            )
+        if env.wants_reply:
+            _, frame = self._envelope(
+                env.sender,
+                ErrorReply(code="unreachable", message=f"peer {self.name!r} is overloaded"),
+                durability="stream",
+                session_id=env.session_id,
+                correlation_id=env.id,
+                wants_reply=False,
+            )
+            await self._send(frame)
 
     def _log_error(self, env: Envelope, msg: ErrorReply) -> None:
         key = msg.code + ":" + msg.message
@@ -509,7 +522,6 @@ class Peer:
         self._socket = Socket(sock)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_loop)
-            nursery.start_soon(self._drain_overflow)
             nursery.start_soon(self._ack_loop)
             await self._control(
                 Hello(name=self.name, pid=os.getpid(), incarnation=self.incarnation)

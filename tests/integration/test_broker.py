@@ -155,8 +155,10 @@ async def test_message_to_a_name_nobody_knows(tmp_path: Path, durable: bool) -> 
         nursery.cancel_scope.cancel()
 
 
-async def test_a_handler_awaiting_a_reply_is_not_deadlocked_by_a_full_inbox(tmp_path: Path) -> None:
-    """The reply to a durable send must get through while the inbox is full of traffic."""
+async def test_a_full_inbox_stops_reading_unless_its_owner_awaits_a_reply(
+    tmp_path: Path,
+) -> None:
+    """A flood past the inbox's bound waits in the broker (backpressure, nothing lost)."""
     from corral.actors.echo import EchoCount
 
     async with trio.open_nursery() as nursery:
@@ -164,19 +166,66 @@ async def test_a_handler_awaiting_a_reply_is_not_deadlocked_by_a_full_inbox(tmp_
         endpoint = f"ipc://{tmp_path}/bus.sock"
         async with (
             open_peer("client", endpoint) as client,
-            open_peer("worker", endpoint, inbox_size=4) as worker,
+            open_peer("worker", endpoint, inbox_size=100) as worker,
         ):
             await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
-            first = await worker.inbox.receive()
-            assert isinstance(first.msg, EchoCount)
-            # The handler of the first message waits for the broker while 4999 messages
-            # are queued behind it in a 4-slot inbox.
             with trio.fail_after(10):
-                await worker.cast("worker", EchoRecord(key="x"), durable=True)
-                got = 1
-                while got < 5000:
-                    await worker.inbox.receive()
-                    got += 1
+                while len(worker.inbox) < 100:
+                    await trio.sleep(0.01)
+            # Reading stopped at the bound...
+            with trio.move_on_after(0.3):
+                while len(worker.inbox) <= 100:
+                    await trio.sleep(0.01)
+            assert len(worker.inbox) == 100
+            got = await _drain(worker, 5000)
+            # ... and every message came, in order.
+            assert [g.msg.n for g in got] == list(range(5000))
+            assert worker.stats["dropped"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_full_inbox_never_stalls_an_owner_awaiting_a_reply(tmp_path: Path) -> None:
+    """The owner awaits a reply queued behind a flood: the peer keeps reading; past four
+    times its bound it drops stream messages (a caller is told at once), never durable ones,
+    and accounts for every message."""
+    from corral import Unreachable
+    from corral.actors.echo import EchoCount, EchoPong
+
+    async with trio.open_nursery() as nursery:
+        await _start(nursery, tmp_path)
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        async with (
+            open_peer("client", endpoint) as client,
+            open_peer("worker", endpoint, inbox_size=100) as worker,
+        ):
+            answered = trio.Event()
+
+            async def owner_waits() -> None:
+                await worker.call("client", EchoPing(text="hold"), timeout=10)
+                answered.set()
+
+            nursery.start_soon(owner_waits)
+            with trio.fail_after(10):
+                hold = await client.inbox.receive()
+                await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
+                with pytest.raises(Unreachable, match="overloaded"):
+                    await client.call("worker", EchoPing(text="?"), timeout=5)
+                await client.cast("worker", EchoRecord(key="x"), durable=True)
+                while len(worker.inbox) + worker.stats["dropped"] < 5002:
+                    await trio.sleep(0.01)
+                await client.reply(hold, EchoPong(text="go"))
+                await answered.wait()
+            got = []
+            while True:
+                try:
+                    got.append(worker.inbox.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            counts = [g.msg.n for g in got if isinstance(g.msg, EchoCount)]
+            assert len(counts) + worker.stats["dropped"] == 5000 + 1, "and the call"
+            assert len(got) == 4 * 100 + 1, "the durable one came past the hard limit"
+            assert counts == list(range(len(counts)))
+            assert got[-1].msg == EchoRecord(key="x")
         nursery.cancel_scope.cancel()
 
 

@@ -294,11 +294,11 @@ class GatewayActor(Actor):
     async def _send_batch(self, responder: Responder, session_id: str) -> None:
         opts = self.options
         # Busy: events already on their way in (queued in our inbox) join this frame. Each
-        # checkpoint lets the actor loop take one more message; an idle inbox stops at once,
+        # checkpoint lets the actor loop take more messages; an idle inbox stops at once,
         # so a lone event is never held back.
         inbox = self.peer.inbox
         for _ in range(opts.sse_batch_events):
-            if not inbox.statistics().current_buffer_used:
+            if not inbox:
                 break
             if self.buffer.pending_in(session_id) >= opts.sse_batch_events:
                 break
