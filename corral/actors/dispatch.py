@@ -22,13 +22,15 @@ as the next turn with the full history and no ``idle`` edge in between. Each tur
 ``error: {code, message}`` — and a per-turn watchdog guarantees that edge even if everything
 else misbehaves.
 
-Crash safety. Sessions (agent, overrides, the active turn's id, buffered messages, the stream
-sequence) are written to ``sessions.log`` (fsynced) before a request is answered. After a
-restart the state is rebuilt from it; an active turn **resumes**: its worker keeps streaming
-to the new dispatch, and its terminal event — durable, from the harness actor — still ends
-it. If the harness actor has no record of the turn, its watchdog ends it ``failed`` with code
-``runner_restarted``. Never two terminal edges for one turn: edges are published only for the
-turn id that is active.
+Crash safety. Sessions (agent, overrides, the active turn's id and the tool calls it sent
+and got answered, buffered messages, the stream sequence) are written to ``sessions.log``
+(fsynced) before a request is answered. After a restart the state is rebuilt from it; an
+active turn **resumes**: its worker keeps streaming to the new dispatch, and its terminal
+event — durable, from the harness actor — still ends it. The resumed turn knows what it has in
+flight (:meth:`Turn.resume`): it still tells policy when it ends, and the idle watchdog still
+spares it while a call waits on a tool or a human. If the harness actor has no record of the
+turn, its watchdog ends it ``failed`` with code ``runner_restarted``. Never two terminal edges
+for one turn: edges are published only for the turn id that is active.
 """
 
 from __future__ import annotations
@@ -227,11 +229,32 @@ class Turn:
     text: list[str] = field(default_factory=list)
     stream_to: tuple[str, str] | None = None  # (reply_to, request_id) of a ?stream=true POST
     spec_resolved: bool = True
-    #: Tool calls sent to policy, those still waiting (a turn waiting on a tool or a human's
-    #: verdict is not silent), and those whose output went to the worker (dedup).
-    tool_calls: int = 0
+    #: Tool calls still waiting on their outcome (a turn waiting on a tool or a human's
+    #: verdict is not silent), and those whose outcome was taken (a second copy is dropped).
+    #: The calls sent to policy are in the session record (``SessionRecord.tool_calls``).
     waiting: set[str] = field(default_factory=set)
     answered: set[str] = field(default_factory=set)
+
+    @classmethod
+    def resume(cls, record: SessionRecord) -> Turn:
+        """The active turn of a session recovered after a restart.
+
+        Its worker goes on streaming, so the turn must know what it had in flight: calls sent
+        to policy and not answered still wait (a human may be deciding one: the idle watchdog
+        must spare the turn), answered ones stay answered (a redelivered outcome is not sent
+        to the worker twice), and the record still lists the calls, so the turn's end sends
+        policy a TurnEnded for what it parked. The spec is fetched again before the next
+        tool call: a restart forgets it, and a call without it would run outside the agent's
+        working directory and rules.
+        """
+        assert record.turn_id is not None
+        answered = set(record.answered)
+        return cls(
+            record.turn_id,
+            spec_resolved=False,
+            waiting=set(record.tool_calls) - answered,
+            answered=answered,
+        )
 
 
 class SessionRecord(msgspec.Struct, kw_only=True):
@@ -245,6 +268,11 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     model_override: str | None = None
     created_at: float = 0.0
     turn_id: str | None = None
+    #: Ids of the active turn's tool calls sent to policy (written before each is sent), and
+    #: of those whose outcome went to the worker (written after): what the turn has in flight
+    #: after a restart (``Turn.resume``). One write per call and per outcome; none per delta.
+    tool_calls: list[str] = []
+    answered: list[str] = []
     buffer: list[dict[str, Any]] = []
     seq: int = 0
     status: str = "idle"
@@ -306,7 +334,7 @@ class DispatchActor(Actor):
             record.seq = max(record.seq, self.epoch << _EPOCH_SHIFT)
             session = Session(record)
             if record.turn_id:
-                session.turn = Turn(record.turn_id)  # resumes: its terminal still comes
+                session.turn = Turn.resume(record)  # its terminal still comes
             self.sessions[record.id] = session
         if self.sessions:
             log.info("recovered %d sessions", len(self.sessions))
@@ -795,16 +823,12 @@ class DispatchActor(Actor):
                 turn.spec_resolved = True
             except Exception as exc:
                 log.warning("spec resolver failed inside turn %s: %s", turn.turn_id, exc)
-                failed = ResponseFailed(
-                    turn_id=turn.turn_id,
-                    error={
-                        "type": type(exc).__name__,
-                        "code": "spec_resolver_failed",
-                        "message": SPEC_FAILED_IN_STREAM,
-                    },
-                )
-                await self._to_harness(Interrupt(session_id=session.id))
-                await self._terminal(session, failed)
+                error = {
+                    "type": type(exc).__name__,
+                    "code": "spec_resolver_failed",
+                    "message": SPEC_FAILED_IN_STREAM,
+                }
+                await self._fail(session, turn, error)
                 return
         call_id = str(item.get("call_id"))
         if self.options.policy is None:
@@ -815,8 +839,18 @@ class DispatchActor(Actor):
                 ToolResult(session_id=session.id, call_id=call_id, output=output)
             )
             return
-        turn.tool_calls += 1
+        if session.turn is not turn:
+            # It ended while this waited in the queue; policy would park an ASK of it that
+            # nothing ever cancels (its TurnEnded, if any, is already decided).
+            log.info("dropping tool call %s: its turn is over", call_id)
+            return
         turn.waiting.add(call_id)
+        # Recorded before it is sent: after a crash in between, the resumed turn counts a call
+        # policy never got (its TurnEnded is a no-op there; the turn waits for its worker,
+        # which waits for the call, until turn_timeout_s) rather than forget one a human is
+        # deciding, which the idle watchdog would end and nothing would tell policy about.
+        session.record.tool_calls.append(call_id)
+        await self._save(session)
         arguments = item.get("arguments")
         call = ToolCall(
             session_id=session.id,
@@ -847,8 +881,26 @@ class DispatchActor(Actor):
         turn.answered.add(msg.call_id)
         turn.waiting.discard(msg.call_id)
         turn.last_event = time.monotonic()
+        incoming.deferred = True
+        self.in_order(msg.session_id, lambda: self._forward_outcome(session, turn, msg, incoming))
+
+    async def _forward_outcome(
+        self, session: Session, turn: Turn, msg: ToolOutcome, incoming: Incoming
+    ) -> None:
+        """Give the worker a call's output, then record the call answered, then ack.
+
+        In this order, a crash anywhere leaves the outcome unacked or recorded: redelivered to
+        the next incarnation, it goes to the worker again only if it was not recorded (the
+        worker answers a call it no longer waits on with a 404). Recorded first, a crash before
+        the worker had it would drop the redelivered copy and leave the worker waiting; acked
+        first (on return from the handler), it would be lost with the turn still waiting.
+        """
         result = ToolResult(session_id=msg.session_id, call_id=msg.call_id, output=msg.output)
-        self.in_order(msg.session_id, lambda: self._to_harness(result))
+        await self._to_harness(result)
+        if session.turn is turn:
+            session.record.answered.append(msg.call_id)
+            await self._save(session)
+        self.peer.ack(incoming)
 
     @handles(PublishEvents)
     async def publish_events(self, msg: PublishEvents, incoming: Incoming) -> None:
@@ -884,6 +936,19 @@ class DispatchActor(Actor):
                 session.history.append(history.assistant_item("".join(turn.text)))
             await self._finish(session, turn, "idle", None)
 
+    async def _fail(self, session: Session, turn: Turn, error: dict[str, Any]) -> None:
+        """End the active ``turn`` ``failed`` on the runner's own account, and stop its worker.
+
+        The edge comes first: an interrupted worker ends its turn ``cancelled``, durably, and
+        that terminal, racing this one, could publish ``idle`` for a turn the runner failed.
+        The interrupt goes through the session's queue ahead of whatever ending the turn
+        queues (the next turn's start), so it cannot stop that turn instead.
+        """
+        if session.turn is not turn:
+            return
+        self.in_order(session.id, lambda: self._to_harness(Interrupt(session_id=session.id)))
+        await self._terminal(session, ResponseFailed(turn_id=turn.turn_id, error=error))
+
     async def _finish(
         self, session: Session, turn: Turn, status: str, error: dict[str, Any] | None
     ) -> None:
@@ -891,7 +956,7 @@ class DispatchActor(Actor):
         if session.turn is not turn:
             return
         session.turn = None
-        if turn.tool_calls and self.options.policy is not None:
+        if session.record.tool_calls and self.options.policy is not None:
             ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
             self.in_order(session.id, lambda: self._to_policy(ended))
         if turn.stream_to is not None:
@@ -901,6 +966,7 @@ class DispatchActor(Actor):
             )
         buffered, session.record.buffer = session.record.buffer, []
         session.record.turn_id = None
+        session.record.tool_calls, session.record.answered = [], []
         if status == "failed":
             self.stats["failed"] += 1
         if buffered and status == "idle":
@@ -1058,17 +1124,11 @@ class DispatchActor(Actor):
                 self.stats["watchdog"] += 1
                 why = "took too long" if too_long else "went silent"
                 log.warning("turn %s %s; ending it", turn.turn_id, why)
-                await self._to_harness(Interrupt(session_id=session.id))
-                await self._terminal(
-                    session,
-                    ResponseFailed(
-                        turn_id=turn.turn_id,
-                        error={
-                            "code": "turn_watchdog",
-                            "message": f"the turn {why} and was ended by the runner",
-                        },
-                    ),
-                )
+                error = {
+                    "code": "turn_watchdog",
+                    "message": f"the turn {why} and was ended by the runner",
+                }
+                await self._fail(session, turn, error)
 
 
 def _event_batches(events: list[SessionEvent]) -> list[SessionEvents]:

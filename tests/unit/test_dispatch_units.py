@@ -12,6 +12,8 @@ from corral.actors.dispatch import (
     ApprovalEvent,
     BadEvent,
     MessageEvent,
+    SessionRecord,
+    Turn,
     flatten_approval,
     parse_event,
 )
@@ -136,3 +138,23 @@ def test_runner_tools_offer_the_runner_local_table_in_the_iv1_shape() -> None:
     assert shell["function"]["parameters"]["type"] == "object"
     with_terminals = {t["function"]["name"] for t in runner_tools({"terminals": {"sh": {}}})}
     assert "sys_terminal_launch" in with_terminals
+
+
+def test_a_resumed_turn_knows_the_calls_it_has_in_flight() -> None:
+    line = (
+        b'{"id":"s","turn_id":"t1","tool_calls":["c1","c2","c3"],"answered":["c1","c3"],'
+        b'"seq":7,"status":"running"}'
+    )
+    turn = Turn.resume(msgspec.json.decode(line, type=SessionRecord))
+    assert turn.turn_id == "t1"
+    assert turn.waiting == {"c2"}, "sent and not answered: the idle watchdog spares the turn"
+    assert turn.answered == {"c1", "c3"}, "a redelivered outcome of these is dropped"
+    assert not turn.spec_resolved, "the spec is fetched again before the next tool call"
+
+
+def test_a_record_written_before_calls_were_recorded_still_resumes() -> None:
+    old = b'{"id":"s","turn_id":"t1","buffer":[],"seq":3,"status":"running"}'
+    record = msgspec.json.decode(old, type=SessionRecord)
+    assert (record.tool_calls, record.answered) == ([], [])
+    turn = Turn.resume(record)
+    assert (turn.waiting, turn.answered) == (set(), set())
