@@ -9,6 +9,7 @@ from ._dedup import Dedup as Dedup
 from ._messages import BROKER as BROKER
 from ._messages import Accepted as Accepted
 from ._messages import Ack as Ack
+from ._messages import Bundle as Bundle
 from ._messages import Envelope as Envelope
 from ._messages import ErrorReply as ErrorReply
 from ._messages import Heartbeat as Heartbeat

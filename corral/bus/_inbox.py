@@ -32,6 +32,8 @@ class InboxQueue(Generic[T]):
         self._nonempty = trio.Event()
         self._room = trio.Event()
         self._streak = 0
+        #: Messages taken so far (a producer tells a stalled consumer from a busy one).
+        self.taken = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -62,16 +64,13 @@ class InboxQueue(Generic[T]):
         return self._take()
 
     async def wait_room(self) -> None:
-        """Return once fewer than ``limit`` messages are queued, or :meth:`poke` is called."""
-        if len(self._items) >= self.limit:
+        """Return once fewer than ``limit`` messages are queued."""
+        while len(self._items) >= self.limit:
             self._room = trio.Event()
             await self._room.wait()
 
-    def poke(self) -> None:
-        """Wake a producer waiting in :meth:`wait_room` (it re-checks why it waits)."""
-        self._room.set()
-
     def _take(self) -> T:
+        self.taken += 1
         item = self._items.popleft()
         if len(self._items) < self.limit:
             self._room.set()

@@ -153,6 +153,18 @@ class Accepted(Message, tag="bus.accepted"):
     ids: list[str]
 
 
+class Bundle(Message, tag="bus.bundle"):
+    """Several stream messages from one sender to one recipient, as one frame.
+
+    Each item is a complete encoded :class:`Envelope` with the bundle's sender and
+    recipient. The broker routes a bundle like any stream message, and the receiving peer
+    unpacks it, so a run of deltas costs one routing decision and one socket operation at
+    each hop instead of one per delta.
+    """
+
+    frames: list[bytes]
+
+
 class ErrorReply(Message, tag="bus.error"):
     """A typed failure answering a message (its correlation id names the message)."""
 

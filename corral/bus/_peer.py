@@ -7,9 +7,10 @@ replies to requests by correlation id, and hands every other message to :attr:`P
 
 Backpressure without deadlock. Past ``inbox_size`` queued messages the receive loop stops
 reading, so a flood backs up into the broker (whose per-peer backlog is bounded too) — unless
-the owner is awaiting a reply or an acceptance: then it keeps reading, since what it awaits
-may be queued behind the flood. Past four times ``inbox_size`` (a flood *and* a wait) a
-*stream* message is dropped and counted, and a sender that asked for a reply gets an
+the owner has taken nothing from the full inbox for 0.1 s while something awaits a reply or
+an acceptance: what it awaits may be queued behind the flood, so the loop reads on until the
+owner takes a message again. Past four times ``inbox_size`` (a flood *and* a stalled owner)
+a *stream* message is dropped and counted, and a sender that asked for a reply gets an
 ``unreachable`` error, as when the broker's backlog for a peer is full. Durable messages are
 never dropped; the broker's in-flight window bounds them.
 
@@ -49,6 +50,7 @@ from ._messages import (
     BROKER,
     Accepted,
     Ack,
+    Bundle,
     Durability,
     Envelope,
     ErrorReply,
@@ -68,8 +70,17 @@ from ._socket import Socket, configure
 
 log = logging.getLogger("corral.bus.peer")
 
+_BUNDLE_TAG = Bundle.__struct_config__.tag
+
 #: Multiple of ``inbox_size`` past which stream messages are dropped while the owner waits.
 _HARD_LIMIT = 4
+#: Seconds without a message taken from a full inbox after which the owner counts as stalled.
+_STALL_S = 0.1
+#: Messages in one :class:`~corral.bus.Bundle` at most.
+BUNDLE_MAX = 512
+#: Bytes a bundle's envelope and each item's msgpack header add, at most.
+_BUNDLE_OVERHEAD = 512
+_ITEM_OVERHEAD = 5
 
 
 class Incoming:
@@ -125,6 +136,7 @@ class Peer:
         self.inbox: InboxQueue[Incoming] = InboxQueue(inbox_size)
         self._unreachable_logged: dict[str, float] = {}
         self._drops_logged = 0.0
+        self._stalled_at = -1
         self.stats = {"sent": 0, "received": 0, "errors": 0, "dropped": 0}
 
     # --- sending ---------------------------------------------------------------------------
@@ -252,12 +264,14 @@ class Peer:
         ]
         ids = [env.id for env, _ in envs]
         if not durable:
-            await self._sock().send_many([[frame] for _, frame in envs])
+            frames = [frame for _, frame in envs]
+            if len(frames) > 1:
+                frames = self._bundles(to, frames, session_id)
+            await self._sock().send_many([[frame] for frame in frames])
             self._last_send = time.monotonic()
             self.stats["sent"] += len(envs)
             return ids
         waiters = [self._waiters.setdefault(mid, _Waiter()) for mid in ids]
-        self.inbox.poke()
         deadline = timeout if timeout is not None else self.bus.request_timeout_s
         try:
             with trio.move_on_after(deadline):
@@ -274,6 +288,35 @@ class Peer:
         finally:
             for mid in ids:
                 self._waiters.pop(mid, None)
+
+    def _bundles(self, to: str, frames: list[bytes], session_id: str | None) -> list[bytes]:
+        """Pack consecutive frames into :class:`Bundle` frames within the size limit."""
+        limit = self.bus.max_message_bytes - _BUNDLE_OVERHEAD
+        out: list[bytes] = []
+        run: list[bytes] = []
+        size = 0
+        for frame in frames:
+            if run and (size + len(frame) + _ITEM_OVERHEAD > limit or len(run) >= BUNDLE_MAX):
+                out.append(self._bundle(to, run, session_id))
+                run, size = [], 0
+            run.append(frame)
+            size += len(frame) + _ITEM_OVERHEAD
+        if run:
+            out.append(self._bundle(to, run, session_id))
+        return out
+
+    def _bundle(self, to: str, run: list[bytes], session_id: str | None) -> bytes:
+        if len(run) == 1:
+            return run[0]
+        _, frame = self._envelope(
+            to,
+            Bundle(frames=run),
+            durability="stream",
+            session_id=session_id,
+            correlation_id=None,
+            wants_reply=False,
+        )
+        return frame
 
     async def call(
         self,
@@ -306,7 +349,6 @@ class Peer:
         self, env: Envelope, frame: bytes, timeout: float | None, *, skip_accepted: bool = False
     ) -> Incoming:
         waiter = self._waiters[env.id] = _Waiter()
-        self.inbox.poke()
         deadline = timeout if timeout is not None else self.bus.request_timeout_s
         try:
             with trio.move_on_after(deadline):
@@ -409,15 +451,42 @@ class Peer:
                 await self._on_frames(frames)
 
     async def _on_frames(self, frames: list[bytes]) -> None:
-        self.stats["received"] += 1
         if len(frames) != 1:
+            self.stats["received"] += 1
             log.warning("%s: dropped a %d-frame message from the broker", self.name, len(frames))
             return
         try:
             env = decode_envelope(frames[0])
         except ProtocolError as exc:
+            self.stats["received"] += 1
             log.warning("%s: undecodable frame from the broker: %s", self.name, exc)
             return
+        if env.type != _BUNDLE_TAG:
+            await self._on_envelope(env)
+            return
+        try:
+            bundle = self._bodies.decode(env)
+            assert isinstance(bundle, Bundle)
+            inner = [decode_envelope(frame) for frame in bundle.frames]
+        except ProtocolError as exc:
+            self.stats["received"] += 1
+            log.warning("%s: undecodable bundle from %s: %s", self.name, env.sender, exc)
+            return
+        for item in inner:
+            if item.sender != env.sender or item.durability != "stream":
+                self.stats["received"] += 1
+                log.warning(
+                    "%s: a bundle from %s holds a message from %r (%s); dropped",
+                    self.name,
+                    env.sender,
+                    item.sender,
+                    item.durability,
+                )
+                continue
+            await self._on_envelope(item)
+
+    async def _on_envelope(self, env: Envelope) -> None:
+        self.stats["received"] += 1
         try:
             msg = self._bodies.decode(env)
         except ProtocolError as exc:
@@ -459,8 +528,21 @@ class Peer:
             await self._refuse(env)
             return
         self.inbox.put(incoming)
-        while len(self.inbox) >= self.inbox.limit and not self._waiters:
-            await self.inbox.wait_room()
+        if len(self.inbox) >= self.inbox.limit:
+            await self._wait_room()
+
+    async def _wait_room(self) -> None:
+        """Backpressure: stop reading while the inbox is full — unless its owner has taken
+        nothing for a while and awaits a reply, which may be queued behind the flood; then
+        read on until it takes a message again."""
+        while len(self.inbox) >= self.inbox.limit:
+            if self._waiters and self._stalled_at == self.inbox.taken:
+                return
+            taken = self.inbox.taken
+            with trio.move_on_after(_STALL_S):
+                await self.inbox.wait_room()
+            if self.inbox.taken == taken:
+                self._stalled_at = taken
 
     async def _refuse(self, env: Envelope) -> None:
         """Drop a stream message the full inbox cannot take, and say so."""
