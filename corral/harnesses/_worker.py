@@ -381,33 +381,40 @@ class Worker:
                     log.exception("turn %s failed", turn.turn_id)
                     failed = ("harness_error", f"{type(exc).__name__}: {exc}")
             cancelled = scope.cancelled_caught
+            terminal: Output
             if cancelled:
-                await turn.emit(
-                    ResponseCancelled(response=turn.response("cancelled")), durable=True
-                )
+                terminal = ResponseCancelled(response=turn.response("cancelled"))
             elif failed is not None:
-                await turn.emit(
-                    ResponseFailed(
-                        error={"code": failed[0], "message": failed[1]},
-                        response=turn.response("failed"),
-                    ),
-                    durable=True,
+                terminal = ResponseFailed(
+                    error={"code": failed[0], "message": failed[1]},
+                    response=turn.response("failed"),
                 )
             else:
                 observation = turn.observer.at_completion(failed=False)
                 if observation is not None:
                     await turn.emit(RuntimeModel(**observation))
                 response = {**turn.response("completed"), "usage": turn.usage}
-                await turn.emit(ResponseCompleted(response=response), durable=True)
+                terminal = ResponseCompleted(response=response)
+            # Over before its terminal goes out: the broker delivers the terminal while its
+            # commit runs, so the next turn's start can arrive before this emit returns.
+            self._end(turn)
+            await turn.emit(terminal, durable=True)
         finally:
-            self._turn_scope = None
-            self.turn = None
-            self._turn_done.set()
+            self._end(turn)
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await self.peer.cast(
                     HARNESS_ACTOR,
-                    WorkerAlive(session_id=self.session_id, busy=False, pid=os.getpid()),
+                    WorkerAlive(
+                        session_id=self.session_id, busy=self.turn is not None, pid=os.getpid()
+                    ),
                 )
+
+    def _end(self, turn: TurnContext) -> None:
+        """Forget ``turn`` as the active one (unless a newer turn already replaced it)."""
+        if self.turn is turn:
+            self._turn_scope = None
+            self.turn = None
+            self._turn_done.set()
 
 
 def _wait_key(msg: Message) -> str | None:
