@@ -54,6 +54,8 @@ from ..config import RunnerSettings
 from ..harnesses.protocol import (
     HARNESS_ACTOR,
     Approval,
+    ElicitationRequest,
+    ElicitationResolved,
     Inject,
     InputAccepted,
     Interrupt,
@@ -106,6 +108,8 @@ GENERIC_DETAIL = "Request failed on the runner; see runner logs for details."
 SPEC_FAILED_IN_STREAM = "Failed to resolve the agent spec for this turn."
 #: Events the session stream never carries (PROTOCOL_FACTS.md §ii.6).
 _NOT_ON_STREAM = {"response.created", "policy_evaluation.requested"}
+#: Prefix of a harness elicitation's key in ``Turn.waiting`` (tool calls use their call id).
+_ELICITATION = "elicitation:"
 
 
 class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -514,6 +518,10 @@ class DispatchActor(Actor):
                 if isinstance(reply, InputAccepted) and reply.status != 404:
                     return _from_harness(reply)
             reply = await self._to_harness(approval, durable=True)
+            taken = isinstance(reply, InputAccepted) and reply.status < 300
+            if session.turn is not None and taken:  # the harness has the verdict: it goes on
+                session.turn.waiting.discard(_ELICITATION + approval.elicitation_id)
+                session.turn.last_event = time.monotonic()
             return _from_harness(reply)
         if isinstance(event, InterruptEvent | StopSessionEvent):
             if session.turn is not None:
@@ -787,6 +795,11 @@ class DispatchActor(Actor):
         turn.last_event = time.monotonic()
         if isinstance(msg, OutputTextDelta):
             turn.text.append(msg.delta)
+        elif isinstance(msg, ElicitationRequest):
+            # The harness waits on a human: the turn is not silent until it is resolved.
+            turn.waiting.add(_ELICITATION + msg.elicitation_id)
+        elif isinstance(msg, ElicitationResolved):
+            turn.waiting.discard(_ELICITATION + msg.elicitation_id)
         tag = msg.__struct_config__.tag
         if isinstance(msg, OutputItemDone) and msg.item.get("status") == "action_required":
             self.in_order(session.id, lambda: self._tool_call(session, turn, msg.item))

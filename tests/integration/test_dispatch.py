@@ -454,3 +454,42 @@ async def test_d07_d15_explicit_harness_opens_the_stream_and_a_spec_failure_ends
         assert "404" not in json.dumps(failed), "the raw cause stays in the logs"
         assert await gw.until_status("no-spec-session") == ["running", "failed"]
     h.stop()
+
+
+async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
+    host_factory, server
+) -> None:
+    """The idle watchdog spares a turn while its harness's own elicitation is open, and ends
+    it once the turn goes silent after the verdict."""
+    host = host_factory(
+        FAST_LIVENESS
+        + "[actors.dispatch.options]\n"
+        + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
+        + "turn_idle_timeout_s = 0.5\n"
+    ).start()
+    agent_id, sid = _session(
+        server,
+        '{elicit: {message: "Deploy?"}}',
+        '{text: "Deployed.", on_decline: "Not deployed."}',
+        "{sleep_ms: 20000}",
+    )
+    async with fake_gateway(host.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        await gw.wait(
+            lambda: any(e["type"] == "response.elicitation_request" for e in gw.events.get(sid, []))
+        )
+        req = next(e for e in gw.events[sid] if e["type"] == "response.elicitation_request")
+        # Several watchdog rounds (one a second) pass while the human decides.
+        await trio.sleep(2.5)
+        assert gw.statuses(sid) == ["running"]
+        body = {
+            "type": "approval",
+            "data": {"elicitation_id": req["elicitation_id"], "action": "accept"},
+        }
+        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body)
+        assert reply.status == 204
+        assert await gw.until_status(sid, timeout=15) == ["running", "failed"]
+        (failed,) = [e for e in gw.events[sid] if e.get("status") == "failed"]
+        assert failed["error"]["code"] == "turn_watchdog"
+    host.stop()
