@@ -7,6 +7,7 @@ Roles:
     durable ENDPOINT N TASKS B    peer ``bench-tx`` sends N durable messages from TASKS tasks,
                                   B at a time per task
     echo ENDPOINT                 peer ``bench-echo`` answers every request
+    paced ENDPOINT N MS           peer ``bench-tx`` sends N stream messages, one every MS ms
 Each role prints ``ready`` when connected and runs until it is done or its stdin closes.
 """
 
@@ -67,6 +68,16 @@ async def stream(endpoint: str, n: int, batch: int) -> None:
         await _wait_stdin_closed()
 
 
+async def paced(endpoint: str, n: int, interval_ms: float) -> None:
+    async with open_peer("bench-tx", endpoint) as peer:
+        print("ready", flush=True)
+        await trio.to_thread.run_sync(sys.stdin.readline)
+        for i in range(n):
+            await peer.cast("bench-rx", EchoCount(n=i))
+            await trio.sleep(interval_ms / 1000)
+        await _wait_stdin_closed()
+
+
 async def durable(endpoint: str, n: int, tasks: int, batch: int) -> None:
     async with open_peer("bench-tx", endpoint) as peer:
         print("ready", flush=True)
@@ -107,6 +118,8 @@ def main(argv: list[str]) -> None:
         trio.run(stream, endpoint, int(rest[0]), int(rest[1]))
     elif role == "durable":
         trio.run(durable, endpoint, int(rest[0]), int(rest[1]), int(rest[2]))
+    elif role == "paced":
+        trio.run(paced, endpoint, int(rest[0]), float(rest[1]))
     elif role == "echo":
         trio.run(echo, endpoint)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -122,3 +123,71 @@ async def raw_stream_rate(endpoint: str, peer: Any, n: int) -> float:
     finally:
         tx.kill()
         tx.wait()
+
+
+async def raw_paced_latency(endpoint: str, peer: Any, n: int, interval_ms: float) -> list[float]:
+    """The latency baseline of host benchmarks: sorted send → arrival times of stream
+    messages sent one at a time, ``interval_ms`` apart, from a peer process to ``peer``
+    through the host's broker."""
+    tx = start_role("corral.bench._bus_roles", "paced", endpoint, str(n), str(interval_ms))
+    try:
+        assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
+        await trio.sleep(0.2)
+        assert tx.stdin is not None
+        tx.stdin.write("go\n")
+        tx.stdin.flush()
+        out: list[float] = []
+        with trio.move_on_after(60):
+            while len(out) < n:
+                incoming = await peer.inbox.receive()
+                out.append(time.time() - incoming.env.created_at)
+        if len(out) < n:
+            raise RuntimeError(f"raw paced stream: {len(out)} of {n} messages arrived")
+        return sorted(out)
+    finally:
+        tx.kill()
+        tx.wait()
+
+
+def host_pid(inst: Instance) -> int:
+    """The pid of the running host of ``inst``."""
+    return int(json.loads(inst.host_file.read_text())["pid"])
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds used so far by ``root`` and every process below it."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total = 0.0
+    for pid in cpu:
+        p = pid
+        while p > 1 and p != root:
+            p = parents.get(p, 0)
+        if p == root:
+            total += cpu[pid]
+    return total
+
+
+async def quiet(root: int, *, share: float = 0.05, timeout: float = 30.0) -> None:
+    """Wait until the processes under ``root`` use less than ``share`` of a core (over a
+    quarter second): a phase measured "at light load" must not start while the host still
+    digests the previous one (the journal writing a flood, say)."""
+    with trio.move_on_after(timeout):
+        before = _tree_cpu_s(root)
+        while True:
+            await trio.sleep(0.25)
+            after = _tree_cpu_s(root)
+            if after - before < share * 0.25:
+                return
+            before = after

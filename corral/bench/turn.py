@@ -4,8 +4,9 @@ A real host runs dispatch, harness and journal; this process is the gateway (it 
 session events, in ``SessionEvents`` batches, and acks each batch at once) and sends the
 messages that start turns. Figures: deltas/s with 1 and with 100 concurrent sessions; added
 latency (a delta's send by its worker to its arrival here, through broker → dispatch →
-broker) p50/p99. Baseline, same run: the bus's raw stream throughput between two peers
-through the same broker.
+broker) p50/p99, and the part of it dispatch adds. Baselines, same run: the bus's raw stream
+throughput between two peers through the same broker, and the latency of messages paced like
+the deltas over that same one-broker path.
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ import trio
 from ..actors import echo as _echo  # noqa: F401 - the raw baseline sends echo.count
 from ..bus import open_peer
 from ..config import LivenessSettings
+from ..instance import Instance
 from ..routes import HttpRequest, events_of
-from ._common import figure, percentile, raw_stream_rate, running_host
+from ._common import (
+    figure,
+    host_pid,
+    percentile,
+    quiet,
+    raw_paced_latency,
+    raw_stream_rate,
+    running_host,
+)
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 CONFIG = """
@@ -127,18 +137,23 @@ async def _turns(peer: Any, ids: list[str], *, init: bool) -> tuple[float, list[
     return (got - 1) / max(last - first, 1e-9), sorted(latencies)
 
 
-async def _phase(endpoint: str, sessions: int) -> tuple[float, list[float]]:
-    """Turn 1 of each session floods (throughput); turn 2 is paced (latency at light load)."""
+async def _phase(inst: Instance, sessions: int) -> tuple[float, list[float]]:
+    """Turn 1 of each session floods (throughput); turn 2 is paced (latency at light load,
+    so it starts once the host has digested the flood)."""
     ids = [uuid.uuid4().hex for _ in range(sessions)]
-    async with open_peer("bench-gw", endpoint, liveness=LIVENESS) as peer:
+    async with open_peer("bench-gw", inst.bus_endpoint, liveness=LIVENESS) as peer:
         rate, _ = await _turns(peer, ids, init=True)
+        await quiet(host_pid(inst))
         _, latencies = await _turns(peer, ids, init=False)
     return rate, latencies
 
 
-async def _raw_phase(endpoint: str, n: int) -> float:
+async def _raw_phase(endpoint: str, n: int) -> tuple[float, list[float]]:
+    """The bus alone, same host: stream throughput, and the latency of messages paced like
+    the paced turn's deltas (what a delta would take without dispatch in its path)."""
     async with open_peer("bench-rx", endpoint, liveness=LIVENESS) as peer:
-        return await raw_stream_rate(endpoint, peer, n)
+        rate = await raw_stream_rate(endpoint, peer, n)
+        return rate, await raw_paced_latency(endpoint, peer, 500, 2.0)
 
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
@@ -148,10 +163,10 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     many_sessions = 20 if quick else 100
     per = 500 if quick else 1_000
     with running_host(_config(one)) as inst:
-        rate1, lat1 = trio.run(_phase, inst.bus_endpoint, 1)
-        raw = trio.run(_raw_phase, inst.bus_endpoint, one)
+        rate1, lat1 = trio.run(_phase, inst, 1)
+        raw, raw_lat = trio.run(_raw_phase, inst.bus_endpoint, one)
     with running_host(_config(per)) as inst:
-        rate_many, lat_many = trio.run(_phase, inst.bus_endpoint, many_sessions)
+        rate_many, lat_many = trio.run(_phase, inst, many_sessions)
     ms = 1000
     return {
         "benchmark": "turn",
@@ -171,6 +186,16 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             figure(
                 "paced delta latency worker->consumer p99, 1 session",
                 percentile(lat1, 0.99) * ms,
+                "ms",
+            ),
+            figure(
+                "raw bus latency peer->broker->peer p50 (paced alike)",
+                percentile(raw_lat, 0.5) * ms,
+                "ms",
+            ),
+            figure(
+                "latency added by dispatch p50, 1 session",
+                (percentile(lat1, 0.5) - percentile(raw_lat, 0.5)) * ms,
                 "ms",
             ),
             figure(
