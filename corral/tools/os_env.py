@@ -51,6 +51,7 @@ __all__ = [
     "clone_os_env",
     "default_os_env_root",
     "effective_cwd",
+    "effective_cwd_sync",
     "effective_os_env",
     "sanitize_conversation_id",
     "unsupported_reason",
@@ -176,14 +177,18 @@ async def effective_cwd(ctx: ToolContext) -> Path:
         ToolError: the spec asks for an environment this runner cannot provide, or the
             fallback directory cannot be created.
     """
+    return await trio.to_thread.run_sync(effective_cwd_sync, ctx)
+
+
+def effective_cwd_sync(ctx: ToolContext) -> Path:
+    """:func:`effective_cwd` for code already in a worker thread (a file tool resolves its
+    directory in the thread that does its I/O: one thread hop per call, not two)."""
     try:
-        env = await trio.to_thread.run_sync(
-            lambda: effective_os_env(
-                ctx.spec,
-                workspace=ctx.workspace,
-                conversation_id=ctx.session_id,
-                os_env_root=ctx.os_env_root,
-            )
+        env = effective_os_env(
+            ctx.spec,
+            workspace=ctx.workspace,
+            conversation_id=ctx.session_id,
+            os_env_root=ctx.os_env_root,
         )
     except OSError as exc:
         raise ToolError(f"cannot create the session working directory: {exc.strerror}") from exc

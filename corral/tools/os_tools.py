@@ -59,7 +59,7 @@ import trio
 
 from ..harnesses.spawn_env import base_env
 from ._api import ProcessTracker, ToolContext, ToolError, ToolSpec
-from .os_env import effective_cwd
+from .os_env import effective_cwd, effective_cwd_sync
 from .paths import is_inside, resolve_inside
 
 __all__ = [
@@ -297,12 +297,17 @@ def _edit_sync(cwd: Path, path: str, old: str, new: str, replace_all: bool) -> d
     return {"path": path, "replacements": count}
 
 
-async def _run_file_op(fn: Callable[..., dict[str, Any]], cwd: Path, path: str, *rest: Any) -> str:
-    try:
-        result = await _in_thread(fn, cwd, path, *rest)
-    except OSError as exc:
-        raise ToolError(_describe(exc, path)) from exc
-    return _output(**result)
+async def _run_file_op(
+    fn: Callable[..., dict[str, Any]], ctx: ToolContext, path: str, *rest: Any
+) -> str:
+    def run() -> dict[str, Any]:
+        cwd = effective_cwd_sync(ctx)  # OSError here is already a ToolError
+        try:
+            return fn(cwd, path, *rest)
+        except OSError as exc:
+            raise ToolError(_describe(exc, path)) from exc
+
+    return _output(**await _in_thread(run))
 
 
 async def sys_os_read(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -310,16 +315,14 @@ async def sys_os_read(ctx: ToolContext, args: dict[str, Any]) -> str:
     path = _str_arg(args, "path")
     offset = _int_arg(args, "offset", 1)
     limit = _int_arg(args, "limit", None)
-    cwd = await effective_cwd(ctx)
-    return await _run_file_op(_read_sync, cwd, path, offset, limit, ctx.max_output_chars)
+    return await _run_file_op(_read_sync, ctx, path, offset, limit, ctx.max_output_chars)
 
 
 async def sys_os_write(ctx: ToolContext, args: dict[str, Any]) -> str:
     """Create or overwrite a file in the working directory (T-01)."""
     path = _str_arg(args, "path")
     content = _str_arg(args, "content", allow_empty=True)
-    cwd = await effective_cwd(ctx)
-    return await _run_file_op(_write_sync, cwd, path, content)
+    return await _run_file_op(_write_sync, ctx, path, content)
 
 
 async def sys_os_edit(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -330,8 +333,7 @@ async def sys_os_edit(ctx: ToolContext, args: dict[str, Any]) -> str:
     replace_all = args.get("replace_all", False)
     if not isinstance(replace_all, bool):
         raise ToolError("replace_all must be true or false")
-    cwd = await effective_cwd(ctx)
-    return await _run_file_op(_edit_sync, cwd, path, old, new, replace_all)
+    return await _run_file_op(_edit_sync, ctx, path, old, new, replace_all)
 
 
 # -- shell ----------------------------------------------------------------------------------
