@@ -117,7 +117,7 @@ class Peer:
         bus: BusSettings,
         liveness: LivenessSettings,
         ctx: zmq.Context | None = None,
-        inbox_size: int = 50_000,
+        inbox_size: int = 10_000,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
