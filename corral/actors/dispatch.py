@@ -802,7 +802,11 @@ class DispatchActor(Actor):
             turn.waiting.discard(_ELICITATION + msg.elicitation_id)
         tag = msg.__struct_config__.tag
         if isinstance(msg, OutputItemDone) and msg.item.get("status") == "action_required":
-            self.in_order(session.id, lambda: self._tool_call(session, turn, msg.item))
+            # Acked once the call is on its way to policy, not when this handler returns: a
+            # crash in between redelivers the request instead of losing it (the worker would
+            # wait for a result that never comes).
+            incoming.deferred = True
+            self.in_order(session.id, lambda: self._tool_call(session, turn, msg.item, incoming))
             await self._stream_chunk(turn, msg)
             return
         if isinstance(msg, PolicyEvaluationRequested) and self.options.policy is not None:
@@ -829,7 +833,15 @@ class DispatchActor(Actor):
                 origin_at=incoming.env.created_at,
             )
 
-    async def _tool_call(self, session: Session, turn: Turn, item: dict[str, Any]) -> None:
+    async def _tool_call(
+        self, session: Session, turn: Turn, item: dict[str, Any], incoming: Incoming
+    ) -> None:
+        try:
+            await self._send_tool_call(session, turn, item)
+        finally:
+            self.peer.ack(incoming)
+
+    async def _send_tool_call(self, session: Session, turn: Turn, item: dict[str, Any]) -> None:
         if not turn.spec_resolved:
             try:
                 session.spec = await self._resolve_spec(session, session.record.agent_id)
@@ -857,13 +869,17 @@ class DispatchActor(Actor):
             # nothing ever cancels (its TurnEnded, if any, is already decided).
             log.info("dropping tool call %s: its turn is over", call_id)
             return
+        if call_id in turn.answered:
+            return  # a redelivered request whose outcome the worker already has
         turn.waiting.add(call_id)
         # Recorded before it is sent: after a crash in between, the resumed turn counts a call
         # policy never got (its TurnEnded is a no-op there; the turn waits for its worker,
         # which waits for the call, until turn_timeout_s) rather than forget one a human is
         # deciding, which the idle watchdog would end and nothing would tell policy about.
-        session.record.tool_calls.append(call_id)
-        await self._save(session)
+        # A redelivered request is sent again: policy and the tools actor dedup by call id.
+        if call_id not in session.record.tool_calls:
+            session.record.tool_calls.append(call_id)
+            await self._save(session)
         arguments = item.get("arguments")
         call = ToolCall(
             session_id=session.id,

@@ -155,3 +155,32 @@ async def test_d22_kill9_dispatch_the_watchdog_spares_a_turn_only_while_it_waits
         ]
     assert (tmp_path / "approved.txt").read_text() == "approved"
     host.stop()
+
+
+async def test_d18_kill9_dispatch_while_it_prepares_a_tool_call_loses_nothing(
+    host_factory, server, tmp_path: Path
+) -> None:
+    """The worker's tool request is acked only once the call is on its way to policy: a
+    dispatch killed while it prepares the call (here: fetching the agent's spec, which a
+    restart forgot) gets the request again and the call runs once."""
+    host = _host(host_factory, server)
+    agent_id, sid = agent(
+        server,
+        tmp_path,
+        ["{sleep_ms: 2000}", tool("sys_os_write", path="once.txt", content="x"), '{text: "ok"}'],
+    )
+    async with fake_gateway(host.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        await _kill9_dispatch(host)
+        # The restarted dispatch fetches the spec before the call: that request hangs.
+        hang = server.fail("GET", r".*/agent/contents", mode="hang")
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: hang.times == 0, 20, "the spec fetch")
+        )
+        await _kill9_dispatch(host)
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        (wrote,) = (json.loads(o) for o in outputs(gw, sid))
+        assert wrote["created"] is True
+    assert (tmp_path / "once.txt").read_text() == "x"
+    host.stop()
