@@ -1,7 +1,9 @@
-"""Durable files: an append-only JSON-lines log with torn-tail repair, and ``fsync_dir``.
+"""Durable files: an append-only JSON-lines log with torn-tail repair, ``fsync_dir`` and
+``write_atomically``.
 
 A floor module (imports nothing of corral): the tools actor's call log, the session inboxes
-and background-call records, the broker's log and the control plane's state files use it.
+and background-call records, the broker's log, the journal, dispatch's and the gateway's
+state files and the control plane's state files use it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,23 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old file or the new one,
+    never a mix: a temporary file, fdatasync, rename, then an fsync of the directory (without
+    it the rename itself may not survive a power cut)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 class JsonLinesLog:
@@ -117,17 +136,7 @@ class JsonLinesLog:
             fsync_dir(self.path.parent)
 
     def _rewrite_sync(self, data: bytes) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        write_atomically(self.path, data)
 
     def _remove_sync(self) -> None:
         try:

@@ -9,13 +9,13 @@ hands every actor that talks to servers (gateway, dispatch, policy) the same lis
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 
 import msgspec
 
 from ._exceptions import ConfigError
+from ._jsonlines import write_atomically
 from .config import RunnerSettings
 from .server_client import runner_id_for_token
 
@@ -52,11 +52,7 @@ def resolve_runner_ids(runners: list[RunnerSettings], state_dir: Path) -> list[R
         out.append(msgspec.structs.replace(runner, id=runner_id))
     if changed:
         state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(stored, indent=1))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(stored, indent=1).encode())
     ids = [r.id for r in out]
     dup = next((i for i in ids if ids.count(i) > 1), None)
     if dup is not None:

@@ -49,6 +49,7 @@ import msgspec
 import trio
 
 from .._exceptions import CorralError
+from .._jsonlines import write_atomically
 from ..bus import Incoming, Message, Outbox
 from ..config import RunnerSettings
 from ..harnesses.protocol import (
@@ -368,11 +369,7 @@ class DispatchActor(Actor):
             epoch = int(path.read_text()) + 1
         except (FileNotFoundError, ValueError):
             epoch = 1
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(epoch))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomically(path, str(epoch).encode())
         return epoch
 
     def _load(self) -> list[SessionRecord]:
@@ -392,11 +389,7 @@ class DispatchActor(Actor):
         return list(records.values())
 
     def _rewrite(self, records: list[SessionRecord]) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in records))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_path)
+        write_atomically(self.state_path, b"".join(msgspec.json.encode(r) + b"\n" for r in records))
 
     async def _save(self, session: Session) -> None:
         line = msgspec.json.encode(session.record) + b"\n"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import trio
 
+from .._jsonlines import write_atomically
+
 
 class Dedup:
     """A durable set of handled message ids, bounded to the newest ``keep``.
@@ -84,8 +86,4 @@ class Dedup:
             os.close(fd)
 
     def _rewrite(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{i}\t{n}\n" for i, n in self._ids.items()))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, "".join(f"{i}\t{n}\n" for i, n in self._ids.items()).encode())

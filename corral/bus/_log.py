@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 
-from .._jsonlines import fsync_dir
+from .._jsonlines import fsync_dir, write_atomically
 
 MAGIC = b"CORRALMB\x01\n"
 _HEADER = struct.Struct("<II")
@@ -181,19 +181,8 @@ class MailboxLog:
 
     def rewrite(self, records: Iterable[LogRecord]) -> None:
         """Replace the log with ``records`` atomically (compaction)."""
-        tmp = self.path.with_suffix(".compact")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            chunks = [MAGIC, *(frame_record(r) for r in records)]
-            data = b"".join(chunks)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        data = b"".join([MAGIC, *(frame_record(r) for r in records)])
+        write_atomically(self.path, data)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self.size = len(data)

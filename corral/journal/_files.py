@@ -1,4 +1,4 @@
-"""File-level durability: opening a run file, torn-tail repair, appends, fsync, rewrite.
+"""File-level durability: opening a run file, torn-tail repair, appends, fsync.
 
 Everything here is blocking and is called either directly by the synchronous
 :class:`RunJournal` or from a worker thread by the :class:`JournalWriter`.
@@ -22,6 +22,7 @@ import os
 import time
 from pathlib import Path
 
+from .._jsonlines import fsync_dir
 from ._records import probe_seq
 
 # The tail scan reads this much from the end first, growing only for very long lines.
@@ -69,15 +70,6 @@ def ensure_dir(path: Path) -> None:
     except FileExistsError:
         return
     fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the directory's entries (a created, renamed or removed file) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def open_run(path: Path) -> tuple[RunCursor, int]:
@@ -165,18 +157,3 @@ def close(cursor: RunCursor) -> None:
             sync(cursor)
     finally:
         os.close(cursor.fd)
-
-
-def rewrite(path: Path, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data``: temp file, fsync, rename, directory fsync."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)

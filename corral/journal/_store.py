@@ -27,8 +27,9 @@ from typing import Any, Self
 
 import msgspec
 
+from .._jsonlines import fsync_dir, write_atomically
 from ._errors import ActiveRunError, JournalError, JournalIOError, WriterAttachedError
-from ._files import FsyncPolicy, RunCursor, append_bytes, close, fsync_dir, open_run, rewrite, sync
+from ._files import FsyncPolicy, RunCursor, append_bytes, close, open_run, sync
 from ._read import load_events, load_keys, read_bytes, replay
 from ._records import (
     decode_json,
@@ -392,7 +393,7 @@ class RunJournal:
                     continue
                 content, count = result
                 self._drop_cursor((session_id, info.run_id))
-                rewrite(path, content)
+                write_atomically(path, content)
                 total -= len(data) - len(content)
                 compacted.append(info.run_id)
                 folded += count

@@ -20,6 +20,7 @@ from pathlib import Path
 import msgspec
 import trio
 
+from ..._jsonlines import write_atomically
 from ...bus import Incoming
 
 log = logging.getLogger("corral.actors.gateway")
@@ -245,17 +246,7 @@ class StreamBuffer:
                 parts.append(_record(_DONE, session_id, s.done))
             parts.extend(_record(_EVENT, session_id, seq, ev) for seq, ev in s.events)
         data = b"".join(parts)
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, data)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._size = len(data)
