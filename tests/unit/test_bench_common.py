@@ -13,13 +13,20 @@ from corral.bench._common import _tree_cpu_s, quiet
 
 
 def test_tree_cpu_counts_children() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # The child burns 0.3 s of CPU, says so, and waits (alive) until its stdin closes.
+    burn = (
+        "import sys, time\n"
+        "while time.process_time() < 0.3: pass\n"
+        "print('burnt', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    before = _tree_cpu_s(os.getpid())
+    child = subprocess.Popen(
+        [sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
-        before = _tree_cpu_s(os.getpid())
-        deadline = time.monotonic() + 10
-        while _tree_cpu_s(os.getpid()) - before < 0.2:
-            assert time.monotonic() < deadline, "a busy child's CPU was not counted"
-            time.sleep(0.05)
+        assert child.stdout is not None and child.stdout.readline().strip() == "burnt"
+        assert _tree_cpu_s(os.getpid()) - before >= 0.25, "a busy child's CPU was not counted"
     finally:
         child.kill()
         child.wait()
