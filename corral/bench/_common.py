@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,54 +99,53 @@ def running_host(config_text: str) -> Iterator[Instance]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def raw_stream_rate(endpoint: str, peer: Any, n: int) -> float:
-    """The baseline of host benchmarks: stream messages/s from a peer process to ``peer``
-    through the host's broker, received one by one like the benchmark's own consumer."""
-    tx = start_role("corral.bench._bus_roles", "stream", endpoint, str(n), "256")
+@contextlib.asynccontextmanager
+async def _sending_role(*args: str) -> AsyncIterator[None]:
+    """A sender from ``corral.bench._bus_roles``, connected and told to go; killed on exit."""
+    tx = start_role("corral.bench._bus_roles", *args)
     try:
         assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
         await trio.sleep(0.2)
         assert tx.stdin is not None
         tx.stdin.write("go\n")
         tx.stdin.flush()
-        got = 0
-        t0 = 0.0
-        with trio.move_on_after(60):
-            while got < n:
-                await peer.inbox.receive()
-                if got == 0:
-                    t0 = time.perf_counter()
-                got += 1
-        if got < n:
-            raise RuntimeError(f"raw stream: {got} of {n} messages arrived")
-        return (got - 1) / (time.perf_counter() - t0)
+        yield
     finally:
         tx.kill()
         tx.wait()
+
+
+async def raw_stream_rate(endpoint: str, peer: Any, n: int) -> float:
+    """The baseline of host benchmarks: stream messages/s from a peer process to ``peer``
+    through the host's broker, received one by one like the benchmark's own consumer."""
+    async with _sending_role("stream", endpoint, str(n), "256"):
+        got = 0
+        first = last = 0.0
+        with trio.move_on_after(60):
+            while got < n:
+                await peer.inbox.receive()
+                last = time.perf_counter()
+                if got == 0:
+                    first = last
+                got += 1
+    if got < n:
+        raise RuntimeError(f"raw stream: {got} of {n} messages arrived")
+    return (got - 1) / max(last - first, 1e-9)
 
 
 async def raw_paced_latency(endpoint: str, peer: Any, n: int, interval_ms: float) -> list[float]:
     """The latency baseline of host benchmarks: sorted send → arrival times of stream
     messages sent one at a time, ``interval_ms`` apart, from a peer process to ``peer``
     through the host's broker."""
-    tx = start_role("corral.bench._bus_roles", "paced", endpoint, str(n), str(interval_ms))
-    try:
-        assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
-        await trio.sleep(0.2)
-        assert tx.stdin is not None
-        tx.stdin.write("go\n")
-        tx.stdin.flush()
-        out: list[float] = []
+    out: list[float] = []
+    async with _sending_role("paced", endpoint, str(n), str(interval_ms)):
         with trio.move_on_after(60):
             while len(out) < n:
                 incoming = await peer.inbox.receive()
                 out.append(time.time() - incoming.env.created_at)
-        if len(out) < n:
-            raise RuntimeError(f"raw paced stream: {len(out)} of {n} messages arrived")
-        return sorted(out)
-    finally:
-        tx.kill()
-        tx.wait()
+    if len(out) < n:
+        raise RuntimeError(f"raw paced stream: {len(out)} of {n} messages arrived")
+    return sorted(out)
 
 
 def host_pid(inst: Instance) -> int:

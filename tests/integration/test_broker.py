@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import trio
 import zmq
 
 from corral.actors.echo import EchoPing, EchoRecord
-from corral.bus import Broker, open_peer
+from corral.bus import Broker, Peer, open_peer
 from corral.config import BusSettings
 
 
@@ -23,6 +25,18 @@ async def _start(nursery: trio.Nursery, tmp: Path, **settings: object) -> Broker
     broker.register("worker")
     await nursery.start(broker.run)
     return broker
+
+
+@asynccontextmanager
+async def _small_inbox(nursery: trio.Nursery, tmp: Path) -> AsyncIterator[tuple[Peer, Peer]]:
+    """A broker, a ``client`` and a ``worker`` whose inbox holds 100 messages."""
+    await _start(nursery, tmp)
+    endpoint = f"ipc://{tmp}/bus.sock"
+    async with (
+        open_peer("client", endpoint) as client,
+        open_peer("worker", endpoint, inbox_size=100) as worker,
+    ):
+        yield client, worker
 
 
 async def _drain(peer, n: int, *, ack: bool = True) -> list:
@@ -161,26 +175,20 @@ async def test_a_full_inbox_stops_reading_unless_its_owner_awaits_a_reply(
     """A flood past the inbox's bound waits in the broker (backpressure, nothing lost)."""
     from corral.actors.echo import EchoCount
 
-    async with trio.open_nursery() as nursery:
-        await _start(nursery, tmp_path)
-        endpoint = f"ipc://{tmp_path}/bus.sock"
-        async with (
-            open_peer("client", endpoint) as client,
-            open_peer("worker", endpoint, inbox_size=100) as worker,
-        ):
-            await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
-            with trio.fail_after(10):
-                while len(worker.inbox) < 100:
-                    await trio.sleep(0.01)
-            # Reading stopped at the bound...
-            with trio.move_on_after(0.3):
-                while len(worker.inbox) <= 100:
-                    await trio.sleep(0.01)
-            assert len(worker.inbox) == 100
-            got = await _drain(worker, 5000)
-            # ... and every message came, in order.
-            assert [g.msg.n for g in got] == list(range(5000))
-            assert worker.stats["dropped"] == 0
+    async with trio.open_nursery() as nursery, _small_inbox(nursery, tmp_path) as (client, worker):
+        await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
+        with trio.fail_after(10):
+            while len(worker.inbox) < 100:
+                await trio.sleep(0.01)
+        # Reading stopped at the bound...
+        with trio.move_on_after(0.3):
+            while len(worker.inbox) <= 100:
+                await trio.sleep(0.01)
+        assert len(worker.inbox) == 100
+        got = await _drain(worker, 5000)
+        # ... and every message came, in order.
+        assert [g.msg.n for g in got] == list(range(5000))
+        assert worker.stats["dropped"] == 0
         nursery.cancel_scope.cancel()
 
 
@@ -191,41 +199,35 @@ async def test_a_full_inbox_never_stalls_an_owner_awaiting_a_reply(tmp_path: Pat
     from corral import Unreachable
     from corral.actors.echo import EchoCount, EchoPong
 
-    async with trio.open_nursery() as nursery:
-        await _start(nursery, tmp_path)
-        endpoint = f"ipc://{tmp_path}/bus.sock"
-        async with (
-            open_peer("client", endpoint) as client,
-            open_peer("worker", endpoint, inbox_size=100) as worker,
-        ):
-            answered = trio.Event()
+    async with trio.open_nursery() as nursery, _small_inbox(nursery, tmp_path) as (client, worker):
+        answered = trio.Event()
 
-            async def owner_waits() -> None:
-                await worker.call("client", EchoPing(text="hold"), timeout=10)
-                answered.set()
+        async def owner_waits() -> None:
+            await worker.call("client", EchoPing(text="hold"), timeout=10)
+            answered.set()
 
-            nursery.start_soon(owner_waits)
-            with trio.fail_after(10):
-                hold = await client.inbox.receive()
-                await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
-                with pytest.raises(Unreachable, match="overloaded"):
-                    await client.call("worker", EchoPing(text="?"), timeout=5)
-                await client.cast("worker", EchoRecord(key="x"), durable=True)
-                while len(worker.inbox) + worker.stats["dropped"] < 5002:
-                    await trio.sleep(0.01)
-                await client.reply(hold, EchoPong(text="go"))
-                await answered.wait()
-            got = []
-            while True:
-                try:
-                    got.append(worker.inbox.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            counts = [g.msg.n for g in got if isinstance(g.msg, EchoCount)]
-            assert len(counts) + worker.stats["dropped"] == 5000 + 1, "and the call"
-            assert len(got) == 4 * 100 + 1, "the durable one came past the hard limit"
-            assert counts == list(range(len(counts)))
-            assert got[-1].msg == EchoRecord(key="x")
+        nursery.start_soon(owner_waits)
+        with trio.fail_after(10):
+            hold = await client.inbox.receive()
+            await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
+            with pytest.raises(Unreachable, match="overloaded"):
+                await client.call("worker", EchoPing(text="?"), timeout=5)
+            await client.cast("worker", EchoRecord(key="x"), durable=True)
+            while len(worker.inbox) + worker.stats["dropped"] < 5002:
+                await trio.sleep(0.01)
+            await client.reply(hold, EchoPong(text="go"))
+            await answered.wait()
+        got = []
+        while True:
+            try:
+                got.append(worker.inbox.receive_nowait())
+            except trio.WouldBlock:
+                break
+        counts = [g.msg.n for g in got if isinstance(g.msg, EchoCount)]
+        assert len(counts) + worker.stats["dropped"] == 5000 + 1, "and the call"
+        assert len(got) == 4 * 100 + 1, "the durable one came past the hard limit"
+        assert counts == list(range(len(counts)))
+        assert got[-1].msg == EchoRecord(key="x")
         nursery.cancel_scope.cancel()
 
 
