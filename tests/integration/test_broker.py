@@ -29,13 +29,18 @@ async def _start(nursery: trio.Nursery, tmp: Path, **settings: object) -> Broker
 
 @asynccontextmanager
 async def _small_inbox(nursery: trio.Nursery, tmp: Path) -> AsyncIterator[tuple[Peer, Peer]]:
-    """A broker, a ``client`` and a ``worker`` whose inbox holds 100 messages."""
-    await _start(nursery, tmp)
+    """A broker, a ``client`` and a ``worker`` whose inbox holds 100 messages, both known
+    to the broker (a peer's Hello is not answered, so a stream message to a peer whose
+    Hello is still on its way would be unreachable)."""
+    broker = await _start(nursery, tmp)
     endpoint = f"ipc://{tmp}/bus.sock"
     async with (
         open_peer("client", endpoint) as client,
         open_peer("worker", endpoint, inbox_size=100) as worker,
     ):
+        with trio.fail_after(5):
+            while broker.last_seen("client") is None or broker.last_seen("worker") is None:
+                await trio.sleep(0.01)
         yield client, worker
 
 
