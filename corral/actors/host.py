@@ -245,14 +245,15 @@ class Host:
             return
         plan = actor_plan(self.config)
         _import_protocols([target for _, target, _ in plan])
+        # Every actor starts at once, so their imports overlap; the broker holds stream
+        # messages to one that has not said hello yet, so no actor depends on the order.
+        started = []
         for name, target, actor in plan:
-            if self._stop.is_set():
-                return
             self._plan[name] = (target, actor)
-            self.broker.register(name)
-            child = self.children.start_child(self._actor_spec(name, target, actor))
-            # Start in order: the next actor starts once this one is up (or gave up).
-            with trio.move_on_after(START_GRACE_S):
+            self.broker.starting(name)
+            started.append(self.children.start_child(self._actor_spec(name, target, actor)))
+        with trio.move_on_after(START_GRACE_S):
+            for child in started:
                 while not child.ready.is_set() and child.state not in ("failed", "stopped"):
                     with trio.move_on_after(0.05):
                         await child.ready.wait()

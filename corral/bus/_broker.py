@@ -108,6 +108,8 @@ class Broker:
         self._peers: dict[str, PeerState] = {}
         self._mailboxes: dict[str, Mailbox] = {}
         self._known: set[str] = set()
+        #: Stream messages for actors being started, held until each says hello.
+        self._held: dict[str, deque[tuple[Envelope, bytes]]] = {}
         self._dead: deque[DeadLetter] = deque(maxlen=settings.max_dead_letters)
         self._resolved: deque[tuple[Entry, str, str | None, float]] = deque(maxlen=1000)
         self._pending: list[tuple[bytes, Entry | None]] = []
@@ -220,8 +222,21 @@ class Broker:
         """Rows for ``corral dead-letters``, oldest first."""
         return [d.to_json() for d in self._dead]
 
+    def starting(self, name: str) -> None:
+        """The supervisor is spawning ``name``: hold stream messages to it until it says hello.
+
+        Actors start together, so one may call another whose process is still importing.
+        Such a call waits (as a durable message would in its mailbox) rather than failing;
+        at most ``max_backlog`` messages are held, and all are refused if the actor exits
+        before its hello.
+        """
+        self.register(name)
+        self._held.setdefault(name, deque())
+
     def peer_down(self, name: str) -> None:
         """The supervisor saw ``name``'s process exit: take back what it had in flight."""
+        for env, _ in self._held.pop(name, ()):
+            self._error_reply(env, "unreachable", f"peer {name!r} exited before it started")
         peer = self._peers.get(name)
         if peer is not None:
             peer.connected = False
@@ -336,6 +351,8 @@ class Broker:
         if restarted or box.in_flight:
             self._requeue(box, incarnation=msg.incarnation)
         log.debug("hello from %s pid=%d restarted=%s", peer.name, msg.pid, restarted)
+        for env, frame in self._held.pop(peer.name, ()):
+            self._route(peer, env, frame)
         if self.on_hello is not None:
             self.on_hello(peer.name, msg.pid)
         self._pump(box)
@@ -449,8 +466,15 @@ class Broker:
     def _on_stream(self, env: Envelope, frame: bytes) -> None:
         peer = self._peers.get(env.recipient)
         if peer is None or not peer.connected:
-            self._error_reply(env, "unreachable", f"no running peer named {env.recipient!r}")
+            held = self._held.get(env.recipient)
+            if held is not None and len(held) < self.settings.max_backlog:
+                held.append((env, frame))
+            else:
+                self._error_reply(env, "unreachable", f"no running peer named {env.recipient!r}")
             return
+        self._route(peer, env, frame)
+
+    def _route(self, peer: PeerState, env: Envelope, frame: bytes) -> None:
         if not self._send(peer, frame):
             why = "is overloaded" if peer.connected else "has gone away"
             self._error_reply(env, "unreachable", f"peer {env.recipient!r} {why}")

@@ -174,6 +174,61 @@ async def test_message_to_a_name_nobody_knows(tmp_path: Path, durable: bool) -> 
         nursery.cancel_scope.cancel()
 
 
+async def test_a_call_to_an_actor_still_starting_waits_for_its_hello(tmp_path: Path) -> None:
+    """Actors start together: a stream call to one whose process has not said hello yet is
+    held by the broker and delivered, in order, when it does."""
+    from corral.actors.echo import EchoPong
+
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        broker.starting("late")
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        async with open_peer("client", endpoint) as client:
+            replies = []
+
+            async def ask(text: str) -> None:
+                replies.append(await client.call("late", EchoPing(text=text), timeout=10))
+
+            async with trio.open_nursery() as callers:
+                callers.start_soon(ask, "first")
+                with trio.fail_after(5):
+                    while len(broker._held["late"]) < 1:
+                        await trio.sleep(0.01)
+                await client.cast("late", EchoPing(text="second"))
+                while len(broker._held["late"]) < 2:
+                    await trio.sleep(0.01)
+                async with open_peer("late", endpoint) as late:
+                    first, second = await _drain(late, 2)
+                    assert [first.msg.text, second.msg.text] == ["first", "second"]
+                    await late.reply(first, EchoPong(text="hello"))
+            assert replies == [EchoPong(text="hello")]
+            assert "late" not in broker._held, "held only until the first hello"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_to_an_actor_that_dies_before_its_hello_is_refused(tmp_path: Path) -> None:
+    from corral import Unreachable
+
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        broker.starting("doomed")
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+
+            async def exit_soon() -> None:
+                with trio.fail_after(5):
+                    while not broker._held["doomed"]:
+                        await trio.sleep(0.01)
+                broker.peer_down("doomed")
+
+            nursery.start_soon(exit_soon)
+            with pytest.raises(Unreachable, match="exited before it started"):
+                await client.call("doomed", EchoPing(text="?"), timeout=5)
+            # Once down, a call is refused at once, as for any peer that is not running.
+            with pytest.raises(Unreachable, match="no running peer"):
+                await client.call("doomed", EchoPing(text="?"), timeout=5)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_full_inbox_stops_reading_unless_its_owner_awaits_a_reply(
     tmp_path: Path,
 ) -> None:
