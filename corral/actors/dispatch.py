@@ -22,15 +22,16 @@ as the next turn with the full history and no ``idle`` edge in between. Each tur
 ``error: {code, message}`` — and a per-turn watchdog guarantees that edge even if everything
 else misbehaves.
 
-Crash safety. Sessions (agent, overrides, the active turn's id and the tool calls it sent
-and got answered, buffered messages, the stream sequence) are written to ``sessions.log``
-(fsynced) before a request is answered. After a restart the state is rebuilt from it; an
-active turn **resumes**: its worker keeps streaming to the new dispatch, and its terminal
-event — durable, from the harness actor — still ends it. The resumed turn knows what it has in
-flight (:meth:`Turn.resume`): it still tells policy when it ends, and the idle watchdog still
-spares it while a call waits on a tool or a human. If the harness actor has no record of the
-turn, its watchdog ends it ``failed`` with code ``runner_restarted``. Never two terminal edges
-for one turn: edges are published only for the turn id that is active.
+Crash safety. Sessions (agent, overrides, the active turn's id, start and streaming caller,
+the tool calls it sent and got answered, buffered messages, the stream sequence) are written
+to ``sessions.log`` (fsynced) before a request is answered. After a restart the state is
+rebuilt from it; an active turn **resumes**: its worker keeps streaming to the new dispatch,
+and its terminal event — durable, from the harness actor — still ends it. The resumed turn
+knows what it has in flight (:meth:`Turn.resume`): it still tells policy when it ends, and
+the idle watchdog still spares it while a call waits on a tool or a human. If the harness
+actor has no record of the turn, its watchdog ends it ``failed`` with code
+``runner_restarted``. Never two terminal edges for one turn: edges are published only for
+the turn id that is active.
 """
 
 from __future__ import annotations
@@ -254,10 +255,16 @@ class Turn:
         """
         assert record.turn_id is not None
         answered = set(record.answered)
+        # Its age carries over (turn_timeout_s counts from the real start), and so does the
+        # caller of a ``?stream=true`` turn, whose response is still open at the gateway.
+        age = max(0.0, time.time() - record.turn_started_at) if record.turn_started_at else 0.0
         return cls(
             record.turn_id,
+            started=time.monotonic() - age,
+            stream_to=(record.stream_to[0], record.stream_to[1]) if record.stream_to else None,
             spec_resolved=False,
-            waiting=set(record.tool_calls) - answered,
+            waiting=(set(record.tool_calls) - answered)
+            | {_ELICITATION + e for e in record.elicitations},
             answered=answered,
         )
 
@@ -273,11 +280,18 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     model_override: str | None = None
     created_at: float = 0.0
     turn_id: str | None = None
+    #: Wall-clock start of the active turn, and the (reply_to, request_id) of its
+    #: ``?stream=true`` POST, if any.
+    turn_started_at: float = 0.0
+    stream_to: list[str] | None = None
     #: Ids of the active turn's tool calls sent to policy (written before each is sent), and
     #: of those whose outcome went to the worker (written after): what the turn has in flight
     #: after a restart (``Turn.resume``). One write per call and per outcome; none per delta.
     tool_calls: list[str] = []
     answered: list[str] = []
+    #: Elicitations the active turn's harness opened and no verdict has closed: the turn
+    #: waits on a human. Written when each opens and closes (rare; none per delta).
+    elicitations: list[str] = []
     buffer: list[dict[str, Any]] = []
     seq: int = 0
     status: str = "idle"
@@ -390,6 +404,11 @@ class DispatchActor(Actor):
 
     def _rewrite(self, records: list[SessionRecord]) -> None:
         write_atomically(self.state_path, b"".join(msgspec.json.encode(r) + b"\n" for r in records))
+
+    async def _elicitation_closed(self, session: Session, elicitation_id: str) -> None:
+        if elicitation_id in session.record.elicitations:
+            session.record.elicitations.remove(elicitation_id)
+            await self._save(session)
 
     async def _save(self, session: Session) -> None:
         line = msgspec.json.encode(session.record) + b"\n"
@@ -515,6 +534,7 @@ class DispatchActor(Actor):
             if session.turn is not None and taken:  # the harness has the verdict: it goes on
                 session.turn.waiting.discard(_ELICITATION + approval.elicitation_id)
                 session.turn.last_event = time.monotonic()
+                await self._elicitation_closed(session, approval.elicitation_id)
             return _from_harness(reply)
         if isinstance(event, InterruptEvent | StopSessionEvent):
             if session.turn is not None:
@@ -638,6 +658,8 @@ class DispatchActor(Actor):
         turn = Turn(turn_id=f"turn_{uuid.uuid4().hex}")
         session.turn = turn
         session.record.turn_id = turn.turn_id
+        session.record.turn_started_at = time.time()
+        session.record.stream_to = [stream.reply_to, stream.request_id] if stream else None
         session.record.status = "running"
         await self._save(session)
         self.stats["turns"] += 1
@@ -791,8 +813,12 @@ class DispatchActor(Actor):
         elif isinstance(msg, ElicitationRequest):
             # The harness waits on a human: the turn is not silent until it is resolved.
             turn.waiting.add(_ELICITATION + msg.elicitation_id)
+            if msg.elicitation_id not in session.record.elicitations:
+                session.record.elicitations.append(msg.elicitation_id)
+                await self._save(session)
         elif isinstance(msg, ElicitationResolved):
             turn.waiting.discard(_ELICITATION + msg.elicitation_id)
+            await self._elicitation_closed(session, msg.elicitation_id)
         tag = msg.__struct_config__.tag
         if isinstance(msg, OutputItemDone) and msg.item.get("status") == "action_required":
             # Acked once the call is on its way to policy, not when this handler returns: a
@@ -987,8 +1013,10 @@ class DispatchActor(Actor):
                 turn.stream_to[0], HttpChunk(request_id=turn.stream_to[1], end=True)
             )
         buffered, session.record.buffer = session.record.buffer, []
-        session.record.turn_id = None
+        session.record.turn_id, session.record.turn_started_at = None, 0.0
+        session.record.stream_to = None
         session.record.tool_calls, session.record.answered = [], []
+        session.record.elicitations = []
         if status == "failed":
             self.stats["failed"] += 1
         if buffered and status == "idle":

@@ -14,6 +14,7 @@ import trio
 from tests.conftest import FAST_LIVENESS, HostProcess
 from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
 from tests.integration._gateway import fake_gateway, scripted_yaml
+from tests.integration.test_tools_policy import restarted
 
 
 @pytest.fixture
@@ -290,6 +291,27 @@ async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess,
         ]
 
 
+async def test_kill9_dispatch_mid_stream_true_turn_the_caller_still_gets_its_end(
+    dhost: HostProcess, server
+) -> None:
+    """The caller of a ``?stream=true`` turn is in the session record: after a restart the
+    resumed turn goes on streaming to it and ends its response (else it would hang)."""
+    agent_id, sid = _session(server, '{text: "x", repeat: 150, delay_ms: 10}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        body = {"type": "message", "role": "user", "content": "hi", "agent_id": agent_id}
+        reply = await gw.request(
+            "POST", f"/v1/sessions/{sid}/events", body, query="stream=true", request_id="req-k"
+        )
+        assert (reply.status, reply.streaming) == (200, True)
+        await gw.wait(lambda: b"output_text.delta" in b"".join(gw.chunks.get("req-k", [])))
+        os.kill(dhost.actor("dispatch")["pid"], signal.SIGKILL)
+        await gw.wait(lambda: "req-k" in gw.ended, timeout=20)
+        frames = b"".join(gw.chunks["req-k"]).decode()
+        assert frames.rstrip().split("\n\n")[-1].startswith("event: response.completed")
+        assert await gw.until_status(sid, timeout=20) == ["running", "idle"]
+
+
 async def test_d01_d04_stream_true_relays_sse_frames_in_order(dhost: HostProcess, server) -> None:
     agent_id, sid = _session(server, '{text: "abc", chunk: 1}')
     async with fake_gateway(dhost.endpoint) as gw:
@@ -456,11 +478,13 @@ async def test_d07_d15_explicit_harness_opens_the_stream_and_a_spec_failure_ends
     h.stop()
 
 
+@pytest.mark.parametrize("kill_dispatch", [False, True], ids=["", "after-kill9-of-dispatch"])
 async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
-    host_factory, server
+    host_factory, server, kill_dispatch: bool
 ) -> None:
     """The idle watchdog spares a turn while its harness's own elicitation is open, and ends
-    it once the turn goes silent after the verdict."""
+    it once the turn goes silent after the verdict. The open elicitation is in the session
+    record, so a dispatch restarted meanwhile spares the turn too."""
     host = host_factory(
         FAST_LIVENESS
         + "[actors.dispatch.options]\n"
@@ -480,6 +504,10 @@ async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
             lambda: any(e["type"] == "response.elicitation_request" for e in gw.events.get(sid, []))
         )
         req = next(e for e in gw.events[sid] if e["type"] == "response.elicitation_request")
+        if kill_dispatch:
+            before = host.actor("dispatch")
+            os.kill(before["pid"], signal.SIGKILL)
+            await restarted(host, "dispatch", before)
         # Several watchdog rounds (one a second) pass while the human decides.
         await trio.sleep(2.5)
         assert gw.statuses(sid) == ["running"]

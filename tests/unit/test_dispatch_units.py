@@ -158,3 +158,26 @@ def test_a_record_written_before_calls_were_recorded_still_resumes() -> None:
     assert (record.tool_calls, record.answered) == ([], [])
     turn = Turn.resume(record)
     assert (turn.waiting, turn.answered) == (set(), set())
+
+
+def test_a_resumed_turn_keeps_its_age_and_its_streaming_caller() -> None:
+    """turn_timeout_s counts from the turn's real start, not from dispatch's restart; a
+    ``?stream=true`` caller still gets the rest of the turn and its end."""
+    import time
+
+    started = time.time() - 100
+    line = msgspec.json.encode(
+        {
+            "id": "s",
+            "turn_id": "t1",
+            "turn_started_at": started,
+            "stream_to": ["gateway", "r1/req-7"],
+            "status": "running",
+        }
+    )
+    turn = Turn.resume(msgspec.json.decode(line, type=SessionRecord))
+    assert 99 < time.monotonic() - turn.started < 110
+    assert turn.stream_to == ("gateway", "r1/req-7")
+    old = Turn.resume(SessionRecord(id="s", turn_id="t1"))
+    assert time.monotonic() - old.started < 5, "a record without a start: counted from now"
+    assert old.stream_to is None
