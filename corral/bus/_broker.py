@@ -11,7 +11,8 @@ before the sender's send is acknowledged (:class:`~corral.bus.Accepted`); they s
 recipient's mailbox until it acks them, are redelivered to a restarted recipient, and are
 dead-lettered after ``max_attempts`` deliveries.
 
-Handles (from peers, addressed to ``broker``): Hello, Heartbeat, Ack, Nack, Reject.
+Handles (from peers, addressed to ``broker``): Hello (answered with Welcome when the peer
+waits for it), Heartbeat, Ack, Nack, Reject, Park, Unpark, ListParked.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from ._messages import (
     ParkedEntries,
     Reject,
     Unpark,
+    Welcome,
     new_id,
 )
 from ._socket import Socket, configure
@@ -316,6 +318,8 @@ class Broker:
                 self._pump(box)
         elif isinstance(msg, Hello):
             self._on_hello(peer, msg)
+            if env.wants_reply:
+                self._reply(peer.name, env.id, Welcome())
         elif isinstance(msg, Nack):
             self._on_nack(peer, msg)
         elif isinstance(msg, Reject):

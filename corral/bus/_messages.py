@@ -94,6 +94,10 @@ class Hello(Message, tag="bus.hello"):
     incarnation: str
 
 
+class Welcome(Message, tag="bus.welcome"):
+    """The broker's answer to a Hello that wants one: it now routes messages to the peer."""
+
+
 class Heartbeat(Message, tag="bus.heartbeat"):
     """Sent by an otherwise silent peer so the broker knows it is alive."""
 

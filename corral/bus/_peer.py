@@ -605,11 +605,20 @@ class Peer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_loop)
             nursery.start_soon(self._ack_loop)
-            await self._control(
-                Hello(name=self.name, pid=os.getpid(), incarnation=self.incarnation)
-            )
+            await self._greet()
             nursery.start_soon(self._heartbeat_loop)
             task_status.started()
+
+    async def _greet(self) -> None:
+        """Say hello, and wait until the broker has taken it: a message sent to this peer by
+        anyone once it has started is then routed, never refused as to a peer nobody knows.
+        A broker that does not answer (not started yet) is not waited for past the request
+        timeout; the hello still reaches it once it binds."""
+        hello = Hello(name=self.name, pid=os.getpid(), incarnation=self.incarnation)
+        try:
+            await self.call(BROKER, hello, timeout=self.bus.request_timeout_s)
+        except CallTimeout:
+            log.warning("%s: the broker did not answer its hello", self.name)
 
     async def flush(self) -> None:
         """Send pending acks now (before an orderly stop)."""

@@ -29,18 +29,13 @@ async def _start(nursery: trio.Nursery, tmp: Path, **settings: object) -> Broker
 
 @asynccontextmanager
 async def _small_inbox(nursery: trio.Nursery, tmp: Path) -> AsyncIterator[tuple[Peer, Peer]]:
-    """A broker, a ``client`` and a ``worker`` whose inbox holds 100 messages, both known
-    to the broker (a peer's Hello is not answered, so a stream message to a peer whose
-    Hello is still on its way would be unreachable)."""
-    broker = await _start(nursery, tmp)
+    """A broker, a ``client`` and a ``worker`` whose inbox holds 100 messages."""
+    await _start(nursery, tmp)
     endpoint = f"ipc://{tmp}/bus.sock"
     async with (
         open_peer("client", endpoint) as client,
         open_peer("worker", endpoint, inbox_size=100) as worker,
     ):
-        with trio.fail_after(5):
-            while broker.last_seen("client") is None or broker.last_seen("worker") is None:
-                await trio.sleep(0.01)
         yield client, worker
 
 
@@ -172,6 +167,33 @@ async def test_message_to_a_name_nobody_knows(tmp_path: Path, durable: bool) -> 
             with pytest.raises(Unreachable):
                 await client.call("nobody", EchoPing(text="?"), durable=durable, timeout=5)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_started_peer_is_known_to_the_broker(tmp_path: Path) -> None:
+    """``open_peer`` returns once the broker has taken the peer's hello (its Welcome came),
+    so a stream message sent to it at once is routed, not refused as unreachable."""
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        for round_ in range(20):
+            async with open_peer(f"p{round_}", endpoint):
+                assert broker.last_seen(f"p{round_}") is not None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_started_before_its_broker_still_starts(tmp_path: Path) -> None:
+    """A broker that does not answer the hello is not waited for past the request timeout."""
+    endpoint = f"ipc://{tmp_path}/bus.sock"
+    with trio.fail_after(5):
+        async with (
+            open_peer("early", endpoint, bus=BusSettings(request_timeout_s=0.2)),
+            trio.open_nursery() as nursery,
+        ):
+            broker = await _start(nursery, tmp_path)
+            # The hello was queued by the socket and reaches the broker once it binds.
+            while broker.last_seen("early") is None:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_call_to_an_actor_still_starting_waits_for_its_hello(tmp_path: Path) -> None:
