@@ -254,7 +254,11 @@ class Host:
             started.append(self.children.start_child(self._actor_spec(name, target, actor)))
         with trio.move_on_after(START_GRACE_S):
             for child in started:
-                while not child.ready.is_set() and child.state not in ("failed", "stopped"):
+                while not (
+                    child.ready.is_set()
+                    or child.state in ("failed", "stopped")
+                    or self._stop.is_set()
+                ):
                     with trio.move_on_after(0.05):
                         await child.ready.wait()
 
