@@ -49,8 +49,9 @@ def start_role(module: str, *args: str) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def running_host(config_text: str) -> Iterator[Instance]:
-    """A real ``corral up`` in a temporary state dir, for the duration of the block.
+def running_host(config_text: str, *, poll_s: float = 0.05) -> Iterator[Instance]:
+    """A real ``corral up`` in a temporary state dir, for the duration of the block: it
+    starts once every actor runs (asked every ``poll_s``).
 
     Its log goes to ``$CORRAL_BENCH_LOG`` when set (else nowhere).
     """
@@ -87,7 +88,7 @@ def running_host(config_text: str) -> Iterator[Instance]:
                 pass
             if time.monotonic() > deadline or host.poll() is not None:
                 raise RuntimeError("the benchmark host did not start")
-            time.sleep(0.05)
+            time.sleep(poll_s)
         yield inst
     finally:
         host.send_signal(signal.SIGTERM)
@@ -105,7 +106,6 @@ async def _sending_role(*args: str) -> AsyncIterator[None]:
     tx = start_role("corral.bench._bus_roles", *args)
     try:
         assert tx.stdout is not None and tx.stdout.readline().strip() == "ready"
-        await trio.sleep(0.2)
         assert tx.stdin is not None
         tx.stdin.write("go\n")
         tx.stdin.flush()

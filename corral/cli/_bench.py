@@ -17,6 +17,7 @@ BENCHMARKS = {
     "turn": "corral.bench.turn",
     "relay": "corral.bench.relay",
     "tools": "corral.bench.tools",
+    "up": "corral.bench.up",
 }
 
 
