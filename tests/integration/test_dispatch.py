@@ -43,6 +43,17 @@ def _session(server: FakeOmnigentServer, *steps: str, name: str = "agent") -> tu
     return agent_id, session["id"]
 
 
+async def _streaming_turn(gw, sid: str, agent_id: str, request_id: str):
+    """Start a ``?stream=true`` turn; its 200 head (the SSE frames follow as chunks)."""
+    await gw.init(sid, agent_id)
+    body = {"type": "message", "role": "user", "content": "hi", "agent_id": agent_id}
+    reply = await gw.request(
+        "POST", f"/v1/sessions/{sid}/events", body, query="stream=true", request_id=request_id
+    )
+    assert (reply.status, reply.streaming) == (200, True)
+    return reply
+
+
 async def test_d08_background_turn_streams_events_and_ends_idle(dhost: HostProcess, server) -> None:
     agent_id, sid = _session(server, '{text: "hello world", chunk: 5}')
     async with fake_gateway(dhost.endpoint) as gw:
@@ -298,12 +309,7 @@ async def test_kill9_dispatch_mid_stream_true_turn_the_caller_still_gets_its_end
     resumed turn goes on streaming to it and ends its response (else it would hang)."""
     agent_id, sid = _session(server, '{text: "x", repeat: 150, delay_ms: 10}')
     async with fake_gateway(dhost.endpoint) as gw:
-        await gw.init(sid, agent_id)
-        body = {"type": "message", "role": "user", "content": "hi", "agent_id": agent_id}
-        reply = await gw.request(
-            "POST", f"/v1/sessions/{sid}/events", body, query="stream=true", request_id="req-k"
-        )
-        assert (reply.status, reply.streaming) == (200, True)
+        await _streaming_turn(gw, sid, agent_id, "req-k")
         await gw.wait(lambda: b"output_text.delta" in b"".join(gw.chunks.get("req-k", [])))
         os.kill(dhost.actor("dispatch")["pid"], signal.SIGKILL)
         await gw.wait(lambda: "req-k" in gw.ended, timeout=20)
@@ -315,12 +321,7 @@ async def test_kill9_dispatch_mid_stream_true_turn_the_caller_still_gets_its_end
 async def test_d01_d04_stream_true_relays_sse_frames_in_order(dhost: HostProcess, server) -> None:
     agent_id, sid = _session(server, '{text: "abc", chunk: 1}')
     async with fake_gateway(dhost.endpoint) as gw:
-        await gw.init(sid, agent_id)
-        body = {"type": "message", "role": "user", "content": "hi", "agent_id": agent_id}
-        reply = await gw.request(
-            "POST", f"/v1/sessions/{sid}/events", body, query="stream=true", request_id="req-1"
-        )
-        assert (reply.status, reply.streaming) == (200, True)
+        reply = await _streaming_turn(gw, sid, agent_id, "req-1")
         assert ("content-type", "text/event-stream; charset=utf-8") in reply.headers
         await gw.wait(lambda: "req-1" in gw.ended)
         frames = b"".join(gw.chunks["req-1"]).decode().split("\n\n")
