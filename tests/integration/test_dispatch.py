@@ -54,6 +54,23 @@ async def _streaming_turn(gw, sid: str, agent_id: str, request_id: str):
     return reply
 
 
+async def _elicited(gw, sid: str, agent_id: str) -> dict:
+    """Start a turn whose harness asks a human first; its elicitation request."""
+    await gw.init(sid, agent_id)
+    await gw.message(sid, "go")
+    kind = "response.elicitation_request"
+    await gw.wait(lambda: any(e["type"] == kind for e in gw.events.get(sid, [])))
+    return next(e for e in gw.events[sid] if e["type"] == kind)
+
+
+async def _verdict(gw, sid: str, req: dict, action: str):
+    """Answer an elicitation request through the session's events route; the reply."""
+    data = {"elicitation_id": req["elicitation_id"], "action": action}
+    return await gw.request(
+        "POST", f"/v1/sessions/{sid}/events", {"type": "approval", "data": data}
+    )
+
+
 async def test_d08_background_turn_streams_events_and_ends_idle(dhost: HostProcess, server) -> None:
     agent_id, sid = _session(server, '{text: "hello world", chunk: 5}')
     async with fake_gateway(dhost.endpoint) as gw:
@@ -202,17 +219,8 @@ async def test_elicitation_round_trip_through_dispatch(dhost: HostProcess, serve
         server, '{elicit: {message: "Deploy?"}}', '{text: "Deployed.", on_decline: "Not deployed."}'
     )
     async with fake_gateway(dhost.endpoint) as gw:
-        await gw.init(sid, agent_id)
-        await gw.message(sid, "go")
-        await gw.wait(
-            lambda: any(e["type"] == "response.elicitation_request" for e in gw.events.get(sid, []))
-        )
-        req = next(e for e in gw.events[sid] if e["type"] == "response.elicitation_request")
-        body = {
-            "type": "approval",
-            "data": {"elicitation_id": req["elicitation_id"], "action": "decline"},
-        }
-        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body)
+        req = await _elicited(gw, sid, agent_id)
+        reply = await _verdict(gw, sid, req, "decline")
         assert (reply.status, reply.body, reply.headers) == (204, b"", [])
         assert await gw.until_status(sid) == ["running", "idle"]
         assert gw.texts(sid) == "Not deployed."
@@ -499,12 +507,7 @@ async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
         "{sleep_ms: 20000}",
     )
     async with fake_gateway(host.endpoint) as gw:
-        await gw.init(sid, agent_id)
-        await gw.message(sid, "go")
-        await gw.wait(
-            lambda: any(e["type"] == "response.elicitation_request" for e in gw.events.get(sid, []))
-        )
-        req = next(e for e in gw.events[sid] if e["type"] == "response.elicitation_request")
+        req = await _elicited(gw, sid, agent_id)
         if kill_dispatch:
             before = host.actor("dispatch")
             os.kill(before["pid"], signal.SIGKILL)
@@ -512,11 +515,7 @@ async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
         # Several watchdog rounds (one a second) pass while the human decides.
         await trio.sleep(2.5)
         assert gw.statuses(sid) == ["running"]
-        body = {
-            "type": "approval",
-            "data": {"elicitation_id": req["elicitation_id"], "action": "accept"},
-        }
-        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body)
+        reply = await _verdict(gw, sid, req, "accept")
         assert reply.status == 204
         assert await gw.until_status(sid, timeout=15) == ["running", "failed"]
         (failed,) = [e for e in gw.events[sid] if e.get("status") == "failed"]
