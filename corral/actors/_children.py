@@ -85,6 +85,7 @@ class ChildSupervisor:
         run_dir: where pid files go, for the start-up sweep of a later supervisor.
         restart_delay: seconds before a restart, doubling per consecutive crash of the
             same child up to ``max_restart_delay`` (0: restart at once, as OTP does).
+        on_spawn: called with the child's name just before each spawn (first or restart).
         on_exit: called with (name, last_exit) whenever a child exits.
         on_give_up: called with (name, last_exit) when intensity is exceeded; the
             supervisor stops restarting that child and marks it ``failed``.
@@ -98,6 +99,7 @@ class ChildSupervisor:
         run_dir: Path,
         restart_delay: float = 0.0,
         max_restart_delay: float = 5.0,
+        on_spawn: Callable[[str], None] | None = None,
         on_exit: Callable[[str, dict[str, Any]], None] | None = None,
         on_give_up: Callable[[str, dict[str, Any] | None], None] | None = None,
     ) -> None:
@@ -106,6 +108,7 @@ class ChildSupervisor:
         self.run_dir = run_dir
         self.restart_delay = restart_delay
         self.max_restart_delay = max_restart_delay
+        self.on_spawn = on_spawn
         self.on_exit = on_exit
         self.on_give_up = on_give_up
         self.children: dict[str, Child] = {}
@@ -184,6 +187,8 @@ class ChildSupervisor:
         child.ready = trio.Event()
         child.kill_reason = None
         child.started_at = time.monotonic()
+        if self.on_spawn is not None:
+            self.on_spawn(child.spec.name)
         child.proc = spawn(child.spec.argv, env=child.spec.env, cwd=child.spec.cwd)
         write_pidfile(self.run_dir / f"{_file_safe(child.spec.name)}.pid", child.proc.pid)
 

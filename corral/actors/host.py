@@ -199,6 +199,7 @@ class Host:
             intensity=settings.supervisor.intensity,
             period_s=settings.supervisor.period_s,
             run_dir=inst.children_dir,
+            on_spawn=broker.starting,
             on_exit=lambda name, _exit: broker.peer_down(name),
             on_give_up=self._give_up,
         )
@@ -246,11 +247,11 @@ class Host:
         plan = actor_plan(self.config)
         _import_protocols([target for _, target, _ in plan])
         # Every actor starts at once, so their imports overlap; the broker holds stream
-        # messages to one that has not said hello yet, so no actor depends on the order.
+        # messages to one that has not said hello yet (on_spawn), so no actor depends on
+        # the order.
         started = []
         for name, target, actor in plan:
             self._plan[name] = (target, actor)
-            self.broker.starting(name)
             started.append(self.children.start_child(self._actor_spec(name, target, actor)))
         with trio.move_on_after(START_GRACE_S):
             for child in started:

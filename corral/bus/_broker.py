@@ -225,12 +225,14 @@ class Broker:
         return [d.to_json() for d in self._dead]
 
     def starting(self, name: str) -> None:
-        """The supervisor is spawning ``name``: hold stream messages to it until it says hello.
+        """The supervisor is spawning ``name`` (first start or restart): hold stream
+        messages to it until it says hello.
 
-        Actors start together, so one may call another whose process is still importing.
-        Such a call waits (as a durable message would in its mailbox) rather than failing;
-        at most ``max_backlog`` messages are held, and all are refused if the actor exits
-        before its hello.
+        Actors start together, so one may call another whose process is still importing;
+        and a restart must not lose what a worker streams meanwhile (a turn's deltas). Such
+        a message waits, as a durable one would in the mailbox, rather than failing. Replies
+        are not held: their caller was the incarnation that died. At most ``max_backlog``
+        messages are held, and all are refused if the actor exits before its hello.
         """
         self.register(name)
         self._held.setdefault(name, deque())
@@ -471,7 +473,11 @@ class Broker:
         peer = self._peers.get(env.recipient)
         if peer is None or not peer.connected:
             held = self._held.get(env.recipient)
-            if held is not None and len(held) < self.settings.max_backlog:
+            if (
+                held is not None
+                and env.correlation_id is None
+                and len(held) < self.settings.max_backlog
+            ):
                 held.append((env, frame))
             else:
                 self._error_reply(env, "unreachable", f"no running peer named {env.recipient!r}")

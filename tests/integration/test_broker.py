@@ -228,6 +228,34 @@ async def test_a_call_to_an_actor_still_starting_waits_for_its_hello(tmp_path: P
         nursery.cancel_scope.cancel()
 
 
+async def test_a_restarting_actor_gets_what_was_sent_to_it_meanwhile(tmp_path: Path) -> None:
+    """Between an actor's exit and its new incarnation's hello, stream messages to it are
+    held (a turn's deltas must survive a restart of dispatch); replies are not, since
+    their caller died."""
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        broker.starting("w")
+        async with open_peer("client", endpoint) as client:
+            async with open_peer("w", endpoint) as first, trio.open_nursery() as calls:
+                calls.start_soon(first.call, "client", EchoPing(text="asked by the first"))
+                with trio.fail_after(5):
+                    request = await client.inbox.receive()
+                calls.cancel_scope.cancel()
+            broker.peer_down("w")  # the supervisor saw it exit ...
+            broker.starting("w")  # ... and spawns it again
+            await client.reply(request, EchoPing(text="too late"))
+            await client.cast("w", EchoRecord(key="meanwhile"))
+            with trio.fail_after(5):
+                while len(broker._held["w"]) < 1:
+                    await trio.sleep(0.01)
+            async with open_peer("w", endpoint) as second:
+                (got,) = await _drain(second, 1)
+                assert got.msg == EchoRecord(key="meanwhile")
+                assert len(second.inbox) == 0, "the reply was not held for the new one"
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_call_to_an_actor_that_dies_before_its_hello_is_refused(tmp_path: Path) -> None:
     from corral import Unreachable
 

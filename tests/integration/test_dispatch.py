@@ -292,7 +292,11 @@ async def test_d32_reinit_keeps_the_session(dhost: HostProcess, server) -> None:
 
 
 async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess, server) -> None:
-    agent_id, sid = _session(server, '{text: "x", repeat: 150, delay_ms: 10}')
+    """The resumed turn ends once, and what its worker streamed while dispatch restarted
+    was held by the broker for the new incarnation: only the few deltas the killed process
+    had taken and not yet published are lost (stream messages are not acked). Without the
+    hold, a restart lost a fifth of this turn."""
+    agent_id, sid = _session(server, '{text: "x", repeat: 300, delay_ms: 5}')
     async with fake_gateway(dhost.endpoint) as gw:
         await gw.init(sid, agent_id)
         await gw.message(sid, "go")
@@ -300,6 +304,7 @@ async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess,
         os.kill(dhost.actor("dispatch")["pid"], signal.SIGKILL)
         statuses = await gw.until_status(sid, timeout=20)
         assert statuses == ["running", "idle"], statuses
+        assert len(gw.texts(sid)) >= 290
         # The session still works after the restart.
         await gw.message(sid, "again")
         assert await gw.until_status(sid, count=2, timeout=20) == [
