@@ -110,6 +110,11 @@ GENERIC_DETAIL = "Request failed on the runner; see runner logs for details."
 SPEC_FAILED_IN_STREAM = "Failed to resolve the agent spec for this turn."
 #: Events the session stream never carries (PROTOCOL_FACTS.md §ii.6).
 _NOT_ON_STREAM = {"response.created", "policy_evaluation.requested"}
+#: D-03's answer on a host without a harness actor (the original names its missing part).
+NO_HARNESS_DETAIL = (
+    "Runner /v1/sessions/{}/events needs a HarnessProcessManager: this host runs no harness "
+    "actor ([actors.harness] enabled = false)."
+)
 #: Prefix of a harness elicitation's key in ``Turn.waiting`` (tool calls use their call id).
 _ELICITATION = "elicitation:"
 
@@ -123,6 +128,9 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     #: The host's runners (ids resolved): a session talks to the server of its runner.
     runners: list[RunnerSettings] = []
     default_harness: str = "scripted"
+    #: False when this host runs no harness actor: the events route answers 501 (D-03).
+    #: The host sets it from its plan.
+    harness_actor: bool = True
     #: The agent spec of sessions when no server is configured (the "null server client").
     default_spec: dict[str, Any] = {}
     subscribers: list[str] = msgspec.field(default_factory=lambda: ["gateway"])
@@ -439,6 +447,8 @@ class DispatchActor(Actor):
         if msg.method == "GET" and len(parts) == 3:
             return self._get_session(session_id)
         if msg.method == "POST" and parts[3:] == ["events"]:
+            if not self.options.harness_actor:
+                return _error(501, "not_implemented", NO_HARNESS_DETAIL.format(session_id))
             incoming.deferred = True
             self.in_order(session_id, lambda: self._reply(incoming, self._event(session_id, msg)))
             return None

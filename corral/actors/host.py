@@ -48,7 +48,7 @@ from .._exceptions import (
 )
 from ..bus import BodyDecoder, Broker, InspectRequest, decode_envelope, open_peer
 from ..config import ActorSettings, Config, RunnerSettings, actor_plan
-from ..harnesses.protocol import ElicitationParked
+from ..harnesses.protocol import HARNESS_ACTOR, ElicitationParked
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
 from ..tools.protocol import ToolCall, elicitation_id_for
@@ -303,6 +303,9 @@ class Host:
             ]
         if name == "tools" and self.config.workspace:
             options["workspace"] = self.config.workspace
+        if name == "dispatch":
+            plan = {actor for actor, _, _ in actor_plan(self.config)}
+            options.setdefault("harness_actor", HARNESS_ACTOR in plan)
         return {
             "name": name,
             "target": target,

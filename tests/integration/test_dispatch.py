@@ -344,6 +344,30 @@ async def test_d01_d04_stream_true_relays_sse_frames_in_order(dhost: HostProcess
         assert kinds.count("event: response.output_text.delta") == 3
 
 
+async def test_d03_a_host_without_a_harness_actor_answers_501(host_factory, server) -> None:
+    host = host_factory(
+        FAST_LIVENESS
+        + "[actors.harness]\nenabled = false\n"
+        + "[actors.dispatch.options]\n"
+        + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
+    ).start()
+    agent_id, sid = _session(server, '{text: "never"}')
+    async with fake_gateway(host.endpoint) as gw:
+        assert (await gw.init(sid, agent_id)).status == 201
+        for query in ("", "stream=true"):
+            body = {"type": "message", "role": "user", "content": "hi", "agent_id": agent_id}
+            reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body, query=query)
+            assert reply.status == 501
+            answer = json.loads(reply.body)
+            assert answer["error"] == "not_implemented"
+            assert "HarnessProcessManager" in answer["detail"]
+        assert gw.statuses(sid) == [], "no turn started"
+        # Dispatch did not crash: the session still answers.
+        assert (await gw.request("GET", f"/v1/sessions/{sid}")).status == 200
+    assert host.actor("dispatch")["restarts"] == 0
+    host.stop()
+
+
 async def test_d09_agent_comes_from_the_snapshot_when_the_message_lacks_it(
     dhost: HostProcess, server
 ) -> None:
