@@ -49,7 +49,7 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from .._exceptions import CorralError
+from .._exceptions import BusError, CorralError
 from .._jsonlines import write_atomically
 from ..bus import Incoming, Message, Outbox
 from ..config import RunnerSettings
@@ -643,14 +643,18 @@ class DispatchActor(Actor):
             record.buffer.append({**body, "injection_id": injection_id})
             await self._save(session)
             self.stats["buffered"] += 1
-            await self._to_harness(
-                Inject(
-                    session_id=session.id,
-                    turn_id=session.turn.turn_id,
-                    injection_id=injection_id,
-                    message={**body, "injection_id": injection_id},
-                )
+            inject = Inject(
+                session_id=session.id,
+                turn_id=session.turn.turn_id,
+                injection_id=injection_id,
+                message={**body, "injection_id": injection_id},
             )
+            # Best effort (D-30): sent, not awaited. The message is safe in the buffer, and
+            # the 202 must not wait on (or fail with) a harness that is slow or gone.
+            try:
+                await self.peer.cast(HARNESS_ACTOR, inject, session_id=session.id)
+            except BusError as exc:
+                log.warning("injection %s not forwarded: %s", injection_id, exc)
             return json_response(
                 202,
                 {"status": "buffered", "detail": "Message buffered; active turn will process it."},

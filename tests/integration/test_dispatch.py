@@ -116,6 +116,31 @@ async def test_d29_d31_buffered_message_runs_as_continuation_without_idle_betwee
         assert last[1][1].startswith("w w w")
 
 
+async def test_d30_the_injection_is_best_effort_and_never_delays_the_202(
+    dhost: HostProcess, server
+) -> None:
+    """With the harness actor stopped (SIGSTOP), a message during the turn is still answered
+    202 buffered at once: the injection is sent, not awaited (it used to wait up to 15 s
+    for the harness's answer). The buffered message still runs once the turn ends."""
+    agent_id, sid = _session(server, '{text: "w ", repeat: 50, delay_ms: 20}')
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        assert (await gw.message(sid, "first")).status == 202
+        await gw.wait(lambda: "w" in gw.texts(sid))
+        harness = dhost.actor("harness")["pid"]
+        os.kill(harness, signal.SIGSTOP)
+        try:
+            with trio.fail_after(5):
+                reply = await gw.message(sid, "second")
+        finally:
+            os.kill(harness, signal.SIGCONT)
+        assert (reply.status, json.loads(reply.body)["status"]) == (202, "buffered")
+        # The first turn ends (perhaps failed, if the stop outlasted the harness's
+        # liveness window); the buffered message then runs as a turn of its own.
+        await gw.wait(lambda: gw.statuses(sid)[-1:] == ["idle"], timeout=30)
+        assert gw.statuses(sid)[0] == "running" and gw.texts(sid).count("w") > 50
+
+
 async def test_d16_d17_setup_failure_ends_failed_with_the_message(
     dhost: HostProcess, server
 ) -> None:
