@@ -206,6 +206,15 @@ class OpenAIHarness:
 
     async def run_turn(self, turn: TurnContext) -> None:
         settings = self.settings_for(turn)
+        if settings.api_key is None and settings.base_url == DEFAULT_BASE_URL:
+            # No credentials for OpenAI itself: a failed turn now, in its stream (D-06),
+            # rather than a 401 after a round trip. A gateway or local server at another
+            # base_url may need no key.
+            raise TurnFailed(
+                "missing_credentials",
+                f"no API key for {DEFAULT_BASE_URL}: set executor.auth.api_key or "
+                f"{env_prefix(settings.harness)}API_KEY",
+            )
         limit = settings.turn_timeout_s or math.inf
         with trio.move_on_after(limit) as watchdog:
             async with httpx.AsyncClient(timeout=None) as client:

@@ -393,6 +393,52 @@ async def test_d03_a_host_without_a_harness_actor_answers_501(host_factory, serv
     host.stop()
 
 
+@pytest.mark.parametrize("default_spec", [True, False], ids=["default-spec", "nothing"])
+async def test_d05_nothing_identifies_the_agent_the_default_harness_runs(
+    host_factory, default_spec: bool
+) -> None:
+    """No server (the null server client), no ``agent_id``, no ``harness``: the turn runs on
+    the host's default harness with its default spec, and with no spec at all it still
+    ends with one terminal edge; dispatch does not crash."""
+    spec = '[actors.dispatch.options.default_spec.executor.script]\nturns = [[{text = "hi"}]]\n'
+    host = host_factory(
+        FAST_LIVENESS
+        + '[actors.dispatch.options]\nsubscribers = ["test-gateway"]\n'
+        + (spec if default_spec else "")
+    ).start()
+    async with fake_gateway(host.endpoint) as gw:
+        reply = await gw.request(
+            "POST", "/v1/sessions/s-d05/events", {"type": "message", "role": "user"}
+        )
+        assert reply.status == 202
+        statuses = await gw.until_status("s-d05", timeout=20)
+        assert statuses[0] == "running" and len(statuses) == 2
+        if default_spec:
+            assert (statuses[1], gw.texts("s-d05")) == ("idle", "hi")
+    assert host.actor("dispatch")["restarts"] == 0
+    host.stop()
+
+
+async def test_d06_missing_llm_credentials_fail_inside_the_stream(
+    dhost: HostProcess, server
+) -> None:
+    """An agent on the openai harness with no API key: 200 SSE, then an in-stream
+    ``response.failed`` that says so; not a spawn failure, not an HTTP error."""
+    agent_id = server.add_agent("name: keyless\nexecutor:\n  harness: openai-agents\n  model: m\n")
+    sid = server.add_session(agent_id)["id"]
+    async with fake_gateway(dhost.endpoint) as gw:
+        await _streaming_turn(gw, sid, agent_id, "req-d06")
+        await gw.wait(lambda: "req-d06" in gw.ended, timeout=20)
+        frames = b"".join(gw.chunks["req-d06"]).decode()
+        last = frames.rstrip().split("\n\n")[-1]
+        assert last.startswith("event: response.failed")
+        assert "missing_credentials" in last and "no API key" in last
+        assert await gw.until_status(sid) == ["running", "failed"]
+        (failed,) = [e for e in gw.events[sid] if e.get("status") == "failed"]
+        assert failed["error"]["code"] == "missing_credentials"
+        assert not failed["error"]["message"].startswith("turn setup failed")
+
+
 async def test_d09_agent_comes_from_the_snapshot_when_the_message_lacks_it(
     dhost: HostProcess, server
 ) -> None:
