@@ -109,6 +109,9 @@ class TurnContext:
         self.observer = Observer(start.session_id, start.turn_id)
         self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         self.text_parts: list[str] = []
+        #: A failure the harness's stream reported without ending the turn: (code, message),
+        #: cleared by a later completion report (:meth:`report_end`).
+        self.reported_failure: tuple[str, str] | None = None
         self._seq = 0
         self._waits: dict[str, tuple[trio.Event, list[Any]]] = {}
         self.injections_send, self.injections = trio.open_memory_channel[Inject](64)
@@ -130,6 +133,13 @@ class TurnContext:
         event = msgspec.structs.replace(event, turn_id=self.turn_id, sequence_number=self._seq)
         self._seq += 1
         await self.worker.send_output(self.start.reply_to, event, durable=durable)
+
+    def report_end(self, failure: tuple[str, str] | None) -> None:
+        """The relayed harness stream reported its end: a failure ``(code, message)``, or a
+        completion (None). The turn goes on; when it ends, the last report stands — a
+        completion after a failure wins (D-21), a failure with nothing after it fails the
+        turn (D-19). A kind that raises :class:`TurnFailed` fails the turn regardless."""
+        self.reported_failure = failure
 
     async def _observe_then(self) -> None:
         observation = self.observer.before_output()
@@ -375,6 +385,7 @@ class Worker:
                 self._turn_scope = scope
                 try:
                     await self.kind.run_turn(turn)
+                    failed = turn.reported_failure
                 except TurnFailed as exc:
                     failed = (exc.code, exc.message)
                 except Exception as exc:

@@ -15,7 +15,9 @@ Turn *i* of a session runs ``turns[i % len(turns)]``, where *i* counts the user 
 the history the turn was given (so it survives worker restarts). Extra step kinds:
 ``{usage: {input_tokens, output_tokens}}`` sets the reported usage, ``{item: {...}}`` emits an
 output item as is, ``{echo_history: true}`` streams the ``[role, text]`` pairs of the history
-the turn was given, as JSON (for tests of history assembly).
+the turn was given, as JSON (for tests of history assembly), and ``{report: failed, code: C,
+message: M}`` / ``{report: completed}`` stand for a relayed harness stream that reports its
+end mid-turn (the turn goes on; the last report stands when it ends: D-19, D-21).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ STEP_KINDS = (
     "usage",
     "item",
     "echo_history",
+    "report",
 )
 
 
@@ -96,6 +99,7 @@ def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
         "usage": dict,
         "item": dict,
         "echo_history": bool,
+        "report": str,
     }
     if not isinstance(value, expect[kind]) or isinstance(value, bool) != (kind in _FLAGS):
         raise ScriptError(f"{where}.{kind} has the wrong type ({type(value).__name__})")
@@ -104,6 +108,8 @@ def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
             not isinstance(step[key], int) or step[key] < (0 if key == "delay_ms" else 1)
         ):
             raise ScriptError(f"{where}.{key} must be a positive integer")
+    if kind == "report" and value not in ("failed", "completed"):
+        raise ScriptError(f"{where}.report must be 'failed' or 'completed'")
     if kind == "tool" and not isinstance(step.get("arguments", {}), dict):
         raise ScriptError(f"{where}.arguments must be a mapping")
 
@@ -179,6 +185,9 @@ class ScriptedHarness:
             turn.usage.update(step["usage"])
         elif "item" in step:
             await turn.item(step["item"])
+        elif "report" in step:
+            failure = (str(step.get("code", "scripted_failure")), str(step.get("message", "")))
+            turn.report_end(failure if step["report"] == "failed" else None)
         elif step.get("echo_history"):
             await turn.text(json.dumps(_history_texts(turn.message.get("content"))))
         return verdict

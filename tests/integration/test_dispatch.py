@@ -90,9 +90,11 @@ async def test_d08_background_turn_streams_events_and_ends_idle(dhost: HostProce
         assert "response.completed" in types
 
 
-async def test_d29_d31_buffered_message_runs_as_continuation_without_idle_between(
+async def test_d29_d31_d33_buffered_message_runs_as_continuation_without_idle_between(
     dhost: HostProcess, server
 ) -> None:
+    """The continuation sees the whole history, including the first turn's streamed text,
+    committed as one assistant message when that turn completed (D-33)."""
     agent_id, sid = _session(
         server, '{text: "w ", repeat: 30, delay_ms: 20}', "{echo_history: true}"
     )
@@ -162,7 +164,10 @@ async def test_d16_d17_setup_failure_ends_failed_with_the_message(
         assert await gw.until_status(sid, count=2) == ["running", "failed", "running", "failed"]
 
 
-async def test_d19_in_stream_failure_is_a_failed_edge(dhost: HostProcess, server) -> None:
+async def test_d19_d20_in_stream_failure_is_a_failed_edge(dhost: HostProcess, server) -> None:
+    """D-20 holds for every harness here: dispatch publishes each turn's terminal edge
+    itself and suppresses no harness's ``idle`` edge (corral has no Codex-style forwarder
+    that owns it), so a failed stream always ends ``["running", "failed"]``."""
     agent_id, sid = _session(
         server,
         '{text: "partial"}',
@@ -177,6 +182,37 @@ async def test_d19_in_stream_failure_is_a_failed_edge(dhost: HostProcess, server
             "code": "executor_error",
             "message": "harness turn failed: executor stream disconnected",
         }
+
+
+_DISCONNECTED = (
+    '{report: failed, code: executor_error, message: "harness turn failed: executor stream '
+    'disconnected"}'
+)
+
+
+@pytest.mark.parametrize(
+    ("steps", "statuses"),
+    [
+        ((_DISCONNECTED, '{text: "recovered"}', "{report: completed}"), ["running", "idle"]),
+        (('{text: "partial"}', _DISCONNECTED), ["running", "failed"]),
+    ],
+    ids=["d21-a-completion-after-a-failure-wins", "d19-a-failure-with-nothing-after"],
+)
+async def test_d19_d21_the_last_end_the_harness_stream_reports_stands(
+    dhost: HostProcess, server, steps: tuple[str, ...], statuses: list[str]
+) -> None:
+    agent_id, sid = _session(server, *steps)
+    async with fake_gateway(dhost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        assert await gw.until_status(sid) == statuses
+        failed = [e for e in gw.events[sid] if e.get("status") == "failed"]
+        if statuses[-1] == "idle":
+            assert failed == [] and gw.texts(sid) == "recovered"
+        else:
+            (edge,) = failed
+            assert edge["error"]["code"] == "executor_error"
+            assert "harness turn failed: executor stream disconnected" in edge["error"]["message"]
 
 
 async def test_d13_d14_spec_failure_before_streaming_is_a_generic_503(

@@ -137,6 +137,7 @@ def test_script_validation_names_the_step() -> None:
         ({"executor": {"script": {"turns": [[{"text": "a", "tool": "b"}]]}}}, "exactly one"),
         ({"executor": {"script": {"turns": [[{"crash": True}]]}}}, "wrong type"),
         ({"executor": {"script": {"turns": [[{"text": "a", "chunk": 0}]]}}}, "positive"),
+        ({"executor": {"script": {"turns": [[{"report": "maybe"}]]}}}, "'failed' or 'completed'"),
     ]:
         with pytest.raises(ScriptError, match=match):
             script_turns(bad)
