@@ -361,7 +361,10 @@ async def test_close_codes_4001_4002_4004_are_fatal_others_reconnect(host_factor
     assert "not reconnecting" in host.log()
 
 
-async def test_turn_end_to_end_with_an_approval(host_factory, tunnels, server) -> None:
+async def test_h01_h02_turn_end_to_end_with_an_approval(host_factory, tunnels, server) -> None:
+    """A turn with a tool call and an approval through the tunnel. The harness's answers to
+    control events pass through: a 204 with no body and no content-length (H-01), a JSON
+    error byte for byte with its exact content-length (H-02)."""
     agent_id = server.add_agent(
         scripted_yaml(
             "approver",
@@ -422,6 +425,11 @@ async def test_turn_end_to_end_with_an_approval(host_factory, tunnels, server) -
         answer = await t.request("POST", f"/v1/sessions/{sid}/events", approval)
         assert (answer.status, answer.body, answer.headers) == (204, b"", [])
         assert [c for c in t.received if c.get("id") == answer.id][-1]["kind"] == "response.end"
+        approval["data"]["elicitation_id"] = "elicit_nobody_asked"
+        unknown = await t.request("POST", f"/v1/sessions/{sid}/events", approval)
+        assert unknown.status == 404
+        assert unknown.body == json.dumps(json.loads(unknown.body), separators=(",", ":")).encode()
+        assert dict(unknown.headers)["content-length"] == str(len(unknown.body))
         assert await tunnels.until_status(sid) == ["running", "idle"]
         assert tunnels.deltas(sid) == "Let me check. Deployed."
         types = [e["type"] for e in tunnels.events[sid]]
