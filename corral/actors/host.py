@@ -199,7 +199,7 @@ class Host:
             intensity=settings.supervisor.intensity,
             period_s=settings.supervisor.period_s,
             run_dir=inst.children_dir,
-            on_spawn=broker.starting,
+            on_spawn=self._on_spawn,
             on_exit=lambda name, _exit: broker.peer_down(name),
             on_give_up=self._give_up,
         )
@@ -262,6 +262,12 @@ class Host:
                 ):
                     with trio.move_on_after(0.05):
                         await child.ready.wait()
+
+    def _on_spawn(self, name: str) -> None:
+        # The control plane is a child too, but never joins the bus: no mailbox, no hold.
+        if name != SERVER_CHILD:
+            assert self.broker is not None
+            self.broker.starting(name)
 
     def _actor_spec(self, name: str, target: str, actor: ActorSettings) -> ChildSpec:
         return ChildSpec(

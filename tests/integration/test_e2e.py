@@ -163,6 +163,11 @@ def test_status_shows_the_control_plane_and_agents_list_demo(shared_host: HostPr
     assert server["state"] == "running" and server["url"].startswith("http://127.0.0.1:")
     assert isinstance(server["pid"], int) and server["pid"] != status["host"]["pid"]
     assert "server" not in [a["name"] for a in status["actors"]]
+    # The control plane is a child of the host but not on the bus: it has no mailbox.
+    mailboxes = json.loads(
+        corral("mailboxes", "--json", "--state-dir", str(shared_host.state_dir)).stdout
+    )
+    assert "server" not in [m["actor"] for m in mailboxes["mailboxes"]]
     out = corral("agents", "--json", "--state-dir", str(shared_host.state_dir))
     assert out.returncode == 0, out.stderr
     agents = {a["name"]: a for a in json.loads(out.stdout)["agents"]}
