@@ -137,7 +137,7 @@ class Peer:
         self._unreachable_logged: dict[str, float] = {}
         self._drops_logged = 0.0
         self._stalled_at = -1
-        self.stats = {"sent": 0, "received": 0, "errors": 0, "dropped": 0}
+        self.stats = {"sent": 0, "received": 0, "errors": 0, "dropped": 0, "late_replies": 0}
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -524,6 +524,11 @@ class Peer:
             if isinstance(msg, ErrorReply):
                 self._log_error(env, msg)
                 return
+            # A reply whose caller gave up (timed out, or was cancelled): nobody waits for
+            # it, and the owner has no handler for it.
+            self.stats["late_replies"] += 1
+            log.debug("%s: late reply to %s dropped", self.name, env.correlation_id)
+            return
         if env.durability == "stream" and len(self.inbox) >= _HARD_LIMIT * self.inbox.limit:
             await self._refuse(env)
             return

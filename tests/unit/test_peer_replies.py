@@ -44,3 +44,20 @@ async def test_a_reply_is_never_overwritten_by_a_late_acceptance(reply_first: bo
     assert waiter.event.is_set()
     assert waiter.result is not None
     assert waiter.result.msg == EchoPong(text="pong")
+
+
+async def test_a_reply_nobody_waits_for_is_dropped_not_handled() -> None:
+    """A reply that comes after its caller gave up (a call held while its callee restarted,
+    say) must not reach the owner's handlers, which have none for it."""
+    peer = Peer(
+        "client",
+        "ipc://unused",
+        bus=BusSettings(),
+        liveness=LivenessSettings(),
+        ctx=zmq.Context.instance(),
+    )
+    await peer._on_frames([_frame("worker", EchoPong(text="late"), correlation_id="gone")])
+    assert len(peer.inbox) == 0
+    assert peer.stats["late_replies"] == 1
+    await peer._on_frames([_frame("worker", EchoPong(text="a message"))])
+    assert len(peer.inbox) == 1, "a message that answers nothing is still delivered"
