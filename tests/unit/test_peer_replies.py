@@ -25,17 +25,22 @@ def _frame(sender: str, msg: Message, correlation_id: str | None = None) -> byte
     return encode_envelope(env)
 
 
-@pytest.mark.parametrize("reply_first", [True, False])
-async def test_a_reply_is_never_overwritten_by_a_late_acceptance(reply_first: bool) -> None:
-    """The broker delivers a durable request while its commit runs, so the reply can come
-    before the Accepted — both in one receive batch, before the caller wakes."""
-    peer = Peer(
+def _client() -> Peer:
+    """A peer that is never started: frames are fed to it by hand."""
+    return Peer(
         "client",
         "ipc://unused",
         bus=BusSettings(),
         liveness=LivenessSettings(),
         ctx=zmq.Context.instance(),
     )
+
+
+@pytest.mark.parametrize("reply_first", [True, False])
+async def test_a_reply_is_never_overwritten_by_a_late_acceptance(reply_first: bool) -> None:
+    """The broker delivers a durable request while its commit runs, so the reply can come
+    before the Accepted — both in one receive batch, before the caller wakes."""
+    peer = _client()
     waiter = peer._waiters["m1"] = _Waiter()
     reply = _frame("worker", EchoPong(text="pong"), correlation_id="m1")
     accepted = _frame(BROKER, Accepted(ids=["m1"]))
@@ -49,13 +54,7 @@ async def test_a_reply_is_never_overwritten_by_a_late_acceptance(reply_first: bo
 async def test_a_reply_nobody_waits_for_is_dropped_not_handled() -> None:
     """A reply that comes after its caller gave up (a call held while its callee restarted,
     say) must not reach the owner's handlers, which have none for it."""
-    peer = Peer(
-        "client",
-        "ipc://unused",
-        bus=BusSettings(),
-        liveness=LivenessSettings(),
-        ctx=zmq.Context.instance(),
-    )
+    peer = _client()
     await peer._on_frames([_frame("worker", EchoPong(text="late"), correlation_id="gone")])
     assert len(peer.inbox) == 0
     assert peer.stats["late_replies"] == 1
