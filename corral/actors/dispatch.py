@@ -304,6 +304,15 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     seq: int = 0
     status: str = "idle"
 
+    def begin_turn(self, turn_id: str, stream_to: list[str] | None) -> None:
+        """Record a turn that starts now (``stream_to``: its ``?stream=true`` caller)."""
+        self.turn_id, self.turn_started_at, self.stream_to = turn_id, time.time(), stream_to
+
+    def end_turn(self) -> None:
+        """Forget everything of the active turn."""
+        self.turn_id, self.turn_started_at, self.stream_to = None, 0.0, None
+        self.tool_calls, self.answered, self.elicitations = [], [], []
+
 
 @dataclass
 class Session:
@@ -671,9 +680,9 @@ class DispatchActor(Actor):
     ) -> HttpResponse | None:
         turn = Turn(turn_id=f"turn_{uuid.uuid4().hex}")
         session.turn = turn
-        session.record.turn_id = turn.turn_id
-        session.record.turn_started_at = time.time()
-        session.record.stream_to = [stream.reply_to, stream.request_id] if stream else None
+        session.record.begin_turn(
+            turn.turn_id, [stream.reply_to, stream.request_id] if stream else None
+        )
         session.record.status = "running"
         await self._save(session)
         self.stats["turns"] += 1
@@ -1027,10 +1036,7 @@ class DispatchActor(Actor):
                 turn.stream_to[0], HttpChunk(request_id=turn.stream_to[1], end=True)
             )
         buffered, session.record.buffer = session.record.buffer, []
-        session.record.turn_id, session.record.turn_started_at = None, 0.0
-        session.record.stream_to = None
-        session.record.tool_calls, session.record.answered = [], []
-        session.record.elicitations = []
+        session.record.end_turn()
         if status == "failed":
             self.stats["failed"] += 1
         if buffered and status == "idle":

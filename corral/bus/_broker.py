@@ -473,14 +473,13 @@ class Broker:
         peer = self._peers.get(env.recipient)
         if peer is None or not peer.connected:
             held = self._held.get(env.recipient)
-            if (
-                held is not None
-                and env.correlation_id is None
-                and len(held) < self.settings.max_backlog
-            ):
-                held.append((env, frame))
-            else:
+            if held is None or env.correlation_id is not None:
                 self._error_reply(env, "unreachable", f"no running peer named {env.recipient!r}")
+            elif len(held) >= self.settings.max_backlog:
+                why = f"peer {env.recipient!r} is starting and {len(held)} messages wait for it"
+                self._error_reply(env, "unreachable", why)
+            else:
+                held.append((env, frame))
             return
         self._route(peer, env, frame)
 

@@ -256,6 +256,21 @@ async def test_a_restarting_actor_gets_what_was_sent_to_it_meanwhile(tmp_path: P
         nursery.cancel_scope.cancel()
 
 
+async def test_what_waits_for_a_starting_actor_is_bounded(tmp_path: Path) -> None:
+    from corral import Unreachable
+
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path, max_backlog=2)
+        broker.starting("late")
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+            for key in ("a", "b"):
+                await client.cast("late", EchoRecord(key=key))
+            with pytest.raises(Unreachable, match="is starting and 2 messages wait for it"):
+                await client.call("late", EchoPing(text="one too many"), timeout=5)
+            assert len(broker._held["late"]) == 2, "the refused call was not held"
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_call_to_an_actor_that_dies_before_its_hello_is_refused(tmp_path: Path) -> None:
     from corral import Unreachable
 

@@ -187,10 +187,12 @@ async def _ask(gw: FakeGateway, sid: str) -> dict[str, Any]:
     return of_type(gw, sid, "response.elicitation_request")[0]
 
 
-async def _verdict(gw: FakeGateway, sid: str, eid: str, action: str) -> None:
+async def _verdict(gw: FakeGateway, sid: str, eid: str, action: str) -> Any:
+    """Answer an elicitation through the session's events route; the 204 reply."""
     body = {"type": "approval", "data": {"elicitation_id": eid, "action": action}}
     reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body)
     assert (reply.status, reply.body) == (204, b"")
+    return reply
 
 
 async def test_policy_ask_parks_until_accepted_then_runs(thost, server, tmp_path) -> None:
