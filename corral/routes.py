@@ -98,6 +98,15 @@ def json_response(status: int, body: Any) -> HttpResponse:
     )
 
 
+def error_response(status: int, code: str, message: str) -> HttpResponse:
+    """An error in the 0.19 server's shape, ``{"error": {"code", "message"}}`` (§H.2).
+
+    The server reads a runner's error as ``payload["error"]["message"]``; a string ``error``
+    makes its proxy fail with a 500 of its own.
+    """
+    return json_response(status, {"error": {"code": code, "message": message}})
+
+
 def empty_response(status: int) -> HttpResponse:
     """An answer with no body at all: no content-length, never ``null`` (H-01)."""
     return HttpResponse(status=status)
