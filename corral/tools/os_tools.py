@@ -3,7 +3,9 @@
 They act in the session's effective working directory (:mod:`corral.tools.os_env`,
 T-05 to T-10) and answer with JSON text (T-01 to T-04)::
 
-    sys_os_read  {"path"}                      -> {"path", "content", "size", "truncated"}
+    sys_os_read  {"path", "offset"?, "limit"?}  -> {"path", "content", "encoding", "offset",
+                                                   "limit", "returned_lines", "total_lines",
+                                                   "truncated"}
     sys_os_write {"path", "content"}           -> {"path", "created", "bytes_written"}
     sys_os_edit  {"path", "oldText", "newText"} -> {"path", "replacements"}
     sys_os_shell {"command"}                   -> {"stdout", "stderr", "exit_code",
@@ -15,9 +17,13 @@ working directory``, for reads and writes alike. Files are written whole through
 temporary file and a rename, so a crash leaves the old or the new content, never half.
 
 **Reads** are for text: a file with a NUL byte in its first 8 KiB is refused as binary;
-other bytes that are not UTF-8 read as U+FFFD. ``offset``/``limit`` page by lines, and at
-most ``ctx.max_output_chars`` characters come back (``"truncated": true`` and
-``"next_offset"`` say where to go on). Only regular files are read, so a FIFO or a device
+other bytes that are not UTF-8 read as U+FFFD. The answer has omnigent's shape
+(PROTOCOL_0_19.md §G.6): ``path`` is the absolute path read, ``offset`` (1-based) and
+``limit`` (default :data:`DEFAULT_READ_LIMIT` lines) the window, ``returned_lines`` and
+``total_lines`` what it held and what the file holds (None past :data:`MAX_COUNT_BYTES`
+more bytes). At most ``ctx.max_output_chars`` characters come back; ``"truncated": true``
+says that cap cut the window. Whenever lines are left after it, ``"next_offset"`` says
+where to go on (corral's addition). Only regular files are read, so a FIFO or a device
 cannot hang or flood the call.
 
 **Edits** work on the file's bytes, so the rest of a file that is not valid UTF-8 is left
@@ -63,11 +69,14 @@ from .os_env import effective_cwd, effective_cwd_sync
 from .paths import is_inside, resolve_inside
 
 __all__ = [
+    "DEFAULT_READ_LIMIT",
     "DEFAULT_SHELL_TIMEOUT_S",
     "KILL_GRACE_S",
+    "MAX_COUNT_BYTES",
     "MAX_EDIT_BYTES",
     "MAX_FILE_THREADS",
     "TOOLS",
+    "atomic_write",
     "run_shell",
     "shell_path",
 ]
@@ -78,6 +87,10 @@ DEFAULT_SHELL_TIMEOUT_S = 120.0
 KILL_GRACE_S = 2.0
 #: Largest file ``sys_os_edit`` loads (it has to hold the file twice).
 MAX_EDIT_BYTES = 16 * 1024 * 1024
+#: Lines ``sys_os_read`` returns when the call does not say (omnigent's default).
+DEFAULT_READ_LIMIT = 2000
+#: Bytes ``sys_os_read`` reads past its window to count the file's lines, at most.
+MAX_COUNT_BYTES = 16 * 1024 * 1024
 #: Worker threads the file tools use at most, all sessions together.
 MAX_FILE_THREADS = 4
 
@@ -179,9 +192,9 @@ def _binary_error(path: str) -> ToolError:
     return ToolError(f"{path!r} is a binary file; sys_os_read and sys_os_edit handle text only")
 
 
-def _read_sync(cwd: Path, path: str, offset: int, limit: int | None, cap: int) -> dict[str, Any]:
+def _read_sync(cwd: Path, path: str, offset: int, limit: int, cap: int) -> dict[str, Any]:
     target = resolve_inside(cwd, path)
-    fd, st = _open_regular(target, path)
+    fd, _st = _open_regular(target, path)
     with os.fdopen(fd, "rb") as raw:
         if b"\x00" in raw.read(_SNIFF):
             raise _binary_error(path)
@@ -189,21 +202,25 @@ def _read_sync(cwd: Path, path: str, offset: int, limit: int | None, cap: int) -
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         parts: list[str] = []
         size = 0
-        line = 1
-        taken = 0
-        next_offset: int | None = None
+        line = 1  # the line the next chunk belongs to
+        taken = 0  # lines of the window read to their end
+        cut = False
+        stopped_at: int | None = None
+        last = b""
         # Lines are split on b"\n" (ASCII), so the decoder is at a character boundary at
         # every line start; a line longer than a chunk arrives in pieces.
         while chunk := raw.readline(_CHUNK):
+            last = chunk
             if line >= offset:
-                if limit is not None and taken >= limit:
-                    next_offset = line
+                if taken >= limit:
+                    stopped_at = line
                     break
                 text = decoder.decode(chunk)
                 room = cap - size
                 if len(text) > room:
                     parts.append(text[:room])
-                    next_offset = line
+                    cut = True
+                    stopped_at = line
                     break
                 parts.append(text)
                 size += len(text)
@@ -213,18 +230,46 @@ def _read_sync(cwd: Path, path: str, offset: int, limit: int | None, cap: int) -
                 line += 1
         else:
             parts.append(decoder.decode(b"", final=True))
+        total = _count_lines(raw, line, last, stopped=stopped_at is not None)
+    if stopped_at is None:
+        returned = taken + (1 if last and not last.endswith(b"\n") and line >= offset else 0)
+    else:
+        returned = stopped_at - offset + (1 if cut else 0)
     result: dict[str, Any] = {
-        "path": path,
+        "path": str(target),
         "content": "".join(parts),
-        "size": st.st_size,
-        "truncated": next_offset is not None,
+        "encoding": "utf-8",
+        "offset": offset,
+        "limit": limit,
+        "returned_lines": returned,
+        "total_lines": total,
+        "truncated": cut,
     }
-    if next_offset is not None:
-        result["next_offset"] = next_offset
+    if stopped_at is not None:
+        result["next_offset"] = stopped_at
     return result
 
 
-def _atomic_write(target: Path, data: bytes, mode: int | None) -> None:
+def _count_lines(raw: Any, line: int, last: bytes, *, stopped: bool) -> int | None:
+    """The file's line count, reading on from where the window stopped (if it did).
+
+    ``last`` is the last chunk read (when the window stopped: the first one past it, whose
+    line is ``line``). Past :data:`MAX_COUNT_BYTES` more the count is unknown (None).
+    """
+    if not stopped:
+        return line - 1 + (1 if last and not last.endswith(b"\n") else 0)
+    newlines = last.count(b"\n")
+    counted = 0
+    while block := raw.read(_CHUNK):
+        counted += len(block)
+        if counted > MAX_COUNT_BYTES:
+            return None
+        newlines += block.count(b"\n")
+        last = block
+    return line - 1 + newlines + (0 if last.endswith(b"\n") else 1)
+
+
+def atomic_write(target: Path, data: bytes, mode: int | None) -> None:
     """Replace ``target`` with ``data`` through a temporary file in the same directory."""
     temp = target.parent / f".corral-{secrets.token_hex(6)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -266,7 +311,7 @@ def _write_sync(cwd: Path, path: str, content: str) -> dict[str, Any]:
         if not is_inside(os.path.realpath(cwd), os.path.realpath(target.parent)):
             raise ToolError(f"path {path!r} escapes the working directory")
     data = content.encode("utf-8", "surrogatepass")
-    _atomic_write(target, data, before.st_mode if before is not None else None)
+    atomic_write(target, data, before.st_mode if before is not None else None)
     return {"path": path, "created": before is None, "bytes_written": len(data)}
 
 
@@ -293,7 +338,7 @@ def _edit_sync(cwd: Path, path: str, old: str, new: str, replace_all: bool) -> d
             "matches once, or set replace_all to true; nothing was changed"
         )
     updated = data.replace(old_bytes, new.encode("utf-8", "surrogatepass"))
-    _atomic_write(target, updated, st.st_mode)
+    atomic_write(target, updated, st.st_mode)
     return {"path": path, "replacements": count}
 
 
@@ -314,7 +359,7 @@ async def sys_os_read(ctx: ToolContext, args: dict[str, Any]) -> str:
     """Read a text file in the working directory (T-03)."""
     path = _str_arg(args, "path")
     offset = _int_arg(args, "offset", 1)
-    limit = _int_arg(args, "limit", None)
+    limit = _int_arg(args, "limit", DEFAULT_READ_LIMIT)
     return await _run_file_op(_read_sync, ctx, path, offset, limit, ctx.max_output_chars)
 
 

@@ -227,26 +227,71 @@ async def test_t02_edit_rejects_empty_old_text(ctx: ToolContext, root: Path) -> 
 # -- T-03 read ------------------------------------------------------------------------------
 
 
+async def test_t03_read_answers_omnigents_shape(ctx: ToolContext, root: Path) -> None:
+    """§G.6: the absolute path, the window (1-based offset, 2000 lines by default) and the
+    line counts, in omnigent's field order."""
+    (root / "note.txt").write_text("hello\nworld\n")
+    out = await call(ctx, "sys_os_read", path="note.txt")
+    assert out == {
+        "path": str((root / "note.txt").resolve()),
+        "content": "hello\nworld\n",
+        "encoding": "utf-8",
+        "offset": 1,
+        "limit": 2000,
+        "returned_lines": 2,
+        "total_lines": 2,
+        "truncated": False,
+    }
+    (root / "no_newline.txt").write_text("a\nb")
+    out = await call(ctx, "sys_os_read", path="no_newline.txt")
+    assert (out["returned_lines"], out["total_lines"]) == (2, 2)
+    (root / "empty.txt").write_text("")
+    out = await call(ctx, "sys_os_read", path="empty.txt")
+    assert (out["content"], out["returned_lines"], out["total_lines"]) == ("", 0, 0)
+
+
+async def test_t03_default_limit_is_2000_lines(ctx: ToolContext, root: Path) -> None:
+    (root / "long.txt").write_text("".join(f"{i}\n" for i in range(1, 2501)))
+    out = await call(ctx, "sys_os_read", path="long.txt")
+    assert out["content"].splitlines()[-1] == "2000"
+    assert (out["returned_lines"], out["total_lines"], out["next_offset"]) == (2000, 2500, 2001)
+    # A window the limit ends is not "truncated": nothing was cut, the rest is a page away.
+    assert out["truncated"] is False
+
+
 async def test_t03_read_pages_by_lines(ctx: ToolContext, root: Path) -> None:
     (root / "lines.txt").write_text("".join(f"line{i}\n" for i in range(1, 11)))
     out = await call(ctx, "sys_os_read", path="lines.txt", offset=3, limit=2)
     assert out["content"] == "line3\nline4\n"
-    assert out["truncated"] is True and out["next_offset"] == 5
+    assert out["truncated"] is False and out["next_offset"] == 5
+    assert (out["offset"], out["limit"], out["returned_lines"], out["total_lines"]) == (3, 2, 2, 10)
     tail = await call(ctx, "sys_os_read", path="lines.txt", offset=9, limit=5)
     assert tail["content"] == "line9\nline10\n"
     assert tail["truncated"] is False and "next_offset" not in tail
+    assert (tail["returned_lines"], tail["total_lines"]) == (2, 10)
     exact = await call(ctx, "sys_os_read", path="lines.txt", offset=9, limit=2)
-    assert exact["truncated"] is False
+    assert exact["truncated"] is False and "next_offset" not in exact
+    past = await call(ctx, "sys_os_read", path="lines.txt", offset=50)
+    assert (past["content"], past["returned_lines"], past["total_lines"]) == ("", 0, 10)
 
 
 async def test_t03_large_file_is_capped(tmp_path: Path, root: Path) -> None:
     ctx = make_ctx(tmp_path, spec=spec_at(root), max_output_chars=1000)
-    (root / "big.txt").write_text("x" * 600 + "\n" + "y" * 5_000_000 + "\n")
+    (root / "big.txt").write_text("x" * 600 + "\n" + "y" * 5_000_000 + "\n" + "z\n")
     out = await call(ctx, "sys_os_read", path="big.txt")
     assert len(out["content"]) == 1000
     assert out["content"] == "x" * 600 + "\n" + "y" * 399
     assert out["truncated"] is True and out["next_offset"] == 2
-    assert out["size"] == 5_000_602
+    assert (out["returned_lines"], out["total_lines"]) == (2, 3)
+
+
+async def test_t03_line_count_is_bounded(tmp_path: Path, root: Path) -> None:
+    ctx = make_ctx(tmp_path, spec=spec_at(root))
+    line = b"x" * 1023 + b"\n"
+    (root / "huge.txt").write_bytes(b"first\n" + line * (os_tools.MAX_COUNT_BYTES // 1024 + 128))
+    out = await call(ctx, "sys_os_read", path="huge.txt", limit=1)
+    assert out["content"] == "first\n"
+    assert out["total_lines"] is None and out["next_offset"] == 2
 
 
 async def test_t03_binary_file_is_a_clear_error(ctx: ToolContext, root: Path) -> None:
