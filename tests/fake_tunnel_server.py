@@ -1,4 +1,5 @@
-"""A fake omnigent server's runner-tunnel endpoint, written from PROTOCOL_FACTS.md §i, §ii, §v.6.
+"""A fake omnigent 0.19.1 server's runner-tunnel endpoint, written from PROTOCOL_0_19.md (and
+PROTOCOL_FACTS.md §i, §ii, §v.6 for what 0.19 left unchanged).
 
 It runs in the test's trio loop on 127.0.0.1 (``await tunnels.start(nursery)``) and speaks the
 server side of the tunnel:
@@ -6,7 +7,9 @@ server side of the tunnel:
 * accepts ``[<prefix>]/v1/runners/{id}/tunnel`` upgrades; refuses a foreign ``Origin`` with
   HTTP 403 (or any status set in ``reject_status``); with a token header, closes with 4004
   when the id is not ``runner_token_ + sha256("omnigent-runner:" + token)[:32]``;
-* requires ``hello`` first (4001 otherwise) with ``frame_protocol_version`` 1 (4002);
+* requires ``hello`` first (4001 otherwise) with ``frame_protocol_version`` 1 (4002) and, if
+  present, ``capabilities`` a list of strings; answers ``event.ready`` when the hello lists
+  ``session-event-ingest-v1`` (§A.3);
 * closes a replaced tunnel (same runner id) with 4000, and any tunnel on demand
   (``close_after_hello[runner_id] = (code, reason)``, :meth:`Tunnel.close`);
 * sends ``request`` frames the way the server's httpx client does and collects the
@@ -14,15 +17,20 @@ server side of the tunnel:
   (a body before the head, frames after the end, unknown ids);
 * relays session streams: ``GET /v1/sessions/{id}/stream`` bodies are parsed as SSE and
   every non-heartbeat event is appended to ``events[session_id]`` — the server's view, across
-  every stream and every tunnel;
-* on each (re)connect, re-inits the sessions bound to the runner (``bind``) as §v.6 shows:
-  ``POST /v1/sessions`` with the ``session_init`` v2 envelope, then ``GET .../skills``, then
-  ``GET .../stream``.
+  every stream and every tunnel. Like the real relay it validates each event: a ``type``
+  outside :data:`ACCEPTED_STREAM_TYPES` (§D.2; the real server cuts every client's stream on
+  one) and a ``response.output_item.done`` item the server could not persist (§E.1) are
+  logged as errors and recorded in ``stream_violations`` (and the tunnel's ``violations``);
+  the event is not kept. ``data: [DONE]`` ends a stream cleanly (§D.1), and the server
+  then sends ``request.cancel`` for it as the real one does (§A.5);
+* on each (re)connect, re-inits the sessions bound to the runner (``bind``): ``POST
+  /v1/sessions`` with the 0.19 ``session_init`` v2 envelope (§B.1), then ``GET .../stream``.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -44,7 +52,114 @@ from trio_websocket import (
 
 log = logging.getLogger("tests.fake_tunnel_server")
 
-SERVER_VERSION = "0.11.0.dev0"
+SERVER_VERSION = "0.19.1"
+EVENT_INGEST = "session-event-ingest-v1"
+#: The ``type`` tags the server's client stream accepts (§D.2, the ``ServerStreamEvent`` union
+#: of omnigent 0.19.1). Written out here, independently of corral's own list.
+ACCEPTED_STREAM_TYPES = frozenset(
+    {
+        "session.status",
+        "session.usage",
+        "session.model",
+        "session.title",
+        "session.reasoning_effort",
+        "session.collaboration_mode",
+        "session.permission_mode",
+        "session.codex_approval_mode",
+        "session.agent_changed",
+        "session.todos",
+        "session.terminal_pending",
+        "session.sandbox_status",
+        "session.mcp_startup",
+        "session.model_options",
+        "session.input.consumed",
+        "session.interrupted",
+        "session.created",
+        "session.superseded",
+        "session.btw_sidechat",
+        "session.presence",
+        "session.resource.created",
+        "session.resource.deleted",
+        "session.child_session.updated",
+        "session.changed_files.invalidated",
+        "session.terminal.activity",
+        "session.heartbeat",
+        "response.output_text.delta",
+        "response.function_call_output.delta",
+        "response.reasoning.started",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.output_item.done",
+        "response.output_file.done",
+        "response.heartbeat",
+        "response.elicitation_request",
+        "response.elicitation_resolved",
+        "browser.action_request",
+        "response.policy_denied",
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.completed",
+        "response.failed",
+        "response.cancelled",
+        "response.incomplete",
+        "response.retry",
+        "response.error",
+        "response.compaction.in_progress",
+        "response.compaction.completed",
+        "response.compaction.failed",
+        "response.client_task.cancel",
+        "turn.started",
+        "turn.completed",
+        "turn.failed",
+        "turn.cancelled",
+    }
+)
+
+
+def item_violation(item: Any) -> str | None:
+    """Why the relay would drop a ``response.output_item.done`` item (§E.1), or None.
+
+    Only ``message``, completed ``function_call`` and ``function_call_output`` items are
+    parsed (by field name, extra keys ignored); a failure is logged by the real server as
+    ``Failed to parse persistent item from SSE: <type>`` and the item is not persisted.
+    """
+    if not isinstance(item, dict):
+        return "the item is not an object"
+    kind = item.get("type")
+    if kind == "function_call" and item.get("status") == "completed":
+        for name in ("agent", "name", "arguments", "call_id"):
+            if not isinstance(item.get(name), str):
+                return f"a completed function_call needs a string {name!r}"
+    elif kind == "message":
+        if item.get("role") not in ("user", "assistant"):
+            return f"a message's role must be user or assistant, not {item.get('role')!r}"
+        if not isinstance(item.get("content"), list):
+            return "a message needs a content list"
+        if item["role"] == "assistant" and not isinstance(item.get("agent"), str):
+            return "an assistant message needs a string 'agent'"
+    elif kind == "function_call_output":
+        for name in ("call_id", "output"):
+            if not isinstance(item.get(name), str):
+                return f"a function_call_output needs a string {name!r}"
+    return None
+
+
+def stream_violation(event: Any) -> str | None:
+    """Why the server's relay would reject a session stream event, or None."""
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return f"a stream event without a string type: {event!r:.120}"
+    if event["type"] not in ACCEPTED_STREAM_TYPES:
+        return f"stream event type {event['type']!r} is not in the server's union"
+    if event["type"] == "response.output_item.done":
+        why = item_violation(event.get("item"))
+        if why is not None:
+            item = event.get("item")
+            kind = item.get("type") if isinstance(item, dict) else None
+            return f"output item {kind!r} would not be persisted: {why}"
+    return None
+
+
 _PATH = re.compile(r"^(?P<prefix>.*)/v1/runners/(?P<runner_id>[^/]+)/tunnel$")
 #: The headers the server's httpx client puts on every tunnelled request (§ii).
 _BASE_HEADERS = [
@@ -102,6 +217,8 @@ class Stream:
     first_was_heartbeat: bool | None = None
     #: Events per ``response.body`` frame, in order (coalescing shows here).
     frame_sizes: list[int] = field(default_factory=list)
+    #: The runner ended the stream with ``data: [DONE]``.
+    done: bool = False
 
 
 class Tunnel:
@@ -117,6 +234,8 @@ class Tunnel:
         self.prefix = match.group("prefix")
         self.runner_id = unquote(match.group("runner_id"))
         self.hello: dict[str, Any] | None = None
+        #: ``event.ready`` was sent on this tunnel.
+        self.event_ready = False
         self.responses: dict[str, Response] = {}
         self.streams: dict[str, Stream] = {}
         self.received: list[dict[str, Any]] = []
@@ -187,6 +306,18 @@ class Tunnel:
                 await response.changed.wait()
         return stream
 
+    async def ack(self, batch_id: str, applied: int = 0, error: str | None = None) -> None:
+        """An ``event.ack`` (§A.3), as for a batch (of any id: the runner must cope)."""
+        await self.send(
+            {
+                "kind": "event.ack",
+                "id": batch_id,
+                "applied": applied,
+                "error": error,
+                "retryable": False,
+            }
+        )
+
     async def cancel(self, request_id: str) -> None:
         await self.send(
             {"kind": "request.cancel", "id": request_id, "reason": "client_disconnected"}
@@ -244,6 +375,9 @@ class Tunnel:
             else:
                 event.set()
             return
+        if kind == "event.batch":
+            self.violations.append(f"event.batch although corral streams everything: {frame}")
+            return
         if not kind.startswith("response."):
             self.violations.append(f"unexpected frame kind {kind!r}")
             return
@@ -273,6 +407,10 @@ class Tunnel:
         elif kind == "response.end":
             response.ended = True
             response.done.set()
+            stream = self.streams.get(response.id)
+            if stream is not None and stream.done:
+                # §A.5: the real server cancels a stream the runner just ended with [DONE].
+                self.server._spawn(self.cancel, response.id)
         else:
             self.violations.append(f"unknown frame kind {kind!r}")
         response.changed.set()
@@ -287,6 +425,11 @@ class Tunnel:
                 self.violations.append(f"SSE block is not one data line: {block!r:.100}")
                 continue
             payload = block[len("data: ") :]
+            if payload == "[DONE]":
+                stream.done = True
+                continue
+            if stream.done:
+                self.violations.append(f"stream data after [DONE]: {payload:.100}")
             if '":' in payload and '": ' not in payload:
                 self.violations.append(f"SSE JSON without json.dumps separators: {payload:.100}")
             event = json.loads(payload)
@@ -294,6 +437,12 @@ class Tunnel:
                 stream.first_was_heartbeat = event.get("type") == "session.heartbeat"
             if event.get("type") == "session.heartbeat":
                 stream.heartbeats += 1
+                continue
+            why = stream_violation(event)
+            if why is not None:
+                log.error("session %s: %s", stream.session_id, why)
+                self.violations.append(why)
+                self.server.stream_violations.append((stream.session_id, why))
                 continue
             count += 1
             stream.events.append(event)
@@ -322,6 +471,8 @@ class FakeTunnelServer:
         self.streams: dict[str, list[Stream]] = {}
         #: (runner id, session id, status, body) of every re-init POST.
         self.reinits: list[tuple[str, str, int | None, Any]] = []
+        #: (session id, why) of every stream event the real server would reject.
+        self.stream_violations: list[tuple[str, str]] = []
         self.rejected: list[tuple[str, int]] = []
         self._change = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -343,6 +494,14 @@ class FakeTunnelServer:
             )
         )
         self.port = server.port
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        async def quietly() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                await fn(*args)
+
+        assert self._nursery is not None
+        self._nursery.start_soon(quietly)
 
     def _changed(self) -> None:
         self._change.set()
@@ -451,6 +610,13 @@ class FakeTunnelServer:
             tunnel.closed.set()
             self._changed()
             return
+        capabilities = hello.get("capabilities", [])
+        if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
+            tunnel.violations.append(f"hello capabilities not a string list: {capabilities!r}")
+            await tunnel.close(4001, "expected hello frame")
+            tunnel.closed.set()
+            self._changed()
+            return
         tunnel.hello = hello
         closing = self.close_after_hello.get(tunnel.runner_id)
         if closing is not None:
@@ -463,6 +629,10 @@ class FakeTunnelServer:
         self.live[tunnel.runner_id] = tunnel
         if old is not None and not old.closed.is_set():
             await old.close(4000, "tunnel replaced")
+        if EVENT_INGEST in capabilities:
+            with contextlib.suppress(ConnectionClosed):
+                await tunnel.send({"kind": "event.ready"})
+            tunnel.event_ready = True
         self._changed()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._reinit, tunnel)
@@ -473,7 +643,11 @@ class FakeTunnelServer:
         self._changed()
 
     async def _reinit(self, tunnel: Tunnel) -> None:
-        """§v.6: per bound session, one at a time: init (session_init v2), skills, stream."""
+        """Per bound session, one at a time: init (the 0.19 session_init envelope), stream.
+
+        (The real server opens every bound session's stream at once and inits only those
+        needing recovery, §K.2; one at a time keeps the tests' order readable.)
+        """
         for session_id, agent_id in list(self.bound.get(tunnel.runner_id, {}).items()):
             envelope = {
                 "protocol_version": 2,
@@ -482,12 +656,18 @@ class FakeTunnelServer:
                 "agent_id": agent_id,
                 "sub_agent_name": None,
                 "snapshot": {
+                    "workspace": None,
                     "labels": {},
+                    "reasoning_effort": None,
                     "model_override": None,
                     "harness_override": None,
+                    "parent_session_id": None,
                     "root_session_id": session_id,
+                    "inference_config": None,
                 },
                 "suppress_recovery_turn": False,
+                "resume_interrupted_turn": False,
+                "recovery_id": None,
             }
             body = {
                 "session_id": session_id,
@@ -498,7 +678,6 @@ class FakeTunnelServer:
             try:
                 init = await tunnel.request("POST", "/v1/sessions", body, timeout=20)
                 self.reinits.append((tunnel.runner_id, session_id, init.status, init.json))
-                await tunnel.request("GET", f"/v1/sessions/{session_id}/skills")
                 await tunnel.open_stream(session_id)
             except (ConnectionClosed, trio.TooSlowError) as exc:
                 log.warning("re-init of %s failed: %r", session_id, exc)

@@ -1,11 +1,14 @@
-"""The gateway end to end: a real host, the fake tunnel server (§i, §ii, §v.6), the fake HTTP
-server for agent specs, scripted workers."""
+"""The gateway end to end: a real host, the fake tunnel server (0.19: PROTOCOL_0_19.md; §i,
+§ii, §v.6 of PROTOCOL_FACTS.md where 0.19 left them), the fake HTTP server for agent specs,
+scripted workers. The 0.19 additions (close-code recycles, routes, the stream vocabulary) are
+in ``test_gateway_019.py``."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -92,13 +95,19 @@ def tunnel_of(state: dict[str, Any], runner_id: str) -> dict[str, Any]:
     return next(t for t in state["tunnels"] if t["runner_id"] == runner_id)
 
 
+def error_code(body: Any) -> Any:
+    """The code of an error body in either shape: 0.19 ``{"error": {"code"}}`` or 0.11's."""
+    error = body["error"]
+    return error["code"] if isinstance(error, dict) else error
+
+
 def numbered(n: int) -> str:
     """``n`` distinct 4-character words: a lost or repeated delta shows in the text."""
     return "".join(f"{i:03d} " for i in range(n))
 
 
 async def bind(tunnel: Tunnel, session_id: str, agent_id: str) -> None:
-    """§v.1 step 1-2: legacy init, snapshot, skills, stream (and remember it for re-inits)."""
+    """§B.3: init, snapshot, stream (and remember the session for re-inits)."""
     init = await tunnel.request(
         "POST",
         "/v1/sessions",
@@ -280,6 +289,17 @@ async def test_handshake_headers_hello_ping_and_runner_ids(host_factory, tunnels
         for t in (by_token, named, unnamed):
             assert t.prefix == "/omni"
             assert t.headers["origin"] == "omnigent://internal"
+            # §A.2: the 0.19 fields, in the wire order omnigent's runner uses.
+            assert list(t.hello) == [
+                "kind",
+                "runner_version",
+                "frame_protocol_version",
+                "harnesses",
+                "envs",
+                "telemetry_opt_out",
+                "capabilities",
+                "connection_id",
+            ]
             assert t.hello == {
                 "kind": "hello",
                 "runner_version": __version__,
@@ -287,20 +307,37 @@ async def test_handshake_headers_hello_ping_and_runner_ids(host_factory, tunnels
                 "harnesses": t.hello["harnesses"],
                 "envs": [],
                 "telemetry_opt_out": True,
+                "capabilities": ["session-event-ingest-v1"],
+                "connection_id": t.hello["connection_id"],
             }
-            assert "scripted" in t.hello["harnesses"]
-            assert t.hello["harnesses"] == sorted(t.hello["harnesses"])
+            assert re.fullmatch(r"[0-9a-f]{32}", t.hello["connection_id"])
+            # Every kind built in runs on this host (§L): all of them are advertised.
+            assert t.hello["harnesses"] == ["open-responses", "openai", "openai-agents", "scripted"]
+            assert t.event_ready
+            status = tunnel_of(state, t.runner_id)
+            assert status["connection_id"] == t.hello["connection_id"]
+            assert f"(connection {t.hello['connection_id']})" in host.log()
         assert by_token.headers["x-omnigent-runner-tunnel-token"] == token
         assert "x-omnigent-runner-tunnel-token" not in named.headers
         assert named.path == "/omni/v1/runners/runner%20a%2Fb/tunnel"
         assert await by_token.ping(1795966688595) == 1795966688595
         assert await named.ping(7) == 7
         assert tunnel_of(state, "runner a/b")["url"].startswith("ws://127.0.0.1:")
+        # event.ready (§A.3) is recorded; event.ack for a batch nobody sent is counted, ignored.
+        state = await poll(host, lambda s: all(t["event_ready"] for t in s["tunnels"]))
+        await named.ack("b" * 32, applied=0, error="event type is not allowed on runner tunnel")
+        await named.ack("c" * 32, applied=2)
+        assert await named.ping(8) == 8
+        state = await poll(host, lambda s: tunnel_of(s, "runner a/b")["event_acks"] == 2)
+        assert tunnel_of(state, "runner a/b")["malformed"] == 0
         # A restarted gateway comes back under the same ids (the stored one included).
         pid = (await trio.to_thread.run_sync(host.actor, "gateway"))["pid"]
         os.kill(pid, signal.SIGKILL)
-        await tunnels.wait_tunnel(stored_id, count=2)
+        again = await tunnels.wait_tunnel(stored_id, count=2)
         last = await tunnels.wait_tunnel(token_bound_runner_id(token), count=2)
+        assert again.hello["connection_id"] != unnamed.hello["connection_id"], "new per attempt"
+        ids = [t.hello["connection_id"] for t in tunnels.tunnels if t.hello]
+        assert len(set(ids)) == len(ids)
         for t in tunnels.tunnels:
             assert t.violations == []
     # An orderly stop (SIGTERM) closes the tunnels with 1000 (§i.3).
@@ -435,17 +472,9 @@ async def test_h01_h02_turn_end_to_end_with_an_approval(host_factory, tunnels, s
         types = [e["type"] for e in tunnels.events[sid]]
         assert types[0] == "session.status" and "response.completed" in types
         assert "response.created" not in types
-        # The routes the gateway answers itself, and the ones nobody owns.
-        env = await t.request("GET", f"/v1/sessions/{sid}/resources/environments")
-        assert env.json["object"] == "list"
-        cleaned = await t.request("DELETE", f"/v1/sessions/{sid}/resources")
-        assert cleaned.json == {
-            "session_id": sid,
-            "object": "session.resources.cleaned",
-            "cleaned": True,
-        }
+        # The routes nobody owns, and the server's leg of a tool call.
         mcp = await t.request("POST", f"/v1/sessions/{sid}/mcp/execute", {"method": "tools/call"})
-        assert (mcp.status, mcp.json["error"]) == (422, "invalid_request")
+        assert (mcp.status, error_code(mcp.json)) == (422, "invalid_request")
         # §ii.9: the server's leg of a tool round trip runs the tool here.
         call = {
             "method": "tools/call",
@@ -455,9 +484,18 @@ async def test_h01_h02_turn_end_to_end_with_an_approval(host_factory, tunnels, s
         assert mcp.status == 200, mcp.body
         assert json.loads(mcp.json["result"]["output"])["stdout"] == "via-mcp\n"
         nowhere = await t.request("GET", "/v2/elsewhere")
-        assert (nowhere.status, nowhere.json["error"]) == (404, "not_found")
+        assert (nowhere.status, nowhere.json) == (
+            404,
+            {
+                "error": {
+                    "code": "not_found",
+                    "message": "No route GET /v2/elsewhere on this runner.",
+                }
+            },
+        )
         assert nowhere.header("content-type") == "application/json"
         assert t.violations == []
+        assert tunnels.stream_violations == []
 
 
 async def test_concurrent_requests_multiplex_with_streams_heartbeats_and_cancel(
@@ -542,6 +580,19 @@ async def test_binary_bodies_malformed_and_oversized_frames(host_factory, tunnel
             f for f in t.received if f.get("id") == bad.id and f["kind"] == "response.head"
         )
         assert bad_frame["status"] == 400
+        # A body that is not base64 at all: the gateway itself refuses it.
+        garbled, frame = t.start_request("POST", "/v1/sessions", raw=b"x", encoding="base64")
+        await t.send({**frame, "body": "%%% not base64"})
+        await garbled.wait()
+        assert (garbled.status, garbled.json) == (
+            400,
+            {
+                "error": {
+                    "code": "invalid_input",
+                    "message": "The request body is not valid base64.",
+                }
+            },
+        )
         for junk in [
             "not json",
             '{"kind": "nope"}',
@@ -558,7 +609,8 @@ async def test_binary_bodies_malformed_and_oversized_frames(host_factory, tunnel
         assert tunnel_of(state, "edge")["connects"] == 1
         # Over the limit: refused with 413, and the tunnel stays up.
         big = await t.request("POST", "/v1/sessions", {"session_id": "s", "pad": "x" * 70_000})
-        assert (big.status, big.json["error"]) == (413, "payload_too_large")
+        assert (big.status, big.json["error"]["code"]) == (413, "payload_too_large")
+        assert "limit of 65536" in big.json["error"]["message"]
         assert (await t.request("GET", "/v1/sessions/s-bin")).status == 200
         # Far over it: the runner closes the tunnel (1009) and comes back.
         _, frame = t.start_request("POST", "/v1/sessions", {"pad": "y" * 300_000})

@@ -1,4 +1,5 @@
-"""The gateway actor: the server's runner tunnels ⇄ the bus (PROTOCOL_FACTS.md §i, §ii, §v.6).
+"""The gateway actor: the server's runner tunnels ⇄ the bus (PROTOCOL_0_19.md; PROTOCOL_FACTS.md
+§i, §ii, §v.6 for what 0.19 left unchanged).
 
 For every configured runner id the gateway keeps one WebSocket **client** connection to
 ``{server}/v1/runners/{runner_id}/tunnel``. The server sends HTTP requests down it as
@@ -17,15 +18,22 @@ Routes:
 route                                       answered by
 ==========================================  ==================================================
 ``GET /v1/sessions/{id}/stream``            the gateway: the session's events as SSE
-``GET .../skills``, ``.../environments``    the gateway: the shapes of the capture
-``GET .../resources[/terminals]``           the tools actor (its terminals)
-``DELETE .../resources``                    the tools actor: closes them, ``cleaned``
+``GET .../skills``                          the gateway: ``{"skills":[]}``
+``* .../resources[/...]`` (any method)      the tools actor (environments, files, shell,
+                                            terminals); while it is down a GET of a list
+                                            answers the empty list, anything else 503
+                                            ``runner_unavailable``
 ``POST .../background-title``               the gateway: ``{"status":"unsupported"}``
 ``POST .../mcp/execute``                    dispatch → policy → tools (never retried: a
                                             tool call must not run twice)
+``DELETE /v1/sessions/{id}``                dispatch (durable); on a 2xx the session's open
+                                            streams end with ``[DONE]`` (§I.1) and its
+                                            undelivered events are forgotten
 any other ``/v1/sessions...``               dispatch, as an :class:`~corral.routes.HttpRequest`
 anything else                               404
 ==========================================  ==================================================
+
+Every error the gateway answers itself has the 0.19 shape ``{"error": {"code", "message"}}``.
 
 Session streams. Dispatch publishes every session event to the gateway, in
 :class:`~corral.routes.SessionEvents` batches, with a per-session ``seq`` that only grows.
@@ -40,6 +48,11 @@ durably (see ``docs/gateway.md``: dispatch must send them as durable messages; t
 acks each message only after the buffer records of its events are fsynced). Backed-up events
 are coalesced: several SSE events share one ``response.body`` frame, while an event that
 finds the tunnel idle goes out at once on its own.
+
+Only the types the server's client stream accepts go upstream (:data:`SERVER_STREAM_TYPES`,
+§D.2): any other event is left out before it is buffered (its seq still counts, so a
+redelivery of it is a duplicate), counted per type in the snapshot and logged once per type.
+It stays in the journal, which dispatch feeds separately.
 
 The tunnels themselves (connection, reconnect with backoff, frame limits) are in
 :mod:`._tunnel`; the buffer in :mod:`._streams`.
@@ -59,13 +72,14 @@ import trio
 from ..._exceptions import BusError, ConfigError
 from ...bus import Incoming
 from ...config import check_runners
-from ...harnesses import HARNESSES
+from ...harnesses import HARNESSES, availability
 from ...routes import (
     HttpChunk,
     HttpRequest,
     HttpResponse,
     SessionEvent,
     SessionEvents,
+    error_response,
     events_of,
     json_response,
 )
@@ -74,7 +88,8 @@ from .._actor import Actor, ActorContext, handles
 from ._frames import RequestFrame
 from ._options import GatewayOptions
 from ._streams import StreamBuffer
-from ._tunnel import Responder, Tunnel
+from ._tunnel import Responder, Tunnel, runner_dispatch_failed
+from ._vocabulary import SERVER_STREAM_TYPES
 
 log = logging.getLogger("corral.actors.gateway")
 
@@ -84,7 +99,36 @@ SSE_HEADERS = [
     ("content-type", "text/event-stream; charset=utf-8"),
 ]
 HEARTBEAT = 'data: {"type": "session.heartbeat"}\n\n'
+#: Ends a session stream cleanly: the server's relay stops without retrying (§D.1).
+DONE = "data: [DONE]\n\n"
 _EMPTY_LIST = {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+#: How long a DELETE waits for the session's streams to send their [DONE].
+_STREAM_END_WAIT_S = 5.0
+
+
+class _Typed(msgspec.Struct):
+    type: str | None = None
+
+
+_decode_typed = msgspec.json.Decoder(_Typed).decode
+
+
+def stream_type(event: bytes) -> str | None:
+    """The ``type`` of a session event's JSON, or None if it has no string ``type``."""
+    try:
+        return _decode_typed(event).type
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+class _Stream:
+    """One open ``GET .../stream``: ``finish`` asks it to end with ``[DONE]``."""
+
+    __slots__ = ("ended", "finish")
+
+    def __init__(self) -> None:
+        self.finish = False
+        self.ended = trio.Event()
 
 
 def sse_data(event: bytes) -> str:
@@ -108,15 +152,26 @@ class GatewayActor(Actor):
                 f"invalid gateway options: {exc}", key="actors.gateway.options"
             ) from None
         check_runners(self.options.runners)
-        self.harnesses = sorted(self.options.harnesses or HARNESSES)
+        if self.options.recycle_min_s > self.options.recycle_max_s:
+            raise ConfigError(
+                "invalid gateway options: recycle_min_s is above recycle_max_s",
+                key="actors.gateway.options.recycle_min_s",
+            )
+        self.harnesses = _runnable(self.options.harnesses)
         self.buffer = StreamBuffer(
             ctx.data_dir / "streams.log",
             max_events=self.options.max_buffered_events,
             compact_bytes=self.options.compact_bytes,
         )
         self.tunnels: list[Tunnel] = []
-        #: The newest open /stream of each session (only it takes events).
-        self._streams: dict[str, object] = {}
+        #: The newest open /stream of each session (only it takes events), and all of them.
+        self._streams: dict[str, _Stream] = {}
+        self._open: dict[str, set[_Stream]] = {}
+        #: Sessions the server deleted (through this gateway): their later events go nowhere.
+        self._deleted: set[str] = set()
+        #: Events kept off the server's stream, per type (and after a delete).
+        self.off_stream: dict[str, int] = {}
+        self.after_delete = 0
         self._stream_locks: dict[str, trio.Lock] = {}
         self._changed: dict[str, trio.Event] = {}
         self._chunks: dict[str, trio.MemorySendChannel[HttpChunk]] = {}
@@ -138,9 +193,12 @@ class GatewayActor(Actor):
         return {
             **super().snapshot(),
             "tunnels": [t.status() for t in self.tunnels],
+            "harnesses": self.harnesses,
             "streams": len(self._streams),
             "pending_events": self.buffer.pending_count(),
             "buffer": dict(self.buffer.stats),
+            "off_stream": dict(self.off_stream),
+            "after_delete": self.after_delete,
         }
 
     def _runner_ids(self) -> list[str]:
@@ -153,13 +211,24 @@ class GatewayActor(Actor):
     async def session_events(self, msg: SessionEvents | SessionEvent, incoming: Incoming) -> None:
         """Keep a message's events in the buffer; ack it once they are fsynced.
 
-        A message whose events are all duplicates (a redelivery of what the buffer already
-        has) is acked at once.
+        Events the server's stream does not accept, and events of a deleted session, are
+        left out (only their seq is noted). A message with nothing to keep (all duplicates,
+        all left out) is acked at once.
         """
         touched: set[str] = set()
         for event in events_of(msg):
-            if self.buffer.add(event.session_id, event.seq, event.event):
-                touched.add(event.session_id)
+            session_id = event.session_id
+            if session_id in self._deleted:
+                if self.buffer.skip(session_id, event.seq):
+                    self.after_delete += 1
+                continue
+            kind = stream_type(event.event)
+            if kind not in SERVER_STREAM_TYPES:
+                if self.buffer.skip(session_id, event.seq):
+                    self._off_stream(kind)
+                continue
+            if self.buffer.add(session_id, event.seq, event.event):
+                touched.add(session_id)
         if touched:
             incoming.deferred = True
             self.buffer.ack_when_synced(incoming)
@@ -171,6 +240,16 @@ class GatewayActor(Actor):
         queue = self._chunks.get(msg.request_id)
         if queue is not None:
             queue.send_nowait(msg)
+
+    def _off_stream(self, kind: str | None) -> None:
+        key = kind if kind is not None else "(no type)"
+        count = self.off_stream[key] = self.off_stream.get(key, 0) + 1
+        if count == 1:
+            log.info(
+                "session events of type %s stay off the server's stream (its client stream "
+                "does not accept them); they are counted in the gateway's off_stream",
+                key,
+            )
 
     def _notify(self, session_id: str) -> None:
         event = self._changed.pop(session_id, None)
@@ -191,17 +270,15 @@ class GatewayActor(Actor):
             if method == "GET" and rest == ["stream"]:
                 await self._session_stream(responder, session_id)
                 return
-            local = _local_answer(method, rest, session_id)
+            local = _local_answer(method, rest)
             if local is not None:
                 await responder.respond(local)
                 return
         try:
             body = _request_body(frame)
         except ValueError:
-            detail = "The request body is not valid base64."
-            await responder.respond(
-                json_response(400, {"error": "invalid_request", "detail": detail})
-            )
+            message = "The request body is not valid base64."
+            await responder.respond(error_response(400, "invalid_input", message))
             return
         await self._forward(tunnel, frame, responder, body, session_id or None, rest)
 
@@ -228,7 +305,8 @@ class GatewayActor(Actor):
                 runner_id=tunnel.runner_id,
                 reply_to=self.peer.name,
             )
-            owner, durable, timeout = self._owner(frame.method.upper(), rest)
+            method = frame.method.upper()
+            owner, durable, timeout = self._owner(method, rest)
             try:
                 reply = await self.peer.call(
                     owner, request, durable=durable, timeout=timeout, session_id=session_id
@@ -237,10 +315,12 @@ class GatewayActor(Actor):
                 log.warning("%s %s: %s did not answer: %s", frame.method, frame.path, owner, exc)
                 reply = None
             if reply is None and owner == self.options.tools:
-                reply = _resources_fallback(frame.method.upper(), rest, session_id or "")
+                reply = resources_fallback(method, rest)
             if not isinstance(reply, HttpResponse):
-                await responder.respond(json_response(500, {"error": "runner_dispatch_failed"}))
+                await responder.respond(runner_dispatch_failed())
                 return
+            if method == "DELETE" and session_id and not rest and 200 <= reply.status < 300:
+                await self._session_deleted(session_id)
             await responder.head(reply.status, list(reply.headers))
             if reply.body:
                 await responder.body(reply.body)
@@ -257,24 +337,46 @@ class GatewayActor(Actor):
     def _owner(self, method: str, rest: list[str]) -> tuple[str, bool, float]:
         """Who answers a forwarded route, whether the request is durable, and its deadline."""
         opts = self.options
-        if rest[:1] == ["resources"] and method in ("GET", "DELETE"):
-            return opts.tools, False, opts.dispatch_timeout_s
+        if rest[:1] == ["resources"]:
+            # Not durable: a shell command or a file write must not run again after a crash.
+            timeout = opts.dispatch_timeout_s if method == "GET" else opts.tool_timeout_s
+            return opts.tools, False, timeout
         if method == "POST" and rest == ["mcp", "execute"]:
             return opts.dispatch, False, opts.tool_timeout_s
-        return opts.dispatch, method == "POST", opts.dispatch_timeout_s
+        return opts.dispatch, method in ("POST", "DELETE"), opts.dispatch_timeout_s
+
+    async def _session_deleted(self, session_id: str) -> None:
+        """Dispatch deleted the session: forget its undelivered events, end its streams."""
+        self._deleted.add(session_id)
+        forgotten = self.buffer.forget(session_id)
+        streams = list(self._open.get(session_id, ()))
+        log.info(
+            "session %s deleted: %d undelivered events forgotten, %d streams ended",
+            session_id,
+            forgotten,
+            len(streams),
+        )
+        for stream in streams:
+            stream.finish = True
+        self._notify(session_id)
+        with trio.move_on_after(_STREAM_END_WAIT_S):
+            for stream in streams:
+                await stream.ended.wait()
 
     async def _session_stream(self, responder: Responder, session_id: str) -> None:
-        """``GET /v1/sessions/{id}/stream``: buffered then live events; never ends by itself."""
+        """``GET /v1/sessions/{id}/stream``: buffered then live events, until the session is
+        deleted (then ``[DONE]`` and the end)."""
         opts = self.options
-        me = object()
+        me = _Stream()
         self._streams[session_id] = me  # the newest stream of a session takes its events
+        self._open.setdefault(session_id, set()).add(me)
         self._notify(session_id)
         lock = self._stream_locks.setdefault(session_id, trio.Lock())
         try:
             await responder.head(200, SSE_HEADERS)
             await responder.text(HEARTBEAT)
             quiet_since = trio.current_time()
-            while True:
+            while not me.finish:
                 changed = self._changed.setdefault(session_id, trio.Event())
                 if self._streams.get(session_id) is me and self.buffer.has_pending(session_id):
                     async with lock:
@@ -287,7 +389,13 @@ class GatewayActor(Actor):
                     continue
                 await responder.text(HEARTBEAT)
                 quiet_since = trio.current_time()
+            await responder.text(DONE)
+            await responder.end()
         finally:
+            me.ended.set()
+            self._open[session_id].discard(me)
+            if not self._open[session_id]:
+                del self._open[session_id]
             if self._streams.get(session_id) is me:
                 del self._streams[session_id]
 
@@ -319,25 +427,45 @@ def _request_body(frame: RequestFrame) -> bytes:
     return frame.body.encode()
 
 
-def _local_answer(method: str, rest: list[str], session_id: str) -> HttpResponse | None:
-    """The routes the gateway answers itself (§ii.4, ii.8, ii.10)."""
+def _local_answer(method: str, rest: list[str]) -> HttpResponse | None:
+    """The routes the gateway answers itself (§ii.4, ii.10)."""
     if method == "GET" and rest == ["skills"]:
         return json_response(200, {"skills": []})
-    if method == "GET" and rest == ["resources", "environments"]:
-        return json_response(200, _EMPTY_LIST)
     if method == "POST" and rest == ["background-title"]:
         return json_response(200, {"status": "unsupported", "title": None})
     return None
 
 
-def _resources_fallback(method: str, rest: list[str], session_id: str) -> HttpResponse | None:
-    """What the resource routes answer while the tools actor is down: nothing is open."""
-    if method == "GET":
+def resources_fallback(method: str, rest: list[str]) -> HttpResponse:
+    """What ``.../resources[/...]`` answers while the tools actor is down.
+
+    A list of resources (``resources``, ``resources/terminals``, ...) is empty: nothing is
+    open. Anything else — a file, a directory, a search, a shell, a change — cannot be
+    answered honestly, so it is 503 and the server's client can try again.
+    """
+    if method == "GET" and len(rest) <= 2:
         return json_response(200, _EMPTY_LIST)
-    cleaned = {"session_id": session_id, "object": "session.resources.cleaned", "cleaned": True}
-    return json_response(200, cleaned)
+    message = "The runner's tools are not available right now; try again shortly."
+    return error_response(503, "runner_unavailable", message)
+
+
+def _runnable(configured: list[str] | None) -> list[str]:
+    """The harness kinds to advertise: those configured (default: all) this host can run.
+
+    Advertising a kind the host cannot run would attract sessions it can only fail (the
+    server routes by ``hello.harnesses``, PROTOCOL_0_19.md §L); the ones left out are logged.
+    """
+    wanted = list(dict.fromkeys(configured or sorted(HARNESSES)))
+    why = availability(wanted)
+    left_out = {name: reason for name, reason in why.items() if reason}
+    if left_out:
+        log.warning(
+            "hello leaves out harness kinds this host cannot run: %s",
+            "; ".join(f"{name} ({reason})" for name, reason in left_out.items()),
+        )
+    return sorted(name for name in wanted if name not in left_out)
 
 
 def _not_found(frame: RequestFrame) -> HttpResponse:
-    detail = f"No route {frame.method} {frame.path} on this runner."
-    return json_response(404, {"error": "not_found", "detail": detail})
+    message = f"No route {frame.method} {frame.path} on this runner."
+    return error_response(404, "not_found", message)

@@ -1,4 +1,4 @@
-"""The tunnel's frames (PROTOCOL_FACTS.md §i.2): tagged Structs and their JSON codec.
+"""The tunnel's frames (PROTOCOL_FACTS.md §i.2, PROTOCOL_0_19.md §A): tagged Structs, JSON codec.
 
 Every WebSocket text message on a runner tunnel is one JSON object tagged by ``kind``. The
 server's frames are decoded strictly at the edge (:data:`decode_frame`); the runner's are
@@ -13,6 +13,9 @@ from typing import Literal
 import msgspec
 
 FRAME_PROTOCOL_VERSION = 1
+#: Asks the server for ``event.ready`` (§A.3). corral never sends ``event.batch``: every
+#: session event rides ``GET .../stream``, as with omnigent's own ``openai-agents`` runner.
+EVENT_INGEST_CAPABILITY = "session-event-ingest-v1"
 _TEXT_TYPES = ("text/", "application/json", "application/x-ndjson")
 
 
@@ -20,12 +23,17 @@ class Frame(msgspec.Struct, tag_field="kind", frozen=True, kw_only=True):
     """Base of tunnel frames: one JSON object per WebSocket text message, tagged by ``kind``."""
 
 
-class HelloFrame(Frame, tag="hello"):
+class HelloFrame(Frame, tag="hello", omit_defaults=True):
+    """The runner's first frame (§A.2); empty ``capabilities`` and a None id are left out."""
+
     runner_version: str
     frame_protocol_version: int
     harnesses: list[str]
     envs: list[str]
     telemetry_opt_out: bool
+    capabilities: list[str] = []
+    #: 32 hex digits, new on every connection attempt; only for log correlation.
+    connection_id: str | None = None
 
 
 class RequestFrame(Frame, tag="request"):
@@ -68,6 +76,19 @@ class ResponseEndFrame(Frame, tag="response.end"):
     id: str
 
 
+class EventReadyFrame(Frame, tag="event.ready"):
+    """The server accepts ``event.batch`` on this tunnel generation (§A.3)."""
+
+
+class EventAckFrame(Frame, tag="event.ack"):
+    """The server's answer to an ``event.batch``: entries ``[0, applied)`` were applied."""
+
+    id: str
+    applied: int
+    error: str | None = None
+    retryable: bool = False
+
+
 class WsOpenFrame(Frame, tag="ws.open"):
     ch_id: str
     path: str = ""
@@ -87,7 +108,14 @@ class WsCloseFrame(Frame, tag="ws.close"):
 
 
 ServerFrame = (
-    RequestFrame | RequestCancelFrame | PingFrame | WsOpenFrame | WsDataFrame | WsCloseFrame
+    RequestFrame
+    | RequestCancelFrame
+    | PingFrame
+    | EventReadyFrame
+    | EventAckFrame
+    | WsOpenFrame
+    | WsDataFrame
+    | WsCloseFrame
 )
 #: Decodes (and validates) one frame from the server.
 decode_frame = msgspec.json.Decoder(ServerFrame).decode

@@ -22,6 +22,9 @@ class GatewayOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     heartbeat_s: Positive = 15.0
     backoff_base_s: Positive = 0.5
     backoff_cap_s: Positive = 10.0
+    #: After a server recycle (close 1001/1012, HTTP 502): reconnect after U(min, max) seconds.
+    recycle_min_s: Positive = 0.5
+    recycle_max_s: Positive = 3.0
     connect_timeout_s: Positive = 10.0
     #: WebSocket-level pings to the server; no pong within the timeout drops the tunnel.
     ping_interval_s: Positive = 30.0
@@ -37,5 +40,6 @@ class GatewayOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     compact_bytes: PositiveInt = 16 * 1024 * 1024
     #: Frames queued for one tunnel's writer before request tasks wait.
     send_queue: PositiveInt = 256
-    #: Harness names announced in ``hello`` (default: every registered harness).
+    #: Harness names announced in ``hello`` (default: every registered harness); either way
+    #: only those this host can run (:func:`corral.harnesses.availability`).
     harnesses: list[str] | None = None

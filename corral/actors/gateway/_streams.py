@@ -69,7 +69,9 @@ class StreamBuffer:
         self.max_events = max_events
         self.compact_bytes = compact_bytes
         self.sessions: dict[str, _Session] = {}
-        self.stats = {"events": 0, "duplicates": 0, "dropped": 0, "syncs": 0, "compactions": 0}
+        self.stats = dict.fromkeys(
+            ("events", "duplicates", "dropped", "forgotten", "syncs", "compactions"), 0
+        )
         self._fd = -1
         self._size = 0
         self._live = 0
@@ -157,6 +159,34 @@ class StreamBuffer:
             self.stats["dropped"] += 1
             self._warn_dropped(session_id)
         return True
+
+    def skip(self, session_id: str, seq: int) -> bool:
+        """Note an event that is not kept (it never goes upstream); False if not newer.
+
+        Its seq counts as seen, so that a redelivery of it is a duplicate and a later event
+        still has to be newer. Nothing is written: there is nothing to deliver, and after a
+        restart a redelivery of it is simply left out again.
+        """
+        s = self.sessions.get(session_id)
+        if s is None:
+            s = self.sessions[session_id] = _Session()
+        if seq <= s.last or seq <= s.done:
+            self.stats["duplicates"] += 1
+            return False
+        s.last = seq
+        return True
+
+    def forget(self, session_id: str) -> int:
+        """Drop every undelivered event of a session (it was deleted); returns how many."""
+        s = self.sessions.get(session_id)
+        if s is None:
+            return 0
+        count = len(s.events)
+        if s.last > s.done:
+            self._done(session_id, s.last)
+            self._write(_record(_DONE, session_id, s.done))
+        self.stats["forgotten"] += count
+        return count
 
     def ack_when_synced(self, incoming: Incoming) -> None:
         """Ack a bus message once the records written so far are fsynced."""

@@ -1,15 +1,20 @@
-"""One runner id's WebSocket tunnel to its server (PROTOCOL_FACTS.md §i): :class:`Tunnel`.
+"""One runner id's WebSocket tunnel to its server (PROTOCOL_0_19.md §A, §K): :class:`Tunnel`.
 
 The gateway keeps one WebSocket **client** connection per runner id to
-``{server}/v1/runners/{runner_id}/tunnel`` and sends ``hello`` first. Incoming ``request``
+``{server}/v1/runners/{runner_id}/tunnel`` and sends ``hello`` first, with the
+``session-event-ingest-v1`` capability and a ``connection_id`` new on every attempt; the
+server answers ``event.ready``, which is recorded (corral never sends ``event.batch``, so
+any ``event.ack`` is counted and ignored). Incoming ``request``
 frames each run in a task of their own and are answered through a :class:`Responder`
 (``response.head``, ``response.body`` pieces, ``response.end``); one writer task sends every
 outgoing frame, so a cancelled request never cuts one in half.
 
 Failure handling. Malformed frames are logged and ignored; frames over ``max_frame_bytes``
 are refused (a request gets 413), and ones over four times that close the tunnel. Close codes
-4001, 4002 and 4004 are fatal for that runner (the reason is logged and shown in ``corral
-status``); every other drop reconnects with exponential backoff and jitter.
+4001, 4002, 4004 and 4500 are fatal for that runner (the reason is logged and shown in
+``corral status``). A server recycle (close 1001 or 1012, or HTTP 502 on the upgrade) resets
+the backoff and reconnects after a uniform delay, so that a restarted server is not hit by
+every runner at once; every other drop reconnects with exponential backoff and jitter.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import logging
 import math
 import random
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -36,10 +42,13 @@ from trio_websocket import (
 from ... import __version__
 from ..._exceptions import CorralError
 from ...config import RunnerSettings
-from ...routes import HttpResponse, json_response
+from ...routes import HttpResponse, error_response
 from ._frames import (
+    EVENT_INGEST_CAPABILITY,
     FRAME_PROTOCOL_VERSION,
     OVERSIZED_REQUEST_ID,
+    EventAckFrame,
+    EventReadyFrame,
     Frame,
     HelloFrame,
     PingFrame,
@@ -63,11 +72,22 @@ log = logging.getLogger("corral.actors.gateway")
 
 ORIGIN = "omnigent://internal"
 TOKEN_HEADER = "X-Omnigent-Runner-Tunnel-Token"
-#: Close codes after which reconnecting cannot help (§i.3), and what each means.
+#: Close codes after which reconnecting cannot help (§A.2, §K.4), and what each means.
 FATAL_CLOSE_CODES = {
     4001: "the server did not get a hello frame first",
     4002: "the server does not speak frame protocol version 1",
     4004: "the runner id does not match the tunnel token (or the server requires a token)",
+    4500: "the server failed internally on this tunnel",
+}
+#: Closes that are a server recycle, not an error (§K.1): reconnect soon, with a fresh backoff.
+RECYCLE_CLOSE_CODES = {
+    1001: "the server is going away (recycled)",
+    1012: "the server is restarting",
+}
+RECYCLE_HTTP_STATUSES = {502}
+#: Other closes worth explaining in the tunnel's status.
+CLOSE_MEANINGS = {
+    1013: "the server got no hello from this runner within its 30 s limit",
 }
 #: Response bodies are cut into frames of at most this many bytes (a multiple of 3, so that
 #: base64 pieces concatenate).
@@ -99,6 +119,15 @@ def backoff_delay(
 ) -> float:
     """Seconds before reconnect attempt ``attempt`` (0-based): ``base·2ⁿ`` up to ``cap``, ±50 %."""
     return min(cap, base * 2 ** min(attempt, 32)) * (0.5 + rand())
+
+
+def recycle_delay(low: float, high: float, rand: Callable[[], float] = random.random) -> float:
+    """Seconds before reconnecting after a server recycle: uniform in ``[low, high]`` (§K.1).
+
+    Spread rather than immediate, so that the runners of a restarted server come back over a
+    few seconds instead of all in the same instant.
+    """
+    return low + (high - low) * rand()
 
 
 class _Outgoing:
@@ -172,9 +201,13 @@ class Tunnel:
         self.close_code: int | None = None
         self.next_attempt_at: float | None = None
         self.connects = 0
+        #: The current (or last) connection attempt's id, as sent in its hello.
+        self.connection_id: str | None = None
+        #: The server sent ``event.ready`` on the current connection.
+        self.event_ready = False
         self.requests: dict[str, trio.CancelScope] = {}
         self.stats = dict.fromkeys(
-            ("frames_in", "frames_out", "requests", "malformed", "oversized"), 0
+            ("frames_in", "frames_out", "requests", "malformed", "oversized", "event_acks"), 0
         )
         self._out: trio.MemorySendChannel[_Outgoing] | None = None
         self._drop_reason: str | None = None
@@ -196,6 +229,8 @@ class Tunnel:
                 max(0.0, round(self.next_attempt_at - now, 3)) if self.next_attempt_at else None
             ),
             "connects": self.connects,
+            "connection_id": self.connection_id,
+            "event_ready": self.event_ready,
             "requests_in_flight": len(self.requests),
             **self.stats,
         }
@@ -213,9 +248,11 @@ class Tunnel:
         attempt = 0
         while True:
             connected_for = 0.0
+            recycled = False
             try:
                 connected_for = await self._connect_and_serve()
                 error = self._drop_reason or "the server closed the tunnel"
+                recycled = self.close_code in RECYCLE_CLOSE_CODES
             except TunnelFatal as exc:
                 self.close_code = exc.code
                 self._set_state("fatal", str(exc))
@@ -223,6 +260,7 @@ class Tunnel:
                 return
             except ConnectionRejected as exc:
                 error = f"the server refused the tunnel upgrade with HTTP {exc.status_code}"
+                recycled = exc.status_code in RECYCLE_HTTP_STATUSES
             except HandshakeError as exc:
                 cause = exc.__cause__ or exc
                 error = f"cannot connect to {self.url}: {cause or type(cause).__name__}"
@@ -231,10 +269,14 @@ class Tunnel:
             except Exception as exc:
                 log.exception("tunnel %s: unexpected failure", self.runner_id)
                 error = f"internal error: {type(exc).__name__}: {exc}"
-            if connected_for >= opts.backoff_cap_s:
+            if recycled:
                 attempt = 0
-            delay = backoff_delay(attempt, base=opts.backoff_base_s, cap=opts.backoff_cap_s)
-            attempt += 1
+                delay = recycle_delay(opts.recycle_min_s, opts.recycle_max_s)
+            else:
+                if connected_for >= opts.backoff_cap_s:
+                    attempt = 0
+                delay = backoff_delay(attempt, base=opts.backoff_base_s, cap=opts.backoff_cap_s)
+                attempt += 1
             self._set_state("reconnecting", error)
             self.next_attempt_at = time.time() + delay
             log.warning("tunnel %s: %s; reconnecting in %.2fs", self.runner_id, error, delay)
@@ -250,6 +292,8 @@ class Tunnel:
             headers.append((TOKEN_HEADER.encode(), self.runner.token.encode()))
         self._drop_reason = None
         self.close_code = None
+        self.connection_id = uuid.uuid4().hex
+        self.event_ready = False
         started = time.monotonic()
         async with open_websocket_url(
             self.url,
@@ -277,9 +321,9 @@ class Tunnel:
                     code=reason.code,
                 )
             if self._drop_reason is None:
-                self._drop_reason = (
-                    f"the tunnel closed with {reason.code} ({reason.reason or reason.name})"
-                )
+                closed = f"the tunnel closed with {reason.code} ({reason.reason or reason.name})"
+                meaning = RECYCLE_CLOSE_CODES.get(reason.code) or CLOSE_MEANINGS.get(reason.code)
+                self._drop_reason = f"{closed}: {meaning}" if meaning else closed
         return time.monotonic() - started
 
     async def _serve(self, ws: WebSocketConnection) -> None:
@@ -289,6 +333,8 @@ class Tunnel:
             harnesses=self.gateway.harnesses,
             envs=[],
             telemetry_opt_out=True,
+            capabilities=[EVENT_INGEST_CAPABILITY],
+            connection_id=self.connection_id,
         )
         try:
             await ws.send_message(encode_frame(hello).decode())
@@ -296,7 +342,12 @@ class Tunnel:
             return  # closed right after the upgrade (4004 comes so); the caller reads why
         self.connects += 1
         self._set_state("connected")
-        log.info("tunnel %s: connected to %s", self.runner_id, self.url)
+        log.info(
+            "tunnel %s: connected to %s (connection %s)",
+            self.runner_id,
+            self.url,
+            self.connection_id,
+        )
         out, queue = trio.open_memory_channel[_Outgoing](self.options.send_queue)
         self._out = out
         try:
@@ -411,12 +462,21 @@ class Tunnel:
         elif isinstance(frame, PingFrame):
             await self.send(PongFrame(ts=frame.ts))
         elif isinstance(frame, RequestCancelFrame):
+            # A cancel may name a request that already ended (the server cancels a /stream
+            # right after its [DONE], §A.5): only one still in flight has anything to stop.
             cancelled = self.requests.get(frame.id)
             if cancelled is not None:
                 log.info(
                     "tunnel %s: request %s cancelled (%s)", self.runner_id, frame.id, frame.reason
                 )
                 cancelled.cancel()
+        elif isinstance(frame, EventReadyFrame):
+            if not self.event_ready:
+                log.info("tunnel %s: the server accepts session event batches", self.runner_id)
+            self.event_ready = True
+        elif isinstance(frame, EventAckFrame):
+            # This runner sends no event.batch, so no ack answers anything of ours.
+            self.stats["event_acks"] += 1
         elif isinstance(frame, WsOpenFrame):
             reason = "terminal attach is not supported by this runner"
             await self.send(WsCloseFrame(ch_id=frame.ch_id, code=1011, reason=reason))
@@ -447,12 +507,10 @@ class Tunnel:
             f" for request {match.group(1)}" if match else "",
         )
         if match:
-            response = json_response(
+            response = error_response(
                 413,
-                {
-                    "error": "payload_too_large",
-                    "detail": f"The request frame is larger than this runner's limit of {limit}.",
-                },
+                "payload_too_large",
+                f"The request frame is larger than this runner's limit of {limit}.",
             )
             await Responder(self, match.group(1)).respond(response)
 
@@ -470,9 +528,7 @@ class Tunnel:
                         "tunnel %s: request %s %s failed", self.runner_id, frame.method, frame.path
                     )
                     if not responder.head_sent:
-                        await responder.respond(
-                            json_response(500, {"error": "runner_dispatch_failed"})
-                        )
+                        await responder.respond(runner_dispatch_failed())
                     elif not responder.ended:
                         await responder.end()
         except TunnelDown:
@@ -480,3 +536,8 @@ class Tunnel:
         finally:
             if self.requests.get(frame.id) is scope:
                 del self.requests[frame.id]
+
+
+def runner_dispatch_failed() -> HttpResponse:
+    message = "The runner failed to handle the request; see its logs."
+    return error_response(500, "runner_dispatch_failed", message)
