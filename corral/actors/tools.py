@@ -3,7 +3,23 @@
 Handles:
     ToolExec (durable call, from policy)  run one tool → ToolExecResult
     ToolCancel (from policy)              stop a running call (its turn ended)
-    HttpRequest (from the gateway)        GET .../resources[/terminals], DELETE .../resources
+    HttpRequest (from the gateway)        ``/v1/sessions/{id}/resources[/...]`` → HttpResponse
+
+Resource routes (every error ``{"error": {"code", "message"}}``, PROTOCOL_0_19.md §H.2):
+
+======================================  =======================================================
+``GET .../resources``                   list page: the ``default`` environment, then terminals
+``GET .../resources/terminals``         list page of the session's terminals
+``GET .../resources/{id}``              one of those resources; 404 ``not_found``
+``DELETE .../resources``                closes the session's terminals → ``cleaned``
+``* .../resources/environments[/...]``  :class:`~corral.tools.environment.Environments`
+                                        (files, search, shell); a successful write, edit,
+                                        delete or shell publishes
+                                        ``session.changed_files.invalidated``
+======================================  =======================================================
+
+Requests are answered in tasks of their own (a shell command or a search must not hold up
+tool calls), at most :data:`MAX_HTTP_JOBS` at a time.
 
 Only the policy actor sends :class:`ToolExec`: every call has passed its gate. The table of
 tools is :func:`corral.tools.registry.tool_table` for the session's spec (terminal tools only
@@ -24,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +48,21 @@ import msgspec
 import trio
 
 from ..bus import Incoming
-from ..routes import HttpRequest, HttpResponse, json_response
+from ..routes import HttpRequest, HttpResponse, error_response, json_response
 from ..tools import registry
 from ..tools._api import ToolContext, ToolError
 from ..tools.async_calls import AsyncCalls
 from ..tools.calls import CallLog
-from ..tools.changed_files import ChangedFilesSignal
+from ..tools.changed_files import ChangedFilesSignal, changed_files_event
+from ..tools.environment import (
+    Environments,
+    RouteError,
+    SessionSpecs,
+    environment_resource,
+    page,
+    page_params,
+    query_params,
+)
 from ..tools.inbox import Inbox
 from ..tools.os_env import default_os_env_root, workspace_from_env
 from ..tools.protocol import PublishEvents, ToolCancel, ToolExec, ToolExecResult
@@ -51,6 +77,10 @@ TOOL_BROKE = "The tool failed on the runner; see runner logs for details."
 CUT_OFF = "The tools actor restarted while this call ran; it may have partly run."
 TIMED_OUT = "The tool call did not finish within {s:g} s and was stopped."
 CANCELLED = "The tool call was cancelled."
+#: What a client sees when a resource route fails in a way it cannot act on.
+ROUTE_BROKE = "The request failed on the runner; see runner logs for details."
+#: Resource requests answered at once; more wait their turn.
+MAX_HTTP_JOBS = 16
 
 
 class ToolsOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -88,6 +118,15 @@ class ToolsActor(Actor):
         self.async_calls = AsyncCalls(ctx.data_dir / "async", self.inbox)
         self.changed = ChangedFilesSignal()
         self.groups = ProcessGroups(ctx.data_dir / "groups")
+        self.environments = Environments(
+            workspace=self.workspace,
+            os_env_root=self.os_env_root,
+            specs=SessionSpecs(ctx.data_dir / "os-env-specs"),
+            timeout_s=self.options.timeout_s,
+            max_output_chars=self.options.max_output_chars,
+            processes=self.groups,
+        )
+        self.http_jobs = trio.CapacityLimiter(MAX_HTTP_JOBS)
         self.scopes: dict[str, trio.CancelScope] = {}
         self.stats = {"calls": 0, "failed": 0, "timed_out": 0, "cut_off": 0, "replayed": 0}
 
@@ -132,6 +171,9 @@ class ToolsActor(Actor):
 
     async def _execute(self, msg: ToolExec, incoming: Incoming) -> None:
         self.stats["calls"] += 1
+        if msg.spec:
+            # The file routes resolve the session's root from it (a request carries no spec).
+            await self.environments.specs.learn(msg.session_id, msg.spec)
         await self.calls.started(msg.call_id)
         ctx = self._context(msg)
         timeout = msg.timeout_s or self.options.timeout_s
@@ -228,22 +270,57 @@ class ToolsActor(Actor):
     # --- resources ---------------------------------------------------------------------------
 
     @handles(HttpRequest)
-    async def http(self, msg: HttpRequest, incoming: Incoming) -> HttpResponse:
+    async def http(self, msg: HttpRequest, incoming: Incoming) -> None:
+        incoming.deferred = True
+        assert self.nursery is not None
+        self.nursery.start_soon(self._http, msg, incoming)
+
+    async def _http(self, msg: HttpRequest, incoming: Incoming) -> None:
+        async with self.http_jobs:
+            try:
+                reply = await self._route(msg)
+            except RouteError as exc:
+                reply = error_response(exc.status, exc.code, exc.message)
+            except ToolError as exc:  # tmux, listing a session's terminals
+                reply = error_response(500, "terminal_error", str(exc))
+            except Exception:
+                log.exception("%s %s failed", msg.method, msg.path)
+                reply = error_response(500, "internal_error", ROUTE_BROKE)
+        await self.peer.reply(incoming, reply)
+        self.peer.ack(incoming)
+
+    async def _route(self, msg: HttpRequest) -> HttpResponse:
         parts = msg.path.strip("/").split("/")
-        session_id = parts[2] if len(parts) > 2 else ""
-        rest = parts[3:]
-        if msg.method == "GET" and rest in (["resources"], ["resources", "terminals"]):
-            data = await self.terminals.list_resources(session_id)
-            return json_response(200, _page(data))
-        if msg.method == "DELETE" and rest == ["resources"]:
+        if parts[:2] != ["v1", "sessions"] or len(parts) < 4 or parts[3] != "resources":
+            raise RouteError(404, "not_found", f"No route {msg.method} {msg.path} on this runner.")
+        session_id = urllib.parse.unquote(parts[2])
+        method = msg.method.upper()
+        rest = parts[4:]
+        if rest[:1] == ["environments"]:
+            status, body, mutated = await self.environments.answer(msg, session_id, rest[1:])
+            if mutated:
+                await self._publish(session_id, changed_files_event(session_id))
+            return json_response(status, body)
+        if method == "DELETE" and not rest:
             for event in await self.terminals.close_all(session_id):
                 await self._publish(session_id, event)
             return json_response(
                 200,
                 {"session_id": session_id, "object": "session.resources.cleaned", "cleaned": True},
             )
-        detail = f"No route {msg.method} {msg.path} on the tools actor."
-        return json_response(404, {"error": "not_found", "detail": detail})
+        if method != "GET" or len(rest) > 1:
+            raise RouteError(404, "not_found", f"No route {msg.method} {msg.path} on this runner.")
+        terminals = await self.terminals.list_resources(session_id)
+        if rest == ["terminals"]:
+            return json_response(200, page(terminals, **page_params(query_params(msg.query))))
+        resources = [environment_resource(session_id), *terminals]
+        if not rest:
+            return json_response(200, page(resources, **page_params(query_params(msg.query))))
+        wanted = urllib.parse.unquote(rest[0])
+        for resource in resources:
+            if resource["id"] == wanted:
+                return json_response(200, resource)
+        raise RouteError(404, "not_found", f"Resource {wanted!r} not found")
 
 
 class ProcessGroups:
@@ -262,13 +339,3 @@ class ProcessGroups:
 
 def _error(message: str) -> str:
     return json.dumps({"error": message})
-
-
-def _page(data: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": False,
-    }

@@ -77,6 +77,7 @@ __all__ = [
     "MAX_FILE_THREADS",
     "TOOLS",
     "atomic_write",
+    "in_thread",
     "run_shell",
     "shell_path",
 ]
@@ -102,7 +103,8 @@ _T = TypeVar("_T")
 _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("corral_os_tools")
 
 
-async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+async def in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run blocking file work in a worker thread, at most :data:`MAX_FILE_THREADS` at once."""
     try:
         limiter = _LIMITER.get()
     except LookupError:
@@ -352,7 +354,7 @@ async def _run_file_op(
         except OSError as exc:
             raise ToolError(_describe(exc, path)) from exc
 
-    return _output(**await _in_thread(run))
+    return _output(**await in_thread(run))
 
 
 async def sys_os_read(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -494,22 +496,22 @@ async def _end_group(process: trio.Process) -> None:
     Runs shielded: it is what a cancelled call does on its way out.
     """
     pgid = process.pid  # start_new_session: the shell leads its own group
-    if process.returncode is not None and not await _in_thread(_group_alive, pgid):
+    if process.returncode is not None and not await in_thread(_group_alive, pgid):
         return
     _signal_group(pgid, signal.SIGTERM)
     with trio.move_on_after(KILL_GRACE_S):
         await process.wait()
         # Members that outlive the leader (background jobs) are polled: there is no
         # notification when a process we are not the parent of exits.
-        while await _in_thread(_group_alive, pgid):
+        while await in_thread(_group_alive, pgid):
             await trio.sleep(0.05)
-    if process.returncode is None or await _in_thread(_group_alive, pgid):
+    if process.returncode is None or await in_thread(_group_alive, pgid):
         _signal_group(pgid, signal.SIGKILL)
         await process.wait()
         # SIGKILL is delivered asynchronously: make sure the members are gone too before the
         # call reports that they are, bounded in case one is stuck in the kernel.
         with trio.move_on_after(KILL_GRACE_S):
-            while await _in_thread(_group_alive, pgid):
+            while await in_thread(_group_alive, pgid):
                 await trio.sleep(0.01)
 
 
@@ -582,7 +584,7 @@ async def sys_os_shell(ctx: ToolContext, args: dict[str, Any]) -> str:
     command = _str_arg(args, "command")
     timeout_s = _timeout_arg(args, ctx)
     cwd = await effective_cwd(ctx)
-    if not await _in_thread(os.path.isdir, cwd):
+    if not await in_thread(os.path.isdir, cwd):
         raise ToolError(f"the working directory {str(cwd)!r} does not exist")
     result = await run_shell(
         command,
