@@ -1,7 +1,8 @@
 """The agent spec: what the runner needs to know about an agent, as typed msgspec Structs.
 
 An omnigent server hands the runner its agents as a bundle (``GET /v1/sessions/{id}/agent/
-contents``: a tar.gz holding one agent YAML, PROTOCOL_FACTS §iii.3)::
+contents``, PROTOCOL_FACTS §iii.3), in one of omnigent's two formats. The *flat* format is one
+YAML file, bundled as it is (``<name>.yaml``)::
 
     name: proto-tool-021697
     executor:
@@ -10,6 +11,18 @@ contents``: a tar.gz holding one agent YAML, PROTOCOL_FACTS §iii.3)::
       auth: {type: api_key, api_key: mock-key, base_url: http://127.0.0.1:18933/v1}
     os_env: {type: caller_process, cwd: ., sandbox: {type: none}}
     prompt: terse
+    policies:                          # name -> {type: function, function: <dotted path>}
+      ask_os: {type: function, function: {path: omnigent.policies.builtins.safety.ask_on_os_tools}}
+
+The *directory* format (``spec_version: 1``) is a directory bundled whole: ``config.yaml``
+with ``executor: {type: omnigent, model, auth, config: {harness: openai-agents}}``, its
+sub-agents in ``agents/<child>/config.yaml`` (named in ``tools: {agents: [child]}``), the
+system prompt in ``prompt``/``instructions`` or else an ``AGENTS.md`` beside ``config.yaml``,
+and its policies in ``guardrails: {policies: ...}``. :func:`load_bundle` reads the top
+``config.yaml``; :func:`load_agent_dir` reads such a directory from disk.
+:func:`agent_policies` lists the policies of either format (``policies`` and
+``guardrails.policies``), checked for shape; what a policy function does is the server's
+business (the embedded control plane knows a few builtins, ``corral/server/_policy.py``).
 
 Agent YAMLs are written for many runners, so two rules pull against each other:
 
@@ -42,6 +55,7 @@ import re
 import tarfile
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -53,16 +67,21 @@ __all__ = [
     "MAX_BUNDLE_BYTES",
     "MAX_UNPACKED_BYTES",
     "MAX_YAML_BYTES",
+    "AgentDir",
     "AgentSpec",
     "AuthSpec",
     "ExecutorConfig",
     "ExecutorSpec",
     "OsEnvSpec",
+    "PolicyRef",
     "SandboxSpec",
     "SpecError",
+    "agent_policies",
+    "load_agent_dir",
     "load_bundle",
     "load_spec_yaml",
     "make_bundle",
+    "make_bundle_files",
     "parse_spec",
     "spec_to_dict",
 ]
@@ -163,9 +182,12 @@ class AgentSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
     YAMLs use ``prompt``); :attr:`system_prompt` picks one. ``os_env`` may be the string
     ``inherit`` in a sub-agent. ``terminals``, ``tools`` and ``sub_agents`` are free-form
     lists or mappings whose entries the owning actor interprets. ``agent_session_sharing`` is
-    one of ``none``, ``non-public``, ``public``.
+    one of ``none``, ``non-public``, ``public``. ``spec_version`` marks omnigent's directory
+    format; ``policies`` (flat format) and ``guardrails.policies`` (directory format) map a
+    policy name to its definition, read with :func:`agent_policies`.
     """
 
+    spec_version: int | None = None
     name: _Name | None = None
     executor: ExecutorSpec | None = msgspec.field(default_factory=ExecutorSpec)
     prompt: str | None = None
@@ -176,6 +198,8 @@ class AgentSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
     sub_agents: list[Any] | dict[str, Any] | None = None
     spawn: bool | None = None
     agent_session_sharing: Literal["none", "non-public", "public"] | None = None
+    policies: dict[str, Any] | None = None
+    guardrails: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.executor is None:  # ``executor:`` left empty in the YAML
@@ -281,14 +305,18 @@ def load_bundle(
     raw = _gunzip(data, max_unpacked)
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as archive:
-            name, content = _read_agent_yaml(archive, max_unpacked)
+            name, content, prompt = _read_agent_yaml(archive, max_unpacked)
     except tarfile.TarError as exc:
         raise SpecError(f"agent bundle is not a tar archive: {exc}") from exc
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"agent YAML {name!r} is not UTF-8 text") from exc
-    return load_spec_yaml(text)
+    spec = load_spec_yaml(text)
+    if spec.system_prompt is None and prompt is not None:
+        # A directory-format agent may keep its prompt in AGENTS.md beside config.yaml.
+        spec = msgspec.structs.replace(spec, instructions=prompt.decode("utf-8", "replace"))
+    return spec
 
 
 def make_bundle(yaml_text: str, *, filename: str = "agent.yaml") -> bytes:
@@ -296,14 +324,161 @@ def make_bundle(yaml_text: str, *, filename: str = "agent.yaml") -> bytes:
 
     For tests and an embedded server; the real server builds its bundles itself.
     """
-    payload = yaml_text.encode()
+    return make_bundle_files({filename: yaml_text.encode()})
+
+
+def make_bundle_files(files: dict[str, bytes]) -> bytes:
+    """A bundle of several files (relative ``/`` paths → bytes), in path order, byte for
+    byte reproducible: how a directory-format agent is bundled, as the real server does."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        info = tarfile.TarInfo(filename)
-        info.size = len(payload)
-        info.mode = 0o644
-        archive.addfile(info, io.BytesIO(payload))
+        for name in sorted(files):
+            payload = files[name]
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(payload))
     return gzip.compress(buffer.getvalue(), mtime=0)
+
+
+class PolicyRef(msgspec.Struct, frozen=True, kw_only=True):
+    """One policy of an agent: its name, where it was declared, the function it calls.
+
+    ``arguments`` are the factory arguments (``function: {path, arguments}`` or a sibling
+    ``factory_params``); None for a policy that is the function itself.
+    """
+
+    name: str
+    where: str
+    path: str
+    arguments: dict[str, Any] | None = None
+
+
+def agent_policies(spec: AgentSpec) -> list[PolicyRef]:
+    """The agent's policies in declaration order: ``policies`` first, then
+    ``guardrails.policies`` (omnigent reads the first in flat files, the second in
+    directories; corral honours both, so a policy is never silently dropped).
+
+    Only ``type: function`` exists in omnigent 0.19; the function is ``function:`` (a
+    dotted path, or ``{path, arguments}``) or its alias ``handler:``.
+
+    Raises:
+        SpecError: a policy that is not such a mapping, naming it and its path in the spec.
+    """
+    sections: list[tuple[str, Any]] = [("$.policies", spec.policies)]
+    if spec.guardrails is not None:
+        sections.append(("$.guardrails.policies", spec.guardrails.get("policies")))
+    refs: list[PolicyRef] = []
+    for where, section in sections:
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise SpecError(
+                f"invalid agent spec: {where[2:]} must be a mapping of policy name to policy, "
+                f"got {type(section).__name__}",
+                path=where,
+            )
+        for name, entry in section.items():
+            refs.append(_policy_ref(str(name), entry, f"{where}.{name}"))
+    return refs
+
+
+def _policy_ref(name: str, entry: Any, where: str) -> PolicyRef:
+    def bad(problem: str) -> SpecError:
+        return SpecError(f"invalid agent spec: policy {name!r}: {problem}", path=where)
+
+    if not isinstance(entry, dict):
+        raise bad(f"must be a mapping, got {type(entry).__name__}")
+    kind = entry.get("type")
+    if kind != "function":
+        raise bad(f"type must be 'function', got {kind!r}")
+    function = entry.get("function") or entry.get("handler")
+    arguments = None
+    if isinstance(function, dict):
+        arguments = function.get("arguments")
+        function = function.get("path")
+    if not isinstance(function, str) or not function:
+        raise bad("needs `function:` (a dotted path, or {path, arguments})")
+    params = entry.get("factory_params")
+    if params is not None:
+        if arguments is not None:
+            raise bad("give factory arguments in function.arguments or factory_params")
+        arguments = params
+    if arguments is not None and not isinstance(arguments, dict):
+        raise bad(f"factory arguments must be a mapping, got {type(arguments).__name__}")
+    return PolicyRef(name=name, where=where, path=function, arguments=arguments)
+
+
+class AgentDir(msgspec.Struct, frozen=True, kw_only=True):
+    """A directory-format agent read from disk: its spec, its sub-agents' specs by directory
+    name, and every file of the directory (for its bundle)."""
+
+    spec: AgentSpec
+    config_text: str
+    children: dict[str, AgentSpec]
+    files: dict[str, bytes]
+
+
+#: Names never bundled from an agent directory (caches and version control).
+_SKIPPED_NAMES = frozenset({"__pycache__", ".git", ".hg", ".svn"})
+
+
+def load_agent_dir(root: Path) -> AgentDir:
+    """Read a directory-format agent: ``config.yaml``, ``agents/<child>/config.yaml``, and
+    every other file under it (symlinks and caches left out), bounded as a bundle is.
+
+    Raises:
+        SpecError: no ``config.yaml``, a YAML that does not parse or validate (naming the
+            file), a non-UTF-8 ``config.yaml``, or more files or bytes than a bundle allows.
+        OSError: the directory cannot be read.
+    """
+    files = _read_tree(root)
+    if "config.yaml" not in files:
+        raise SpecError(f"{root} has no config.yaml")
+    spec, text = _dir_spec(files, "", root)
+    children: dict[str, AgentSpec] = {}
+    for name in sorted({p.split("/")[1] for p in files if p.startswith("agents/")}):
+        if f"agents/{name}/config.yaml" in files:
+            children[name] = _dir_spec(files, f"agents/{name}/", root)[0]
+    return AgentDir(spec=spec, config_text=text, children=children, files=files)
+
+
+def _dir_spec(files: dict[str, bytes], prefix: str, root: Path) -> tuple[AgentSpec, str]:
+    where = root / f"{prefix}config.yaml"
+    try:
+        text = files[f"{prefix}config.yaml"].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{where} is not UTF-8 text") from exc
+    try:
+        spec = load_spec_yaml(text)
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}", path=exc.path) from exc
+    if spec.system_prompt is None and f"{prefix}AGENTS.md" in files:
+        # omnigent's directory format takes the prompt from AGENTS.md when config.yaml
+        # gives none.
+        prompt = files[f"{prefix}AGENTS.md"].decode("utf-8", "replace")
+        spec = msgspec.structs.replace(spec, instructions=prompt)
+    return spec, text
+
+
+def _read_tree(root: Path) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    total = 0
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part in _SKIPPED_NAMES for part in rel.parts) or path.is_symlink():
+            continue
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        total += len(data)
+        if len(files) >= MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
+            raise SpecError(
+                f"{root} is too large for an agent bundle "
+                f"(limits: {MAX_MEMBERS} files, {MAX_UNPACKED_BYTES} bytes)"
+            )
+        files[rel.as_posix()] = data
+    return files
 
 
 # -- internals ------------------------------------------------------------------------------
@@ -345,8 +520,11 @@ def _section_to_dict(section: _Section) -> dict[str, Any]:
     return out
 
 
-def _read_agent_yaml(archive: tarfile.TarFile, max_unpacked: int) -> tuple[str, bytes]:
-    """The agent YAML's path and bytes, after checking every member."""
+def _read_agent_yaml(
+    archive: tarfile.TarFile, max_unpacked: int
+) -> tuple[str, bytes, bytes | None]:
+    """The agent YAML's path and bytes, and the ``AGENTS.md`` beside a ``config.yaml`` if
+    there is one, after checking every member."""
     files: dict[str, tarfile.TarInfo] = {}
     total = 0
     for count, member in enumerate(_members(archive), start=1):
@@ -364,9 +542,18 @@ def _read_agent_yaml(archive: tarfile.TarFile, max_unpacked: int) -> tuple[str, 
         raise SpecError(
             f"agent YAML {name!r} is too large: {member.size} bytes (limit {MAX_YAML_BYTES})"
         )
+    prompt = None
+    if name.rsplit("/", 1)[-1] == "config.yaml":
+        beside = name.rsplit("/", 1)[0] + "/AGENTS.md" if "/" in name else "AGENTS.md"
+        if beside in files and files[beside].size <= MAX_YAML_BYTES:
+            prompt = _extract(archive, files[beside])
+    return name, _extract(archive, member), prompt
+
+
+def _extract(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     handle = archive.extractfile(member)
     assert handle is not None  # a regular file always has a handle
-    return name, handle.read()
+    return handle.read()
 
 
 def _check_expansion(data: Any, budget: int) -> None:

@@ -47,6 +47,7 @@ from .protocol import (
     Output,
     OutputItemDone,
     OutputTextDelta,
+    PolicyDenied,
     PolicyEvaluationRequested,
     PolicyVerdict,
     ReasoningDelta,
@@ -54,6 +55,7 @@ from .protocol import (
     ResponseCompleted,
     ResponseCreated,
     ResponseFailed,
+    ResponseHeartbeat,
     ResponseInProgress,
     RuntimeModel,
     ToolResult,
@@ -65,6 +67,18 @@ from .protocol import (
 )
 
 log = logging.getLogger("corral.harnesses.worker")
+
+#: The phase asked before a turn's first model call (PROTOCOL_0_19 §F.4).
+LLM_REQUEST = "PHASE_LLM_REQUEST"
+#: A ``response.heartbeat`` this often while a policy verdict is awaited: the server may hold
+#: the evaluation until a person answers, and a turn with no event for long is ended by
+#: dispatch's idle watchdog (which cannot see that the turn waits on a person).
+POLICY_HEARTBEAT_S = 30.0
+APPROVAL_SCHEMA = {
+    "type": "object",
+    "properties": {"approved": {"type": "boolean"}},
+    "required": ["approved"],
+}
 
 
 class TurnFailed(Exception):
@@ -126,6 +140,16 @@ class TurnContext:
             or self.message.get("model")
         )
 
+    @property
+    def agent(self) -> str:
+        """The agent's name, as the server knows it: the message's ``model`` (§C.1).
+
+        It is the ``model`` of every ``response.*`` event's response, and the ``agent`` of the
+        items the server persists; the relay names its own assistant message after the same
+        value (PROTOCOL_0_19 §D.3, §E.1).
+        """
+        return str(self.message.get("model") or self.model or self.spec.get("name") or "agent")
+
     # --- emitting --------------------------------------------------------------------------
 
     async def emit(self, event: Any, *, durable: bool = False) -> None:
@@ -167,7 +191,13 @@ class TurnContext:
             await self.emit(Warning(kind="fallback", message=text))
 
     async def item(self, item: dict[str, Any]) -> None:
-        """Emit a finished output item."""
+        """Emit a finished output item.
+
+        A completed ``function_call`` and an assistant ``message`` get the ``agent`` field
+        (unless they have one): the server drops either without it (PROTOCOL_0_19 §E.1).
+        """
+        if _persisted_with_agent(item) and not item.get("agent"):
+            item = {**item, "agent": self.agent}
         await self.emit(OutputItemDone(item=item))
 
     # --- waiting on the runner -------------------------------------------------------------
@@ -235,14 +265,70 @@ class TurnContext:
 
         return await self._wait_for(f"elicit:{elicitation_id}", ask)
 
-    async def policy(self, phase: str, data: dict[str, Any]) -> str:
-        """Ask for a policy verdict (``policy_evaluation.requested``); returns the action."""
+    async def policy(self, phase: str, data: dict[str, Any]) -> PolicyVerdict:
+        """Ask for a policy verdict (``policy_evaluation.requested``) and wait for it.
+
+        ``data`` is the phase's ``event.data`` object (PROTOCOL_0_19 §F.2). There is no
+        deadline: the server may hold the evaluation until a person answers (§F.3). A
+        ``response.heartbeat`` goes out every :data:`POLICY_HEARTBEAT_S` meanwhile.
+        """
         evaluation_id = f"poleval_{uuid.uuid4().hex}"
         request = PolicyEvaluationRequested(evaluation_id=evaluation_id, phase=phase, data=data)
-        verdict: PolicyVerdict = await self._wait_for(
-            f"policy:{evaluation_id}", lambda: self.emit(request, durable=True)
-        )
-        return verdict.action
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._heartbeats)
+            verdict: PolicyVerdict = await self._wait_for(
+                f"policy:{evaluation_id}", lambda: self.emit(request, durable=True)
+            )
+            nursery.cancel_scope.cancel()
+        return verdict
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await trio.sleep(POLICY_HEARTBEAT_S)
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            await self.emit(ResponseHeartbeat(server_time=now, last_event_seq=self._seq))
+
+    async def check_llm_request(self, data: dict[str, Any]) -> None:
+        """Ask policy whether the turn may call the model (``PHASE_LLM_REQUEST``, §F.4).
+
+        A kind calls it once per turn, before its first model call: a server-side spend or
+        model policy can stop the turn there. ``data`` is ``{model, messages_count,
+        tools_count, system_prompt_preview, last_user_message}``.
+
+        ALLOW and UNSPECIFIED return. The server holds an ASK until a person answers and then
+        answers ALLOW or DENY; an ASK handed back as such (a server that does not hold it) is
+        put to a person here, as an elicitation. DENY publishes ``response.policy_denied``
+        and fails the turn ``policy_denied`` with the reason; a verdict the runner could not
+        get fails it ``policy_unavailable``. Either way the model is not called.
+
+        Raises:
+            TurnFailed: ``policy_denied`` or ``policy_unavailable``.
+        """
+        verdict = await self.policy(LLM_REQUEST, data)
+        action = verdict.action.upper().removeprefix("POLICY_ACTION_")
+        reason = verdict.reason
+        if verdict.failed:
+            raise TurnFailed(
+                "policy_unavailable",
+                f"the policy check before the model call failed: {reason or 'no verdict'}",
+            )
+        if action == "ASK":
+            answer = await self.elicit(
+                {
+                    "message": reason or "The agent wants to call the model. Approve?",
+                    "requestedSchema": APPROVAL_SCHEMA,
+                    "phase": "llm_request",
+                }
+            )
+            if answer.accepted:
+                return
+            action, reason = "DENY", f"the user answered {answer.action}"
+        if action == "DENY":
+            reason = reason or "no reason given"
+            await self.emit(
+                PolicyDenied(conversation_id=self.session_id, reason=reason, phase="llm_request")
+            )
+            raise TurnFailed("policy_denied", f"the model call was denied by policy: {reason}")
 
     async def flush(self) -> None:
         """Send every queued event now (before something that may stop the process)."""
@@ -258,7 +344,7 @@ class TurnContext:
             "id": self.response_id,
             "object": "response",
             "status": status,
-            "model": self.message.get("model") or self.model,
+            "model": self.agent,
             "created_at": int(time.time()),
             "output": [],
         }
@@ -404,7 +490,7 @@ class Worker:
                 observation = turn.observer.at_completion(failed=False)
                 if observation is not None:
                     await turn.emit(RuntimeModel(**observation))
-                response = {**turn.response("completed"), "usage": turn.usage}
+                response = {**turn.response("completed"), "usage": _usage(turn)}
                 terminal = ResponseCompleted(response=response)
             # Over before its terminal goes out: the broker delivers the terminal while its
             # commit runs, so the next turn's start can arrive before this emit returns.
@@ -426,6 +512,23 @@ class Worker:
             self._turn_scope = None
             self.turn = None
             self._turn_done.set()
+
+
+def _persisted_with_agent(item: dict[str, Any]) -> bool:
+    """Whether the server persists ``item`` only with an ``agent`` (PROTOCOL_0_19 §E.1)."""
+    kind = item.get("type")
+    if kind == "function_call":
+        return item.get("status") == "completed"
+    return kind == "message" and item.get("role") == "assistant"
+
+
+def _usage(turn: TurnContext) -> dict[str, Any]:
+    """``response.completed.response.usage``, with the serving model when the kind did not
+    name one: the server publishes ``session.model`` from ``usage.model`` (§D.3)."""
+    usage = dict(turn.usage)
+    if not usage.get("model") and turn.observer.serving.model:
+        usage["model"] = turn.observer.serving.model
+    return usage
 
 
 def _wait_key(msg: Message) -> str | None:

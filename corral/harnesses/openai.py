@@ -31,6 +31,8 @@ Configuration (spec first, then worker options, then environment) is documented 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import email.utils
 import json
 import logging
@@ -39,6 +41,7 @@ import os
 import random
 import re
 import time
+import urllib.parse
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -215,12 +218,44 @@ class OpenAIHarness:
                 f"no API key for {DEFAULT_BASE_URL}: set executor.auth.api_key or "
                 f"{env_prefix(settings.harness)}API_KEY",
             )
+        # Before the turn watchdog starts: the server may hold this until a person answers.
+        await turn.check_llm_request(llm_request_data(settings, turn.message, turn.spec))
         limit = settings.turn_timeout_s or math.inf
         with trio.move_on_after(limit) as watchdog:
             async with httpx.AsyncClient(timeout=None) as client:
                 await _AgentLoop(settings, client, turn).run()
         if watchdog.cancelled_caught:
             raise TurnFailed("timeout", f"the turn took longer than {limit:g}s (turn_timeout_s)")
+
+
+def llm_request_data(
+    settings: Settings, message: Mapping[str, Any], spec: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ``PHASE_LLM_REQUEST`` data of a turn (PROTOCOL_0_19 §F.4): the model id, how many
+    history items and tools the model gets, the first 200 characters of the instructions
+    and the text of the last user message (at most 500 characters)."""
+    history = _history(message)
+    instructions = message.get("instructions") or spec.get("prompt") or ""
+    last_user = ""
+    for item in reversed(history):
+        if item.get("type", "message") == "message" and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                last_user = content
+            else:
+                last_user = " ".join(
+                    str(p.get("text") or "")
+                    for p in content or []
+                    if isinstance(p, dict) and p.get("type") in ("input_text", "text")
+                )
+            break
+    return {
+        "model": settings.model,
+        "messages_count": len(history),
+        "tools_count": sum(1 for t in message.get("tools") or [] if isinstance(t, dict)),
+        "system_prompt_preview": str(instructions)[:200],
+        "last_user_message": last_user[:500],
+    }
 
 
 # --- the loop --------------------------------------------------------------------------------
@@ -269,8 +304,8 @@ class _AgentLoop:
             await self._take_injections()
             step = await self._call_model()
             self._add_usage(step.usage)
-            if step.text:
-                await self.turn.item(_message_item(step.text))
+            # No assistant message item for step.text: the server persists the streamed
+            # deltas as the assistant message, and would store an item a second time (§E.1).
             outputs = [(call, await self._run_tool(call)) for call in step.tool_calls]
             self.conversation.add_step(step, outputs)
             if not step.tool_calls and not (step_no < max_steps and await self._take_injections()):
@@ -304,16 +339,24 @@ class _AgentLoop:
         return await self.turn.call_tool(call.name, arguments)
 
     def _add_usage(self, usage: dict[str, Any] | None) -> None:
+        """Add one model call's usage to the turn's.
+
+        Tokens are summed over the turn's calls. ``context_tokens`` is the last call's total:
+        what the context holds after it (each call re-sends the whole history, so a sum
+        would count it again per call). ``model`` is the id the provider reported serving,
+        else the requested one; the server publishes it as ``session.model`` (§D.3).
+        """
         if not usage:
             return
         got_in = usage.get("input_tokens", usage.get("prompt_tokens")) or 0
         got_out = usage.get("output_tokens", usage.get("completion_tokens")) or 0
+        got_total = usage.get("total_tokens") or got_in + got_out
         total = self.turn.usage
         total["input_tokens"] = total.get("input_tokens", 0) + got_in
         total["output_tokens"] = total.get("output_tokens", 0) + got_out
-        total["total_tokens"] = total.get("total_tokens", 0) + (
-            usage.get("total_tokens") or got_in + got_out
-        )
+        total["total_tokens"] = total.get("total_tokens", 0) + got_total
+        total["context_tokens"] = got_total
+        total["model"] = self.served or self.settings.model
 
     async def _call_model(self) -> _Step:
         """One model call, retried on 429/5xx/connection errors before anything streamed."""
@@ -758,6 +801,47 @@ class _ResponsesConversation:
         return body
 
 
+#: Media types of an attached file whose content goes to the model as text.
+_TEXT_FILE_TYPES = ("application/json", "application/xml", "application/yaml", "application/x-yaml")
+
+
+def _inline_text_files(content: list[Any]) -> list[dict[str, Any]]:
+    """Content blocks with each text file attached as ``input_text``.
+
+    The server forwards an upload as ``{"type": "input_file", "filename", "file_data":
+    "data:<type>;base64,..."}`` (PROTOCOL_0_19 §C.1). A text file (``text/*``, JSON, XML,
+    YAML) becomes an ``input_text`` block holding its decoded content (UTF-8, undecodable
+    bytes replaced), which every model and both APIs read. Any other file, and one whose
+    data cannot be decoded, passes on as it came.
+    """
+    blocks: list[dict[str, Any]] = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        text = _text_file(block) if block.get("type") == "input_file" else None
+        blocks.append(block if text is None else {"type": "input_text", "text": text})
+    return blocks
+
+
+def _text_file(block: dict[str, Any]) -> str | None:
+    data = block.get("file_data")
+    if not isinstance(data, str) or not data.startswith("data:"):
+        return None
+    header, comma, payload = data.partition(",")
+    media_type, *params = header.removeprefix("data:").split(";")
+    media_type = media_type.strip().lower()
+    is_text = media_type.startswith("text/") or media_type.endswith("+json")
+    if not comma or not (is_text or media_type in _TEXT_FILE_TYPES):
+        return None
+    try:
+        raw = base64.b64decode(payload, validate=True) if "base64" in params else None
+    except binascii.Error:
+        return None
+    return (raw if raw is not None else urllib.parse.unquote_to_bytes(payload)).decode(
+        "utf-8", "replace"
+    )
+
+
 def _responses_tool(tool: dict[str, Any]) -> dict[str, Any]:
     function = tool.get("function")
     if tool.get("type") == "function" and isinstance(function, dict):
@@ -775,8 +859,7 @@ def _responses_item(item: dict[str, Any]) -> dict[str, Any]:
             text_type = "output_text" if role == "assistant" else "input_text"
             content = [
                 {**p, "type": text_type} if p.get("type") in _TEXT_PARTS else p
-                for p in content
-                if isinstance(p, dict)
+                for p in _inline_text_files(content)
             ]
         return {"type": "message", "role": role, "content": content or ""}
     if kind == "function_call":
@@ -867,9 +950,7 @@ def _chat_content(content: Any) -> Any:
     if not isinstance(content, list):
         return content if isinstance(content, str) else ""
     parts: list[dict[str, Any]] = []
-    for part in content:
-        if not isinstance(part, dict):
-            continue
+    for part in _inline_text_files(content):
         if "text" in part and part.get("type") in _TEXT_PARTS:
             parts.append({"type": "text", "text": part["text"]})
         elif part.get("type") == "input_image":

@@ -77,13 +77,19 @@ class Approval(Message, tag="harness.approval"):
 
 
 class PolicyVerdict(Message, tag="harness.policy_verdict"):
-    """The verdict on a ``policy_evaluation.requested``."""
+    """The verdict on a ``policy_evaluation.requested``.
+
+    ``failed`` marks a verdict the runner made up because the server gave none (an
+    unreachable server, a non-200, a malformed answer): the phase failed closed, no policy
+    decided it.
+    """
 
     session_id: str
     evaluation_id: str
     action: str
     reason: str | None = None
     data: dict[str, Any] | None = None
+    failed: bool = False
 
 
 class Interrupt(Message, tag="harness.interrupt"):
@@ -136,7 +142,14 @@ class ReasoningDelta(Output, tag="response.reasoning_text.delta"):
 
 class OutputItemDone(Output, tag="response.output_item.done"):
     """A finished item: ``function_call`` (in_progress / action_required / completed),
-    ``function_call_output``, or an assistant ``message``."""
+    ``function_call_output``, or an assistant ``message``.
+
+    The server persists a completed ``function_call`` and an assistant ``message`` only when
+    they carry ``agent`` (PROTOCOL_0_19 §E.1); :meth:`TurnContext.item` adds it. It also
+    persists the turn's text deltas (they carry no ``message_id``) as one assistant message,
+    so a kind that streams its text emits no message item for it: the text would be stored
+    twice.
+    """
 
     item: dict[str, Any]
 
@@ -156,6 +169,16 @@ class PolicyEvaluationRequested(Output, tag="policy_evaluation.requested"):
     evaluation_id: str
     phase: str
     data: dict[str, Any] = {}
+
+
+class PolicyDenied(Output, tag="response.policy_denied"):
+    """A policy stopped something the turn was about to do (PROTOCOL_0_19 §D.2: the server
+    requires ``conversation_id``); ``phase`` is the policy phase's short name
+    (``llm_request``)."""
+
+    conversation_id: str
+    reason: str = ""
+    phase: str = ""
 
 
 class InjectionConsumed(Output, tag="injection.consumed"):

@@ -1,14 +1,18 @@
-"""The agents the control plane offers: every agent YAML in the packaged and configured dirs.
+"""The agents the control plane offers: every agent in the packaged and configured dirs.
 
 Agents are read from ``corral/server/agents/`` (shipped with the package) and then from each
 ``[server].agents_dirs`` entry, so a user's agent of the same name replaces a shipped one.
-Each ``*.yaml``/``*.yml`` file is parsed with :func:`corral.spec.load_spec_yaml`; a file that
-does not parse is logged with the reason and skipped, never fatal, because one bad file in a
-directory of agents must not take the server (and every other agent) down.
+Both of omnigent's formats are read unchanged (``corral.spec`` describes them): each
+``*.yaml``/``*.yml`` file is a flat agent, each subdirectory holding a ``config.yaml`` is a
+directory agent (with its ``agents/<child>/`` sub-agents), bundled whole as the real server
+does. An agent whose spec does not parse, or whose policies name a function this server
+cannot run, is logged with the file and the reason and skipped, never fatal, because one bad
+file in a directory of agents must not take the server (and every other agent) down; asking
+for it by name says why it is missing.
 
 An agent's id is derived from its name, so it stays the same across restarts and edits; its
-version is a hash of the YAML text, so the runner sees a new ``x-agent-version`` when the file
-changes (PROTOCOL_FACTS §iii.3).
+version is a hash of its files, so the runner sees a new ``x-agent-version`` when one changes
+(PROTOCOL_FACTS §iii.3).
 """
 
 from __future__ import annotations
@@ -21,9 +25,18 @@ from pathlib import Path
 import msgspec
 
 from .._exceptions import SpecError
-from ..spec import AgentSpec, load_spec_yaml
+from ..spec import AgentSpec, load_agent_dir, load_spec_yaml, make_bundle, make_bundle_files
+from ._policy import AgentPolicy, policies_of
 
-__all__ = ["PACKAGED_AGENTS", "Agent", "AgentCatalog", "agent_id_for"]
+__all__ = [
+    "PACKAGED_AGENTS",
+    "Agent",
+    "AgentCatalog",
+    "Skipped",
+    "agent_id_for",
+    "spec_policies",
+    "yaml_version",
+]
 
 log = logging.getLogger("corral.server.agents")
 
@@ -43,18 +56,34 @@ def yaml_version(yaml_text: str) -> str:
 
 
 class Agent(msgspec.Struct, frozen=True, kw_only=True):
-    """One loaded agent."""
+    """One loaded agent: its spec and YAML text (a directory agent's ``config.yaml``), its
+    policies bound to the builtins they name, and for a directory agent every file of it."""
 
     name: str
     agent_id: str
     yaml_text: str
     spec: AgentSpec
     path: str
+    policies: list[AgentPolicy] = []
+    files: dict[str, bytes] | None = None
+    sub_agents: list[str] = []
 
     @property
     def version(self) -> str:
-        """A hash of the YAML text (``x-agent-version``)."""
-        return yaml_version(self.yaml_text)
+        """A hash of the agent's files (``x-agent-version``)."""
+        if self.files is None:
+            return yaml_version(self.yaml_text)
+        digest = hashlib.sha256()
+        for name in sorted(self.files):
+            digest.update(f"{name}\0{len(self.files[name])}\0".encode())
+            digest.update(self.files[name])
+        return digest.hexdigest()[:16]
+
+    def bundle(self) -> bytes:
+        """The agent as the runner fetches it: the file itself, or the whole directory."""
+        if self.files is None:
+            return make_bundle(self.yaml_text, filename=Path(self.path).name)
+        return make_bundle_files(self.files)
 
     def listing(self) -> dict[str, object]:
         """The agent as ``GET /v1/agents`` shows it."""
@@ -67,7 +96,19 @@ class Agent(msgspec.Struct, frozen=True, kw_only=True):
         description = self.spec.extra.get("description")
         if isinstance(description, str):
             entry["description"] = description
+        if self.sub_agents:
+            entry["sub_agents"] = self.sub_agents
+        if self.policies:
+            entry["policies"] = [p.name for p in self.policies]
         return entry
+
+
+class Skipped(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent file that was not loaded: where, why, and the agent name if it is known."""
+
+    path: str
+    reason: str
+    name: str | None = None
 
 
 class AgentCatalog:
@@ -76,31 +117,47 @@ class AgentCatalog:
     def __init__(self, dirs: list[Path]) -> None:
         self.dirs = dirs
         self.agents: dict[str, Agent] = {}
-        #: path -> the reason it was skipped, from the last load (for logs and status).
-        self.skipped: dict[str, str] = {}
+        #: path -> why it was skipped, from the last load (for logs and status).
+        self.skipped: dict[str, Skipped] = {}
         self._warned: set[tuple[str, str]] = set()
+
+    def why_missing(self, name: str) -> str | None:
+        """Why an agent of this name (or file/directory stem) was skipped, if one was."""
+        for skipped in self.skipped.values():
+            if name in (skipped.name, Path(skipped.path).stem):
+                return f"{skipped.path}: {skipped.reason}"
+        return None
 
     def load(self) -> dict[str, Agent]:
         """Re-read every directory; returns (and keeps) the agents by name."""
         agents: dict[str, Agent] = {}
-        skipped: dict[str, str] = {}
+        skipped: dict[str, Skipped] = {}
         for directory in self.dirs:
             if not directory.is_dir():
                 if directory != PACKAGED_AGENTS:
                     self._warn_once(str(directory), "is not a directory; no agents read from it")
                 continue
             seen_here: set[str] = set()
-            files = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
-            for path in files:
+            entries = sorted(
+                p
+                for p in directory.iterdir()
+                if (p.suffix in (".yaml", ".yml") and p.is_file())
+                or (p.is_dir() and (p / "config.yaml").is_file())
+            )
+            for path in entries:
                 try:
-                    agent = _load_file(path)
+                    agent = _load_dir(path) if path.is_dir() else _load_file(path)
+                except _Rejected as exc:
+                    skipped[str(path)] = Skipped(path=str(path), reason=exc.reason, name=exc.name)
+                    self._warn_once(str(path), f"skipped: {exc.reason}")
+                    continue
                 except (OSError, UnicodeDecodeError, SpecError) as exc:
-                    skipped[str(path)] = str(exc)
+                    skipped[str(path)] = Skipped(path=str(path), reason=str(exc))
                     self._warn_once(str(path), f"skipped: {exc}")
                     continue
                 if agent.name in seen_here:
                     reason = f"a second agent named {agent.name!r} in the same directory"
-                    skipped[str(path)] = reason
+                    skipped[str(path)] = Skipped(path=str(path), reason=reason, name=agent.name)
                     self._warn_once(str(path), f"skipped: {reason}")
                     continue
                 seen_here.add(agent.name)
@@ -120,8 +177,59 @@ class AgentCatalog:
             log.warning("agent file %s %s", path, message)
 
 
+class _Rejected(Exception):
+    """The spec parsed (so the agent's name is known) but the agent cannot be served."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(reason)
+        self.name = name
+        self.reason = reason
+
+
+def _policies(name: str, spec: AgentSpec, where: str = "") -> list[AgentPolicy]:
+    try:
+        return policies_of(spec)
+    except SpecError as exc:
+        # Never served with a policy dropped: an agent whose policy cannot run is no agent.
+        raise _Rejected(name, f"{where}{exc}") from exc
+
+
 def _load_file(path: Path) -> Agent:
     text = path.read_text(encoding="utf-8")
     spec = load_spec_yaml(text)
     name = spec.name or path.stem
-    return Agent(name=name, agent_id=agent_id_for(name), yaml_text=text, spec=spec, path=str(path))
+    return Agent(
+        name=name,
+        agent_id=agent_id_for(name),
+        yaml_text=text,
+        spec=spec,
+        path=str(path),
+        policies=_policies(name, spec),
+    )
+
+
+def _load_dir(path: Path) -> Agent:
+    tree = load_agent_dir(path)
+    name = tree.spec.name or path.name
+    policies = _policies(name, tree.spec)
+    for child, spec in tree.children.items():
+        _policies(name, spec, f"sub-agent {child!r}: ")
+    return Agent(
+        name=name,
+        agent_id=agent_id_for(name),
+        yaml_text=tree.config_text,
+        spec=tree.spec,
+        path=str(path),
+        policies=policies,
+        files=tree.files,
+        sub_agents=sorted(tree.children),
+    )
+
+
+def spec_policies(yaml_text: str) -> list[AgentPolicy]:
+    """The policies of a stored agent YAML (a session's copy taken at creation).
+
+    Raises:
+        SpecError: the YAML or one of its policies is invalid.
+    """
+    return policies_of(load_spec_yaml(yaml_text))

@@ -6,9 +6,14 @@ Runs inside the store's write transactions (see ``_store.py``). As the real serv
 (``response.completed``, ``failed``, ``cancelled``, ``incomplete``) or before a
 ``function_call`` with status ``completed``; completed function calls, their outputs and
 ``session.resource.created/deleted`` become items too. The draft is kept in the session's row,
-so text streamed before a restart is not lost from the item written after it. A turn that
-goes idle without a terminal event was interrupted; its partial text is dropped, as the real
-server does (§v.4).
+so text streamed before a restart is not lost from the item written after it.
+
+A turn that ends without a terminal event was interrupted (PROTOCOL_0_19 §E.4: the runner goes
+``idle`` and posts a ``[System: interrupted]`` note as an ``external_conversation_item``); its
+partial text is never persisted. As the real relay does (§D.3), the draft is cleared at the
+next ``session.status running``, not at ``idle``: a terminal event that arrives after the
+``idle`` still flushes the text, and a second message mid-turn, which the runner runs as its
+own turn (``running`` again with no ``idle`` between), starts from an empty draft.
 
 Every stored event gets the session's next event id (the ``id:`` of the client stream).
 Heartbeats are liveness only and are not stored.
@@ -143,18 +148,21 @@ class EventLog:
             status = event.get("status")
             if status in _STATUSES:
                 self.status = status
-            if status in ("idle", "failed") and self.draft and self.draft.get("text"):
-                # A turn that ends without a terminal response event was interrupted; the real
-                # server does not persist its partial text (§v.4), and keeping it would glue it
-                # onto the next answer.
-                log.info("session %s: dropping %d characters of an interrupted answer",
-                         self.session_id, len(self.draft["text"]))  # fmt: skip
+            if status == "running" and self.draft is not None:
+                if self.draft.get("text"):
+                    # Text left from a turn that ended without a terminal event (an interrupt):
+                    # the real relay does not persist it, and keeping it would glue it onto
+                    # the next answer.
+                    log.info("session %s: dropping %d characters of an interrupted answer",
+                             self.session_id, len(self.draft["text"]))  # fmt: skip
                 self.draft = None
         elif kind in ("response.created", "response.in_progress"):
+            # The response names the item's id and agent; text already streamed stays (the
+            # real relay keeps its accumulator here too, and flushes it at the terminal).
             response = event.get("response") if isinstance(event.get("response"), dict) else {}
-            self.flush_draft()
+            text = (self.draft or {}).get("text", "")
             self.draft = {
-                "text": "",
+                "text": text,
                 "response_id": response.get("id"),
                 "model": response.get("model"),
             }
@@ -199,12 +207,17 @@ class EventLog:
             return
         kind = item.get("type")
         response_id = (self.draft or {}).get("response_id")
-        model = (self.draft or {}).get("model")
+        # The runner writes ``agent`` on its items; the server stores and reads it back as
+        # ``model`` (§E.1). The response's model stands in for a runner that leaves it out.
+        agent = item.get("agent")
+        model = agent if isinstance(agent, str) and agent else (self.draft or {}).get("model")
         if kind == "message":
             # A whole message supersedes any deltas of it that were accumulated.
             if self.draft:
                 self.draft["text"] = ""
             fields = {k: v for k, v in item.items() if k not in ("id", "status", "agent")}
+            if fields.get("role", "assistant") == "assistant":
+                fields.setdefault("model", model)
             self.item({"role": "assistant", "response_id": response_id, **fields})
         elif kind == "function_call" and item.get("status") == "completed":
             self.flush_draft()

@@ -98,10 +98,13 @@ class SessionPatch(msgspec.Struct, kw_only=True):
 
 
 class Evaluation(msgspec.Struct, kw_only=True):
-    """``event`` of a policy evaluation: the phase and the harness's data."""
+    """``event`` of a policy evaluation: the phase, the harness's data and, for a tool
+    result, the call it answers (``request_data``, or the tool name as ``target``, §F.2)."""
 
     type: str
     data: dict[str, Any] | None = None
+    request_data: dict[str, Any] | None = None
+    target: str | None = None
 
 
 class EvaluateRequest(msgspec.Struct, kw_only=True):
@@ -279,7 +282,11 @@ class _Api:
 
     @endpoint
     async def session(self, request: Request) -> Response:
-        """``GET /v1/sessions/{id}`` (client and runner) and the runner's ``PATCH``."""
+        """``GET /v1/sessions/{id}`` (client and runner), the runner's ``PATCH``, and the
+        client's ``DELETE`` (PROTOCOL_0_19 §I.1)."""
+        if request.method == "DELETE":
+            row = await self.plane.session(request.path_params["session_id"])
+            return JSONResponse(await self.plane.delete_session(row))
         if request.method == "PATCH":
             self._require_runner(request)
             raw = await self._json(request, self.options.runner_max_body_bytes)
@@ -335,10 +342,14 @@ class _Api:
         """``POST .../policies/evaluate`` (§iii.8)."""
         self._require_runner(request)
         raw = await self._json(request, self.options.runner_max_body_bytes)
-        await self.plane.session(request.path_params["session_id"])
+        row = await self.plane.session(request.path_params["session_id"])
         body = _convert(raw, EvaluateRequest)
-        decision = self.plane.evaluate({"type": body.event.type, "data": body.event.data or {}})
-        return _SpacedJSON({"result": decision.result, "reason": decision.reason})
+        event = body.event
+        decision = await self.plane.evaluate(
+            row, event.type, event.data or {}, event.request_data, event.target
+        )
+        reason = decision.prompt or decision.reason
+        return _SpacedJSON({"result": decision.result, "reason": reason})
 
     @endpoint
     async def mcp(self, request: Request) -> Response:
@@ -415,7 +426,7 @@ class _Api:
     async def _sse(self, session_id: str, cursor: int) -> AsyncIterator[str]:
         """Stored events after ``cursor`` in order, then live ones; keepalives in silences."""
         plane = self.plane
-        while not plane.closing.is_set():
+        while not plane.closing.is_set() and session_id not in plane.deleted:
             changed = plane.changed(session_id)  # before reading: no append slips between
             rows = await plane.store.events_after(session_id, cursor, 500)
             if rows:
@@ -463,6 +474,7 @@ class _Api:
             hello,
             ping_interval_s=self.options.ping_interval_s,
             ping_timeout_s=self.options.ping_timeout_s,
+            on_batch=self.plane.ingest_batch,
         )
         await self.plane.run_link(link)
         await _close(ws, 1000, "")  # a no-op when the tunnel is already closed
@@ -485,6 +497,11 @@ class _Api:
         except ValueError:
             frame = None
         if not isinstance(frame, dict) or frame.get("kind") != "hello":
+            await _close(ws, 4001, "expected hello frame")
+            return None
+        capabilities = frame.get("capabilities", [])
+        if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
+            # The real server cannot decode such a hello either (§A.2).
             await _close(ws, 4001, "expected hello frame")
             return None
         version = frame.get("frame_protocol_version")
@@ -534,7 +551,7 @@ def build_app(plane: ControlPlane) -> Starlette:
         ("/v1/agents", api.agents, ["GET"]),
         ("/v1/runners/{runner_id}/token", api.runner_token, ["POST"]),
         ("/v1/sessions", api.sessions, ["GET", "POST"]),
-        (s, api.session, ["GET", "PATCH"]),
+        (s, api.session, ["GET", "PATCH", "DELETE"]),
         (f"{s}/agent/contents", api.agent_contents, ["GET"]),
         (f"{s}/items", api.items, ["GET"]),
         (f"{s}/labels", api.labels, ["GET"]),

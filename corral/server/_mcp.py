@@ -1,7 +1,8 @@
 """Tool calls through the server: ``POST /v1/sessions/{id}/mcp`` (PROTOCOL_FACTS §iii.9).
 
 The runner executes a harness's tool call by calling this JSON-RPC 2.0 endpoint
-(``tools/call``). The ``[[server.policies]]`` rules decide, as for ``/policies/evaluate``:
+(``tools/call``). The ``[[server.policies]]`` rules and the agent's own policies decide, as
+for ``/policies/evaluate`` (``_policy.py``):
 
 * allow — the call goes back to the runner over the tunnel (``POST .../mcp/execute``, §ii.9) and
   its output is answered as MCP ``content``;
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._policy import TOOL_CALL, Decision, decide
+from ._policy import TOOL_CALL, Decision
 from ._store import SessionRow
 from ._tunnel import RunnerGone
 
@@ -60,7 +61,7 @@ class ToolCalls:
             )
         if "inputResponses" in params or "requestState" in params:
             return await self._mcp_retry(row, rpc_id, name, arguments, params)
-        decision = decide(self.plane.settings.policies, TOOL_CALL, name)
+        decision = await self.plane.decide(row, TOOL_CALL, name, arguments)
         if decision.action == "deny":
             log.info("session %s: tool %s denied by policy rule %s", row.id, name, decision.rule)
             text = f"Tool call {name!r} was denied by policy"
@@ -80,7 +81,9 @@ class ToolCalls:
         if len(preview) > 300:
             preview = preview[:299] + "…"
         message = f"Agent wants to call {name}({preview}). Approve?"
-        if decision.reason:
+        if decision.prompt:
+            message = decision.prompt  # an agent policy's own words (omnigent's format)
+        elif decision.reason:
             message = f"{decision.reason}: {message}"
         params = {
             "message": message,

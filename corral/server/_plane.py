@@ -4,15 +4,18 @@
 It owns the store, the agent catalog and the connected runner (at most one: the runner id is
 derived from this server's one token). Tool calls through ``/mcp`` are ``_mcp.py``.
 
-The runner binding follows PROTOCOL_FACTS §v.6. When the runner connects, every session bound
-to it is initialised one after the other (``POST /v1/sessions`` with the ``session_init`` v2
-envelope, then ``GET .../skills``), and each then keeps one ``GET .../stream`` open, whose
-events are stored (and so fanned out to clients) as they arrive. A session created while the
-runner is connected is bound at once; one created while it is away is bound when it connects.
+The runner binding follows PROTOCOL_FACTS §v.6 as the 0.19 server does it (PROTOCOL_0_19 §B).
+When the runner connects it gets ``event.ready`` if it asked for event ingest (§A.3); then every
+session bound to it is initialised one after the other (``POST /v1/sessions`` with the
+``session_init`` v2 envelope), and each then keeps one ``GET .../stream`` open, whose events are
+stored (and so fanned out to clients) as they arrive. A session created while the runner is
+connected is bound at once; one created while it is away is bound when it connects. Deleting a
+session stops its binding and tells the runner (``DELETE /v1/sessions/{id}``, §I.1).
 
 Forwards to the runner (user messages and verdicts) go through the durable *outbox*: the
 request handler stores the forward in the same transaction as the item or verdict it belongs
-to, then waits a short while for the session's deliverer to hand it to the runner. A forward
+to. A message is answered at once (``queued: true``, as the real server does, §C.1); a verdict
+waits a short while for the session's deliverer to hand it to the runner. A forward
 that could not be delivered (runner offline, tunnel dropped mid-request, a 5xx answer) stays
 in the outbox and is sent again, in order, when the session's stream is next open, so nothing
 a client was told is stored is lost, even across a restart of this server. Delivery is
@@ -27,6 +30,7 @@ import collections
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +40,13 @@ import trio
 from .. import __version__
 from ..config import ServerSettings
 from ..spec import AgentSpec, load_spec_yaml, make_bundle
-from ._agents import PACKAGED_AGENTS, Agent, AgentCatalog, yaml_version
+from ._agents import PACKAGED_AGENTS, Agent, AgentCatalog, spec_policies, yaml_version
 from ._conversation import UnknownSession, new_id
 from ._mcp import ToolCalls, error_detail
-from ._policy import Decision, decide, tool_name_of
+from ._policy import TOOL_RESULT, AgentPolicy, Decision, combine, decide, tool_name_of
 from ._state import ServerInfo, ensure_runner_token, is_loopback, lock_server_dir, server_dir
 from ._store import NotPending, SessionRow, Store
-from ._tunnel import RunnerGone, RunnerLink, SseParser
+from ._tunnel import RunnerGone, RunnerLink, SseParser, event_ack
 
 __all__ = [
     "SERVER_VERSION",
@@ -55,11 +59,23 @@ __all__ = [
 log = logging.getLogger("corral.server")
 
 #: The protocol version this server speaks, as ``/api/version`` and ``session_init`` say it
-#: (the omnigent release the protocol was captured from).
-SERVER_VERSION = "0.11.0.dev0"
+#: (the omnigent release the protocol was traced against, PROTOCOL_0_19.md).
+SERVER_VERSION = "0.19.1"
 _encode = msgspec.json.Encoder().encode
 #: Delivery outcomes kept for request handlers that have not looked yet.
 _KEPT_DELIVERIES = 1024
+#: ``event.batch`` limits of the real server (§A.3).
+_MAX_BATCH_EVENTS = 32
+_MAX_BATCH_BYTES = 256 * 1024
+#: The event types the real server takes on the tunnel; this server stores only the first.
+_TUNNEL_EVENT_TYPES = frozenset(
+    {
+        "external_conversation_item",
+        "external_output_text_delta",
+        "external_session_status",
+        "external_session_usage",
+    }
+)
 
 
 class PlaneOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,11 +127,28 @@ class Offline(Refused):
 
 
 class _Binding:
-    """A session's state on the current tunnel: whether its stream is open."""
+    """A session's state on the current tunnel: whether its stream is open, and the cancel
+    scopes of its tasks (a deleted session's tasks stop at once)."""
 
     def __init__(self) -> None:
         self.ready = False
+        self.stopped = False
+        self.scopes: list[trio.CancelScope] = []
         self._changed = trio.Event()
+
+    def scope(self) -> trio.CancelScope:
+        """A cancel scope for one of the session's tasks, cancelled by :meth:`stop`."""
+        scope = trio.CancelScope()
+        if self.stopped:
+            scope.cancel()
+        self.scopes.append(scope)
+        return scope
+
+    def stop(self) -> None:
+        """Cancel every task of the session."""
+        self.stopped = True
+        for scope in self.scopes:
+            scope.cancel()
 
     def set_ready(self, ready: bool) -> None:
         """Mark the stream open (or closed) and wake waiters."""
@@ -178,7 +211,10 @@ class ControlPlane:
         self._deliveries: collections.OrderedDict[int, _Delivery] = collections.OrderedDict()
         self._agents_lock = trio.Lock()
         self._specs: dict[str, AgentSpec | None] = {}
+        self._copy_policies: dict[str, list[AgentPolicy]] = {}
         self._tools = ToolCalls(self)
+        #: Sessions deleted while this process runs: their client streams end.
+        self.deleted: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -235,18 +271,33 @@ class ControlPlane:
     async def agent_bundle(self, session: SessionRow) -> tuple[bytes, dict[str, str]]:
         """The session's agent as a tar.gz bundle and the ``x-agent-*`` headers (§iii.3).
 
-        The agent file as it is now, so an edit reaches the next turn; the copy taken when
-        the session was created if the file is gone.
+        The agent as it is now, so an edit reaches the next turn; the YAML copy taken when
+        the session was created if the agent is gone (a directory agent's sub-agents are
+        not in that copy).
         """
         agent = (await self.agents()).get(session.agent)
-        yaml_text = agent.yaml_text if agent is not None else session.agent_yaml
-        bundle = make_bundle(yaml_text, filename=f"{session.agent}.yaml")
+        if agent is not None:
+            bundle, version = agent.bundle(), agent.version
+        else:
+            bundle = make_bundle(session.agent_yaml, filename=f"{session.agent}.yaml")
+            version = yaml_version(session.agent_yaml)
         headers = {
-            "x-agent-version": yaml_version(yaml_text),
+            "x-agent-version": version,
             "x-agent-name": session.agent,
             "x-agent-session-scoped": "true",
         }
         return bundle, headers
+
+    async def _agent_policies(self, session: SessionRow) -> list[AgentPolicy]:
+        """The policies of the session's agent as it is now (as its bundle is served), else
+        of the copy taken when the session was created (it loaded then)."""
+        agent = (await self.agents()).get(session.agent)
+        if agent is not None:
+            return agent.policies
+        key = yaml_version(session.agent_yaml)
+        if key not in self._copy_policies:
+            self._copy_policies[key] = spec_policies(session.agent_yaml)
+        return self._copy_policies[key]
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -259,6 +310,9 @@ class ControlPlane:
         agents = await self.agents()
         agent = agents.get(agent_name)
         if agent is None:
+            why = self.catalog.why_missing(agent_name)
+            if why is not None:
+                raise Refused(404, "unknown_agent", f"Agent {agent_name!r} was not loaded: {why}")
             known = ", ".join(sorted(agents)) or "none"
             raise Refused(404, "unknown_agent", f"No agent named {agent_name!r} (known: {known}).")
         now = time.time()
@@ -364,13 +418,36 @@ class ControlPlane:
             "model": row.agent,
             "has_mcp_servers": False,
         }
-        item, entry = await self.store.add_user_message(row.id, content, forward)
-        delivery = await self._await_delivery(row.id, entry)
-        answer: dict[str, Any] = {"queued": delivery is None, "item_id": item["id"]}
-        if delivery is not None:
-            answer["runner_status"] = delivery.status
-            answer["runner_answer"] = delivery.body
-        return answer
+        item, _ = await self.store.add_user_message(row.id, content, forward)
+        self._wake_outbox(row.id)
+        return {"queued": True, "item_id": item["id"]}
+
+    async def delete_session(self, row: SessionRow) -> dict[str, Any]:
+        """Delete a session, stop its binding and tell the runner (PROTOCOL_0_19 §I.1).
+
+        The session is gone for clients whatever the runner answers, as on the real server.
+        """
+        await self.store.delete_session(row.id)
+        self.deleted.add(row.id)
+        binding = self._bindings.pop(row.id, None)
+        if binding is not None:
+            binding.stop()
+        self.notify(row.id)
+        log.info("session %s deleted", row.id)
+        link, nursery = self.link, self._link_nursery
+        if link is not None and nursery is not None:
+            nursery.start_soon(self._tell_deleted, link, row.id)
+        return {"id": row.id, "object": "conversation.deleted", "deleted": True}
+
+    async def _tell_deleted(self, link: RunnerLink, session_id: str) -> None:
+        try:
+            answer = await link.request(
+                "DELETE", f"/v1/sessions/{session_id}", timeout_s=self.options.request_timeout_s
+            )
+        except RunnerGone as exc:
+            log.info("session %s: the runner did not answer the delete: %s", session_id, exc)
+            return
+        log.info("session %s: the runner answered the delete with %d", session_id, answer.status)
 
     async def resolve(
         self, row: SessionRow, elicitation_id: str, action: str, content: Any
@@ -437,14 +514,29 @@ class ControlPlane:
 
     # -- runner calls ----------------------------------------------------------------------
 
-    def evaluate(self, event: dict[str, Any]) -> Decision:
-        """``/policies/evaluate`` (§iii.8): the rules' decision on ``{"type", "data"}``."""
-        phase = event.get("type")
-        return decide(
-            self.settings.policies,
-            phase if isinstance(phase, str) else "",
-            tool_name_of(event.get("data")),
-        )
+    async def evaluate(
+        self,
+        row: SessionRow,
+        phase: str,
+        data: dict[str, Any],
+        request_data: dict[str, Any] | None = None,
+        target: str | None = None,
+    ) -> Decision:
+        """``/policies/evaluate`` (§iii.8): the decision on one phase of the session.
+
+        A tool result names its call in ``request_data`` (or ``target``, PROTOCOL_0_19 §F.2);
+        older runners put the name in ``data``, which is read too.
+        """
+        tool = tool_name_of(data, request_data, target)
+        source = request_data if phase == TOOL_RESULT and request_data is not None else data
+        return await self.decide(row, phase, tool, source.get("arguments"))
+
+    async def decide(
+        self, row: SessionRow, phase: str, tool: str | None, arguments: Any
+    ) -> Decision:
+        """The server rules and the session agent's policies on one call (see ``_policy``)."""
+        server = decide(self.settings.policies, phase, tool)
+        return combine(server, await self._agent_policies(row), phase, tool, arguments)
 
     async def mcp(self, row: SessionRow, rpc: Any) -> dict[str, Any]:
         """``POST /mcp`` (§iii.9): one JSON-RPC 2.0 request → its answer (see ``_mcp.py``)."""
@@ -464,8 +556,50 @@ class ControlPlane:
         fields = {**(data.get("item_data") or {}), "type": item_type}
         if isinstance(data.get("response_id"), str):
             fields["response_id"] = data["response_id"]
+        if isinstance(data.get("source_id"), str):
+            # The runner's idempotency key: a replayed item is stored once.
+            fields["source_id"] = data["source_id"]
         item = await self.store.add_item(row.id, fields)
         return {"queued": False, "item_id": item["id"]}
+
+    async def ingest_batch(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """An ``event.batch`` from the runner (§A.3) → its ``event.ack``.
+
+        Events are applied in order; the ack's ``applied`` counts those that were. Only
+        ``external_conversation_item`` is stored here (with its ``source_id``, so a replayed
+        batch is stored once); the other tunnel types of the real server feed native-harness
+        transcripts this server has no use for, and are refused by name, not dropped.
+        """
+        events = frame.get("events")
+        if (
+            not isinstance(events, list)
+            or not events
+            or not all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in events)
+        ):
+            return event_ack(frame, 0, "events must be a non-empty list of objects with a type")
+        if len(events) > _MAX_BATCH_EVENTS or len(_encode(frame)) > _MAX_BATCH_BYTES:
+            return event_ack(frame, 0, "event batch exceeds count or size limit")
+        session_id = frame.get("session_id")
+        row = await self.store.get_session(session_id) if isinstance(session_id, str) else None
+        if row is None:
+            return event_ack(frame, 0, f"no session {session_id!r}")
+        for index, event in enumerate(events):
+            kind = event["type"]
+            if kind not in _TUNNEL_EVENT_TYPES:
+                return event_ack(frame, index, "event type is not allowed on runner tunnel")
+            if kind != "external_conversation_item":
+                return event_ack(frame, index, f"{kind} is not supported by this server")
+            data = event.get("data")
+            if not isinstance(data, dict) or not isinstance(data.get("source_id"), str):
+                return event_ack(frame, index, "source_id required for tunnel replay")
+            try:
+                await self.add_runner_item(row, data)
+            except Refused as exc:
+                return event_ack(frame, index, exc.detail)
+            except UnknownSession:
+                return event_ack(frame, index, f"no session {session_id!r}")
+        self.notify(row.id)
+        return event_ack(frame, len(events))
 
     # -- client streams --------------------------------------------------------------------
 
@@ -500,12 +634,15 @@ class ControlPlane:
             log.info("runner %s: a new tunnel replaces the old one", link.runner_id)
             await old.close(4000, "tunnel replaced")
         log.info(
-            "runner %s connected (version %s, harnesses %s)",
+            "runner %s connected (version %s, harnesses %s, capabilities %s, connection %s)",
             link.runner_id,
             link.hello.get("runner_version"),
             link.hello.get("harnesses"),
+            link.capabilities,
+            link.connection_id,
         )
         try:
+            await link.ready()  # before any request, as the real server (§A.3)
             async with trio.open_nursery() as nursery:
                 self._link_nursery = nursery
                 nursery.start_soon(self._bind_all, link, nursery)
@@ -559,16 +696,34 @@ class ControlPlane:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Init the session on the runner and relay its stream, again whenever it ends."""
-        opts = self.options
         started = False
+
+        def announce() -> None:
+            # Once: after the first init answered, or when the task ends without one.
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+
+        with binding.scope():
+            await self._bind_session(link, session_id, binding, nursery, announce)
+        announce()
+
+    async def _bind_session(
+        self,
+        link: RunnerLink,
+        session_id: str,
+        binding: _Binding,
+        nursery: trio.Nursery,
+        announce: Callable[[], None],
+    ) -> None:
+        opts = self.options
         delivering = False
         delay = opts.retry_base_s
         while not link.closed.is_set():
             try:
                 await self._init_session(link, session_id)
-                if not started:
-                    task_status.started()
-                    started = True
+                announce()
                 async with link.open(
                     "GET",
                     f"/v1/sessions/{session_id}/stream",
@@ -597,16 +752,12 @@ class ControlPlane:
                 log.exception("session %s: relaying from the runner failed", session_id)
             finally:
                 binding.set_ready(False)
-            if not started:
-                task_status.started()
-                started = True
+            announce()
             await trio.sleep(delay)
             delay = min(delay * 2, opts.retry_cap_s)
-        if not started:
-            task_status.started()
 
     async def _init_session(self, link: RunnerLink, session_id: str) -> None:
-        """``POST /v1/sessions`` with the ``session_init`` v2 envelope, then ``.../skills``."""
+        """``POST /v1/sessions`` with the ``session_init`` v2 envelope (§B.1)."""
         row = await self.store.get_session(session_id)
         if row is None:
             raise UnknownSession(session_id)
@@ -624,6 +775,7 @@ class ControlPlane:
             "external_session_id": None,
             "parent_session_id": None,
             "root_session_id": row.id,
+            "inference_config": None,
         }
         body = {
             "session_id": row.id,
@@ -639,6 +791,8 @@ class ControlPlane:
                 # A message is about to be forwarded: the runner must not also start a
                 # recovery turn from the history.
                 "suppress_recovery_turn": pending,
+                "resume_interrupted_turn": False,
+                "recovery_id": None,
             },
         }
         timeout = self.options.request_timeout_s
@@ -646,9 +800,6 @@ class ControlPlane:
         if not 200 <= answer.status < 300:
             detail = error_detail(answer.json(), answer.body)
             raise _InitFailed(f"POST /v1/sessions answered {answer.status}: {detail}")
-        skills = await link.request("GET", f"/v1/sessions/{row.id}/skills", timeout_s=timeout)
-        if not 200 <= skills.status < 300:
-            log.info("session %s: GET .../skills answered %d", row.id, skills.status)
 
     async def _relay(self, session_id: str, call: Any) -> str:
         """Store every event of an open runner stream; returns why the stream stopped."""
@@ -689,6 +840,10 @@ class ControlPlane:
 
     async def _deliver_loop(self, link: RunnerLink, session_id: str, binding: _Binding) -> None:
         """Send the session's outbox to the runner, in order, while its stream is open."""
+        with binding.scope():
+            await self._deliver_outbox(link, session_id, binding)
+
+    async def _deliver_outbox(self, link: RunnerLink, session_id: str, binding: _Binding) -> None:
         while not link.closed.is_set():
             await binding.wait_ready()
             wake = self._outbox_wake.setdefault(session_id, trio.Event())

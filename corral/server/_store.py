@@ -277,6 +277,10 @@ class Store:
         """The pending elicitations and the number of items of a session."""
         return await self._read(_snapshot_extras, session_id)
 
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete a session with its items, events, elicitations and outbox; False if absent."""
+        return await self._write(_delete_session, session_id)
+
     async def patch_session(
         self, session_id: str, labels: dict[str, Any] | None, title: str | None
     ) -> SessionRow | None:
@@ -296,7 +300,11 @@ class Store:
         return await self._write(_add_user_message, session_id, content, forward)
 
     async def add_item(self, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
-        """Persist one item (``type`` and its fields; ``response_id`` optional)."""
+        """Persist one item (``type`` and its fields; ``response_id`` optional).
+
+        An item with a ``source_id`` (the runner's idempotency key) that the session already
+        holds is not stored again; the stored one is returned.
+        """
         return await self._write(_add_item, session_id, fields)
 
     async def list_items(
@@ -553,7 +561,21 @@ def _add_user_message(
 
 def _add_item(con: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
     _touch(con, session_id)
+    source_id = fields.get("source_id")
+    if isinstance(source_id, str):
+        row = con.execute(
+            "SELECT data FROM items WHERE session_id = ? AND json_extract(data, '$.source_id') = ?",
+            (session_id, source_id),
+        ).fetchone()
+        if row is not None:
+            return _decode(row[0])
     return insert_item(con, session_id, fields)
+
+
+def _delete_session(con: sqlite3.Connection, session_id: str) -> bool:
+    for table in ("items", "events", "elicitations", "outbox"):
+        con.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+    return con.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 
 
 def _list_items(

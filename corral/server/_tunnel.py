@@ -13,6 +13,12 @@ never ends while the tunnel is up). When the link goes down, every call still wa
 
 Liveness (§i.3): an app-level ``ping`` every ``ping_interval_s``; a link on which no frame at
 all arrived for ``ping_timeout_s`` is closed with 4003 ``"ping timeout"``.
+
+Event ingest (PROTOCOL_0_19 §A.3): a runner whose ``hello`` lists ``session-event-ingest-v1``
+gets ``{"kind": "event.ready"}`` before any request, and may then send ``event.batch`` frames
+(the tunnel form of ``POST /v1/sessions/{id}/events``). Batches are handed, in order, to the
+link's ``on_batch`` handler, whose answer goes back as the ``event.ack``; a runner that sends
+more than :data:`MAX_QUEUED_BATCHES` before they are applied is told ``busy`` (retryable).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -34,17 +40,26 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from .._exceptions import CorralError
 
 __all__ = [
+    "EVENT_INGEST_CAPABILITY",
     "FRAME_PROTOCOL_VERSION",
     "RunnerGone",
     "RunnerLink",
     "SseParser",
     "TunnelCall",
     "TunnelResponse",
+    "event_ack",
 ]
 
 log = logging.getLogger("corral.server.tunnel")
 
 FRAME_PROTOCOL_VERSION = 1
+#: The hello capability that asks for ``event.ready`` and allows ``event.batch`` (§A.3).
+EVENT_INGEST_CAPABILITY = "session-event-ingest-v1"
+#: Batches waiting to be applied before a runner is told ``busy`` (the real server allows 2
+#: per runner; a few more cost nothing here).
+MAX_QUEUED_BATCHES = 16
+#: Applies one ``event.batch`` frame; returns its ``event.ack`` frame.
+BatchHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 #: The headers the server's HTTP client puts on every tunnelled request (§ii).
 _BASE_HEADERS = [
     ["host", "runner"],
@@ -188,6 +203,8 @@ class RunnerLink:
         ws: the accepted WebSocket.
         runner_id: the id the runner connected as.
         hello: its ``hello`` frame.
+        on_batch: applies an ``event.batch`` (only a runner that was sent ``event.ready``
+            may send one).
     """
 
     def __init__(
@@ -198,10 +215,21 @@ class RunnerLink:
         *,
         ping_interval_s: float,
         ping_timeout_s: float,
+        on_batch: BatchHandler | None = None,
     ) -> None:
         self.ws = ws
         self.runner_id = runner_id
         self.hello = hello
+        capabilities = hello.get("capabilities")
+        self.capabilities: list[str] = capabilities if isinstance(capabilities, list) else []
+        connection_id = hello.get("connection_id")
+        #: The runner's id of this connection attempt (log correlation only, §A.2).
+        self.connection_id = connection_id if isinstance(connection_id, str) else None
+        self.on_batch = on_batch
+        self.ingest = on_batch is not None and EVENT_INGEST_CAPABILITY in self.capabilities
+        self._batches, self._batches_out = trio.open_memory_channel[dict[str, Any]](
+            MAX_QUEUED_BATCHES
+        )
         self.ping_interval_s = ping_interval_s
         self.ping_timeout_s = ping_timeout_s
         self.connected_at = time.time()
@@ -209,26 +237,59 @@ class RunnerLink:
         self.closed = trio.Event()
         self.close_code: int | None = None
         self.close_reason: str | None = None
-        self.stats = {"frames_in": 0, "frames_out": 0, "requests": 0, "malformed": 0}
+        self.stats = {
+            "frames_in": 0,
+            "frames_out": 0,
+            "requests": 0,
+            "malformed": 0,
+            "event_batches": 0,
+        }
         self._send_lock = trio.Lock()
         self._last_frame = trio.current_time()
         self._scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
         return f"<RunnerLink {self.runner_id} open={not self.closed.is_set()}>"
 
     # -- running ---------------------------------------------------------------------------
 
+    async def ready(self) -> None:
+        """Send ``event.ready`` if the runner asked for event ingest (before any request).
+
+        Raises:
+            RunnerGone: the tunnel is already closed.
+        """
+        if self.ingest:
+            await self.send({"kind": "event.ready"})
+
     async def serve(self) -> None:
         """Read frames and ping until the tunnel closes (or :meth:`close` is called)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
+                self._nursery = nursery
                 nursery.start_soon(self._pinger)
+                if self.ingest:
+                    nursery.start_soon(self._apply_batches)
                 await self._reader()
                 nursery.cancel_scope.cancel()
         finally:
             self._gone("the runner's tunnel closed")
+
+    async def _apply_batches(self) -> None:
+        assert self.on_batch is not None
+        async for frame in self._batches_out:
+            try:
+                ack = await self.on_batch(frame)
+            except Exception:
+                # A bug here must not end the tunnel; the runner may retry the batch.
+                log.exception("runner %s: applying an event batch failed", self.runner_id)
+                ack = event_ack(frame, 0, "internal error", retryable=True)
+            try:
+                await self.send(ack)
+            except RunnerGone:
+                return
 
     async def close(self, code: int, reason: str) -> None:
         """Close the tunnel with ``code`` (no-op when already closed)."""
@@ -282,6 +343,9 @@ class RunnerLink:
         kind = frame.get("kind")
         if kind in ("pong", "ping", "hello"):
             return  # liveness only (any frame counts); a repeated hello changes nothing
+        if kind == "event.batch" and self.ingest:
+            self._on_batch(frame)
+            return
         if kind not in ("response.head", "response.body", "response.end"):
             if kind not in ("ws.frame", "ws.close"):
                 self._malformed(f"unexpected frame kind {kind!r}")
@@ -306,6 +370,23 @@ class RunnerLink:
             self._malformed(f"bad {kind} frame ({exc}): {text[:200]!r}")
             self.calls.pop(call.id, None)
             call.fail(f"the runner sent a malformed {kind} frame")
+
+    def _on_batch(self, frame: dict[str, Any]) -> None:
+        self.stats["event_batches"] += 1
+        if not isinstance(frame.get("id"), str) or not frame["id"]:
+            self._malformed("an event.batch without an id")
+            return
+        try:
+            self._batches.send_nowait(frame)
+        except trio.WouldBlock:
+            if self._nursery is not None:
+                self._nursery.start_soon(
+                    self._send_quietly, event_ack(frame, 0, "busy", retryable=True)
+                )
+
+    async def _send_quietly(self, frame: dict[str, Any]) -> None:
+        with suppress(RunnerGone):
+            await self.send(frame)
 
     def _malformed(self, why: str) -> None:
         self.stats["malformed"] += 1
@@ -418,3 +499,16 @@ class RunnerLink:
                 assert call.status is not None
                 return TunnelResponse(status=call.status, headers=call.headers, body=data)
         raise RunnerGone(f"no whole answer to {method} {path} within {timeout_s:g}s")
+
+
+def event_ack(
+    frame: dict[str, Any], applied: int, error: str | None = None, *, retryable: bool = False
+) -> dict[str, Any]:
+    """The ``event.ack`` of a batch: events ``[0, applied)`` were applied (§A.3)."""
+    return {
+        "kind": "event.ack",
+        "id": frame.get("id"),
+        "applied": applied,
+        "error": error,
+        "retryable": retryable,
+    }

@@ -370,29 +370,26 @@ async def test_session_binding_message_and_turn(tmp_path: Path, agents_dir: Path
         await bound(runner, early["id"])
         order = [(r.method, r.path) for r in runner.requests]
         sid = early["id"]
-        assert order[:3] == [
-            ("POST", "/v1/sessions"),
-            ("GET", f"/v1/sessions/{sid}/skills"),
-            ("GET", f"/v1/sessions/{sid}/stream"),
-        ]
+        # The 0.19 server binds with the init envelope and opens the stream; no .../skills.
+        assert order[:2] == [("POST", "/v1/sessions"), ("GET", f"/v1/sessions/{sid}/stream")]
         init = runner.requests[0].body
         assert init["session_id"] == sid
         assert init["agent_id"] == early["agent_id"]
         assert init["session_init"]["protocol_version"] == 2
+        assert init["session_init"]["server_version"] == "0.19.1"
         assert init["session_init"]["session_id"] == sid
         assert init["session_init"]["snapshot"]["root_session_id"] == sid
+        assert init["session_init"]["snapshot"]["inference_config"] is None
         assert init["session_init"]["suppress_recovery_turn"] is False
+        assert init["session_init"]["resume_interrupted_turn"] is False
+        assert init["session_init"]["recovery_id"] is None
 
         # A session created while the runner is connected is bound at once.
         session = await ctx.create()
         sid = session["id"]
         await bound(runner, sid)
         mine = [(r.method, r.path) for r in runner.requests if sid in json.dumps(r.body) + r.path]
-        assert mine == [
-            ("POST", "/v1/sessions"),
-            ("GET", f"/v1/sessions/{sid}/skills"),
-            ("GET", f"/v1/sessions/{sid}/stream"),
-        ]
+        assert mine == [("POST", "/v1/sessions"), ("GET", f"/v1/sessions/{sid}/stream")]
 
         sse, _ = await open_sse(ctx, sid)
         assert sse.status == 200
@@ -410,9 +407,11 @@ async def test_session_binding_message_and_turn(tmp_path: Path, agents_dir: Path
         answer = await ctx.message(sid, "hello there")
         assert answer.status_code == 202, answer.text
         accepted = answer.json()
-        assert accepted["queued"] is False
+        # As the real server (PROTOCOL_0_19 §C.1): stored and queued, answered at once.
+        assert accepted == {"queued": True, "item_id": accepted["item_id"]}
         item_id = accepted["item_id"]
-        [forwarded] = runner.events_for(sid)
+        [forwarded] = await runner.wait_until(lambda: runner.events_for(sid))
+        await sse.wait_until(lambda: sse.has("session.input.consumed"))  # the runner answered
         assert forwarded["type"] == "message"
         assert forwarded["role"] == "user"
         assert forwarded["content"] == [{"type": "input_text", "text": "hello there"}]
@@ -772,7 +771,7 @@ async def test_runner_http_api(tmp_path: Path, agents_dir: Path) -> None:
         session = await ctx.create()
         sid = session["id"]
         async with ctx.runner_client() as client:
-            assert await client.version() == "0.11.0.dev0"
+            assert await client.version() == "0.19.1"
             with pytest.raises(ServerRejected) as minted:
                 await client.runner_token(ctx.plane.runner_id)
             assert minted.value.status == 400
@@ -847,7 +846,7 @@ async def test_non_loopback_listener_needs_the_token(tmp_path: Path, agents_dir:
         wrong = {"Authorization": "Bearer nope"}
         assert (await ctx.client.get("/v1/agents", headers=wrong)).status_code == 401
         async with ctx.runner_client() as client:
-            assert await client.version() == "0.11.0.dev0"
+            assert await client.version() == "0.19.1"
         runner = await ctx.runner()
         answer = await ctx.client.post("/v1/sessions", json={"agent": "alpha"}, headers=bearer)
         assert answer.status_code == 201
@@ -982,7 +981,7 @@ async def test_reconnect_reinits_and_reopens_streams(tmp_path: Path, agents_dir:
         await bound(again, b)
         inits = [r.body["session_id"] for r in again.seen("POST", "/v1/sessions")]
         assert sorted(inits) == sorted([a, b])
-        first_init_answered = again.seen("GET", f"/v1/sessions/{inits[0]}/skills")[0].at
+        first_init_answered = again.seen("GET", f"/v1/sessions/{inits[0]}/stream")[0].at
         assert again.seen("POST", "/v1/sessions")[1].at >= first_init_answered
         await again.emit(a, {"type": "custom.event", "n": 2})
         await sse.wait_until(lambda: sse.has("custom.event", 2))
@@ -991,26 +990,27 @@ async def test_reconnect_reinits_and_reopens_streams(tmp_path: Path, agents_dir:
         again.next_statuses = [503, 500]
         answer = await ctx.message(a, "third time lucky")
         assert answer.status_code == 202
-        assert answer.json()["queued"] is False
-        assert answer.json()["runner_status"] == 202
+        assert answer.json()["queued"] is True
+        await sse.wait_until(lambda: sse.has("session.input.consumed"))
         tries = [e for e in again.events_for(a) if e["type"] == "message"]
         assert [t["persisted_item_id"] for t in tries] == [answer.json()["item_id"]] * 3
         # ... but not for ever: after max_delivery_attempts the client is told.
         again.next_statuses = [503] * FAST.max_delivery_attempts
         answer = await ctx.message(a, "never taken")
-        assert answer.json()["runner_status"] == 503
         failed = await sse.wait_until(
             lambda: [e for _, k, e in sse.events if k == "session.delivery_failed"]
         )
         assert failed[0]["item_id"] == answer.json()["item_id"]
         assert failed[0]["status"] == 503
 
-        # The runner refuses a message (4xx): not retried; told on the answer and the stream.
+        # The runner refuses a message (4xx): not retried; told on the stream.
         again.message_status = 409
         answer = await ctx.message(a, "no harness")
         assert answer.status_code == 202
-        assert answer.json()["runner_status"] == 409
-        await sse.wait_until(lambda: sse.has("session.delivery_failed", 2))
+        failed = await sse.wait_until(
+            lambda: [e for _, k, e in sse.events if k == "session.delivery_failed"][1:]
+        )
+        assert (failed[0]["item_id"], failed[0]["status"]) == (answer.json()["item_id"], 409)
         assert len([e for e in again.events_for(a) if e["type"] == "message"]) == 3 + 5 + 1
 
 

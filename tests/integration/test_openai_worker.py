@@ -6,7 +6,7 @@ from typing import Any
 
 import trio
 
-from corral.harnesses.protocol import InputAccepted, ToolResult
+from corral.harnesses.protocol import InputAccepted, PolicyVerdict, ToolResult
 from tests.conftest import HostProcess
 from tests.fake_openai import FakeOpenAI, Reply, responses_events
 from tests.integration._dispatch import fake_dispatch
@@ -29,6 +29,17 @@ async def test_an_openai_agents_spec_runs_unchanged(
 
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-openai", spec)
+        # §F.4: the policy verdict comes first (here from the test, standing in for dispatch
+        # and the policy actor); the provider has not been called yet.
+        evaluation = await d.wait_type("policy_evaluation.requested", turn_id=turn)
+        assert (evaluation.phase, evaluation.data["model"]) == ("PHASE_LLM_REQUEST", "fake-model")
+        assert server.requests == []
+        verdict = PolicyVerdict(
+            session_id="s-openai",
+            evaluation_id=evaluation.evaluation_id,
+            action="POLICY_ACTION_ALLOW",
+        )
+        assert await d.send(verdict) == InputAccepted(status=204)
         asked = await d.wait_for(
             lambda e: getattr(e, "item", {}).get("status") == "action_required"
         )
@@ -37,7 +48,23 @@ async def test_an_openai_agents_spec_runs_unchanged(
         end = await d.terminal(turn)
 
     assert end.__struct_config__.tag == "response.completed"
-    assert end.response["usage"] == {"input_tokens": 20, "output_tokens": 10, "total_tokens": 30}
+    assert end.response["usage"] == {
+        "input_tokens": 20,
+        "output_tokens": 10,
+        "total_tokens": 30,
+        "context_tokens": 15,
+        "model": "served-x",
+    }
+    assert end.response["model"] == "proto"  # the agent name (§C.1), as in_progress says
+    completed = [
+        e.item
+        for e in d.of_turn(turn)
+        if getattr(e, "item", {}).get("status") == "completed"
+        or getattr(e, "item", {}).get("type") == "message"
+    ]
+    # §E.1: the completed call carries the agent; no assistant message item (the server
+    # persists the deltas as the message).
+    assert [(i["type"], i["agent"]) for i in completed] == [("function_call", "proto")]
     types = d.types(turn)
     assert types.index("runtime_model") < types.index("response.output_text.delta")
     observed = next(e for e in d.of_turn(turn) if e.__struct_config__.tag == "runtime_model")

@@ -7,16 +7,26 @@ synchronise.
 
 from __future__ import annotations
 
+import base64
 import json
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
-from corral.harnesses._worker import TurnContext, TurnFailed
+from corral.harnesses._worker import TurnContext, TurnFailed, Verdict
 from corral.harnesses.openai import OpenAIHarness, resolve_settings
-from corral.harnesses.protocol import Inject, TurnStart
+from corral.harnesses.protocol import (
+    ElicitationRequest,
+    Inject,
+    PolicyDenied,
+    PolicyEvaluationRequested,
+    PolicyVerdict,
+    TurnStart,
+    to_json,
+)
 from tests.fake_openai import (
     FakeOpenAI,
     Reply,
@@ -62,6 +72,8 @@ class FakeTurn:
         self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         self.injections_send, self.injections = trio.open_memory_channel[Inject](16)
         self.on_text: Any = None
+        #: What the PHASE_LLM_REQUEST gate does: None lets the turn go on, else it raises.
+        self.llm_gate: TurnFailed | None = None
 
     def kinds(self, kind: str) -> list[tuple[Any, ...]]:
         return [e for e in self.events if e[0] == kind]
@@ -93,6 +105,11 @@ class FakeTurn:
 
     async def consumed(self, injection: Inject) -> None:
         self.events.append(("consumed", injection.injection_id))
+
+    async def check_llm_request(self, data: dict[str, Any]) -> None:
+        self.events.append(("llm_request", data))
+        if self.llm_gate is not None:
+            raise self.llm_gate
 
 
 def spec_for(server: FakeOpenAI, harness: str = "openai-agents", **executor: Any) -> dict:
@@ -139,10 +156,15 @@ async def test_responses_streams_deltas_after_reporting_the_serving_model(server
     kinds = [e[0] for e in turn.events]
     assert kinds.index("serve") < kinds.index("text")
     assert turn.kinds("serve") == [("serve", SERVED, "127.0.0.1", False)]
-    [(_, message)] = turn.kinds("item")
-    assert message["role"] == "assistant"
-    assert message["content"][0]["text"] == "Hello"
-    assert turn.usage == {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}
+    # E.1: the server persists the deltas as the assistant message; an item would be a copy.
+    assert turn.kinds("item") == []
+    assert turn.usage == {
+        "input_tokens": 12,
+        "output_tokens": 3,
+        "total_tokens": 15,
+        "context_tokens": 15,
+        "model": SERVED,
+    }
     [request] = server.requests
     assert request.path == "/v1/responses"
     assert request.headers["authorization"] == f"Bearer {KEY}"
@@ -165,7 +187,13 @@ async def test_chat_streams_deltas_and_usage(server) -> None:
     kinds = [e[0] for e in turn.events]
     assert kinds.index("serve") < kinds.index("text")
     assert turn.kinds("serve") == [("serve", SERVED, "127.0.0.1", False)]
-    assert turn.usage == {"input_tokens": 7, "output_tokens": 2, "total_tokens": 9}
+    assert turn.usage == {
+        "input_tokens": 7,
+        "output_tokens": 2,
+        "total_tokens": 9,
+        "context_tokens": 9,
+        "model": SERVED,
+    }
     [request] = server.requests
     assert request.path == "/v1/chat/completions"
     assert request.json["stream_options"] == {"include_usage": True}
@@ -553,32 +581,245 @@ def test_a_key_reference_is_read_from_the_worker_environment() -> None:
 
 
 class _Worker:
-    """Just enough of :class:`Worker` for a :class:`TurnContext` to emit into."""
+    """Just enough of :class:`Worker` for a :class:`TurnContext` to emit into; it answers a
+    policy evaluation with ``verdict`` and an elicitation with ``answer``, as the runner
+    would, and notes how many model calls the provider had seen at each evaluation."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: FakeOpenAI, verdict: PolicyVerdict | None = None) -> None:
+        self.server = server
         self.sent: list[Any] = []
+        self.turn: TurnContext | None = None
+        self.verdict = verdict or PolicyVerdict(
+            session_id="s1", evaluation_id="", action="POLICY_ACTION_ALLOW"
+        )
+        self.answer = Verdict("accept")
+        self.calls_at_evaluation: list[int] = []
 
     async def send_output(self, reply_to: str, event: Any, *, durable: bool = False) -> None:
         self.sent.append(event)
+        assert self.turn is not None
+        if isinstance(event, PolicyEvaluationRequested):
+            self.calls_at_evaluation.append(len(self.server.requests))
+            verdict = msgspec.structs.replace(self.verdict, evaluation_id=event.evaluation_id)
+            assert self.turn.resolve(f"policy:{event.evaluation_id}", verdict)
+        elif isinstance(event, ElicitationRequest):
+            assert self.turn.resolve(f"elicit:{event.elicitation_id}", self.answer)
+
+    async def park(self, turn: TurnContext, elicitation_id: str, params: dict) -> None:
+        pass
+
+
+def _real_turn(worker: _Worker, fake: FakeTurn) -> TurnContext:
+    start = TurnStart(session_id="s1", turn_id="t1", spec=fake.spec, message=fake.message)
+    turn = TurnContext(worker, start)  # type: ignore[arg-type]
+    worker.turn = turn
+    return turn
+
+
+def _verdict(action: str, reason: str | None = None, failed: bool = False) -> PolicyVerdict:
+    return PolicyVerdict(
+        session_id="s1",
+        evaluation_id="",
+        action=f"POLICY_ACTION_{action}",
+        reason=reason,
+        failed=failed,
+    )
 
 
 async def test_the_runtime_observes_the_serving_model_before_the_text(server) -> None:
     server.queue(Reply(frames=responses_events(SERVED, ["Hel", "lo"])))
     fake = FakeTurn(spec_for(server))
-    worker = _Worker()
-    start = TurnStart(session_id="s1", turn_id="t1", spec=fake.spec, message=fake.message)
-    turn = TurnContext(worker, start)  # type: ignore[arg-type]
+    worker = _Worker(server)
+    turn = _real_turn(worker, fake)
 
     with trio.fail_after(5):
         await OpenAIHarness({}, environ={}).run_turn(turn)
 
     kinds = [type(e).__name__ for e in worker.sent]
-    assert kinds == ["RuntimeModel", "OutputTextDelta", "OutputTextDelta", "OutputItemDone"]
-    observed = worker.sent[0]
+    assert kinds == [
+        "PolicyEvaluationRequested",
+        "RuntimeModel",
+        "OutputTextDelta",
+        "OutputTextDelta",
+    ]
+    observed = worker.sent[1]
     assert (observed.model, observed.provider, observed.fallback_active) == (
         SERVED,
         "127.0.0.1",
         False,
     )
     assert [e.sequence_number for e in worker.sent] == [0, 1, 2, 3]
-    assert turn.usage == {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    assert turn.usage == {
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "total_tokens": 15,
+        "context_tokens": 15,
+        "model": SERVED,
+    }
+
+
+async def test_llm_request_is_evaluated_once_before_the_first_model_call(server) -> None:
+    args = json.dumps({"command": "ls"})
+    server.queue(
+        Reply(frames=responses_events(SERVED, calls=[("call_1", "sys_os_shell", args)])),
+        Reply(frames=responses_events(SERVED, ["done"], usage=(40, 2))),
+    )
+    fake = FakeTurn(spec_for(server))
+    fake.message["instructions"] = "x" * 300
+    fake.message["content"].insert(
+        0, {"type": "message", "role": "assistant", "content": [{"type": "output_text"}]}
+    )
+    fake.message["content"][-1]["content"].append({"type": "input_text", "text": "there"})
+    worker = _Worker(server)
+    turn = _real_turn(worker, fake)
+
+    async def answer_tools() -> None:
+        while True:
+            for event in worker.sent:
+                item = getattr(event, "item", {})
+                if item.get("status") == "action_required":
+                    turn.resolve(f"tool:{item['call_id']}", "files")
+            await trio.sleep(0.01)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer_tools)
+            await OpenAIHarness({}, environ={}).run_turn(turn)
+            nursery.cancel_scope.cancel()
+
+    [request] = [e for e in worker.sent if isinstance(e, PolicyEvaluationRequested)]
+    assert request.phase == "PHASE_LLM_REQUEST"
+    assert request.data == {
+        "model": "gpt-requested",
+        "messages_count": 2,
+        "tools_count": 1,
+        "system_prompt_preview": "x" * 200,
+        "last_user_message": "hi there",
+    }
+    assert worker.calls_at_evaluation == [0], "asked before the first model call, and only then"
+    assert len(server.requests) == 2
+    # Tokens add up over the turn's calls; the context is what the last call held.
+    assert turn.usage == {
+        "input_tokens": 50,
+        "output_tokens": 7,
+        "total_tokens": 57,
+        "context_tokens": 42,
+        "model": SERVED,
+    }
+
+
+async def test_a_denied_llm_request_fails_the_turn_before_any_model_call(server) -> None:
+    fake = FakeTurn(spec_for(server))
+    worker = _Worker(server, _verdict("DENY", "over budget"))
+    turn = _real_turn(worker, fake)
+
+    with trio.fail_after(5), pytest.raises(TurnFailed) as info:
+        await OpenAIHarness({}, environ={}).run_turn(turn)
+
+    assert (info.value.code, info.value.message) == (
+        "policy_denied",
+        "the model call was denied by policy: over budget",
+    )
+    assert server.requests == []
+    denied = [e for e in worker.sent if isinstance(e, PolicyDenied)]
+    assert [(d.conversation_id, d.reason, d.phase) for d in denied] == [
+        ("s1", "over budget", "llm_request")
+    ]
+    assert msgspec.json.decode(to_json(denied[0]))["type"] == "response.policy_denied"
+
+
+async def test_a_failed_evaluation_fails_the_turn_closed(server) -> None:
+    fake = FakeTurn(spec_for(server))
+    reason = "the policy check failed, so the model was not called"
+    worker = _Worker(server, _verdict("DENY", reason, failed=True))
+    turn = _real_turn(worker, fake)
+
+    with trio.fail_after(5), pytest.raises(TurnFailed) as info:
+        await OpenAIHarness({}, environ={}).run_turn(turn)
+
+    assert (info.value.code, info.value.message) == (
+        "policy_unavailable",
+        f"the policy check before the model call failed: {reason}",
+    )
+    assert server.requests == []
+    assert not any(isinstance(e, PolicyDenied) for e in worker.sent)
+
+
+@pytest.mark.parametrize("action", ["accept", "decline"])
+async def test_an_ask_the_server_did_not_hold_is_put_to_a_person(server, action) -> None:
+    server.queue(Reply(frames=responses_events(SERVED, ["ok"])))
+    fake = FakeTurn(spec_for(server))
+    worker = _Worker(server, _verdict("ASK", "Spend money on a model call?"))
+    worker.answer = Verdict(action)
+    turn = _real_turn(worker, fake)
+
+    with trio.fail_after(5):
+        if action == "accept":
+            await OpenAIHarness({}, environ={}).run_turn(turn)
+        else:
+            with pytest.raises(TurnFailed) as info:
+                await OpenAIHarness({}, environ={}).run_turn(turn)
+
+    [asked] = [e for e in worker.sent if isinstance(e, ElicitationRequest)]
+    assert asked.params["message"] == "Spend money on a model call?"
+    assert asked.params["phase"] == "llm_request"
+    if action == "accept":
+        assert len(server.requests) == 1
+    else:
+        assert info.value.code == "policy_denied"
+        assert server.requests == []
+
+
+# --- attachments ------------------------------------------------------------------------------
+
+
+def _file(media_type: str, payload: bytes, name: str = "notes.txt") -> dict[str, Any]:
+    data = f"data:{media_type};base64,{base64.b64encode(payload).decode()}"
+    return {"type": "input_file", "filename": name, "file_data": data}
+
+
+@pytest.mark.parametrize("harness", ["openai-agents", "openai"])
+async def test_a_text_attachment_reaches_the_model_as_text(server, harness) -> None:
+    """§C.1, what-corral-did-wrong #14: the server forwards an upload as a data URL; a text
+    file becomes its decoded text (as omnigent's openai-agents harness does), other files
+    pass on as they came."""
+    frames = chat_events if harness == "openai" else responses_events
+    server.queue(Reply(frames=frames(SERVED, ["ok"])))
+    image = _file("image/png", b"\x89PNG", "pic.png")
+    content = [
+        {"type": "input_text", "text": "read this"},
+        _file("text/plain", "héllo file\n".encode()),
+        _file("application/json", b'{"a": 1}', "a.json"),
+        image,
+    ]
+    fake = FakeTurn(spec_for(server, harness=harness))
+    fake.message["content"] = [{"type": "message", "role": "user", "content": content}]
+
+    await run(fake)
+
+    [request] = server.requests
+    if harness == "openai":
+        # Chat Completions carries text and images only: the two text files are text now
+        # (before, they were dropped with the other file).
+        [_, user] = request.json["messages"]
+        assert user["content"] == 'read this\nhéllo file\n\n{"a": 1}'
+    else:
+        assert request.json["input"][0]["content"] == [
+            {"type": "input_text", "text": "read this"},
+            {"type": "input_text", "text": "héllo file\n"},
+            {"type": "input_text", "text": '{"a": 1}'},
+            image,
+        ]
+
+
+def test_a_file_that_is_not_decodable_text_passes_on_as_it_came() -> None:
+    from corral.harnesses.openai import _inline_text_files
+
+    broken = {"type": "input_file", "filename": "x.txt", "file_data": "data:text/plain;base64,@@"}
+    pdf = _file("application/pdf", b"%PDF-1.7", "x.pdf")
+    plain = {"type": "input_file", "file_data": "data:text/plain,a%20b"}
+    assert _inline_text_files([broken, pdf, plain, "junk"]) == [
+        broken,
+        pdf,
+        {"type": "input_text", "text": "a b"},
+    ]

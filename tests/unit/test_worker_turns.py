@@ -9,8 +9,15 @@ import trio
 
 from corral.bus import Envelope, Incoming, Message
 from corral.config import LivenessSettings
-from corral.harnesses._worker import TurnContext, Worker
-from corral.harnesses.protocol import ResponseCompleted, TurnStart
+from corral.harnesses._worker import POLICY_HEARTBEAT_S, TurnContext, Worker, _usage
+from corral.harnesses.protocol import (
+    OutputItemDone,
+    PolicyEvaluationRequested,
+    PolicyVerdict,
+    ResponseCompleted,
+    ResponseHeartbeat,
+    TurnStart,
+)
 
 
 class _SlowCommitPeer:
@@ -72,3 +79,93 @@ async def test_h03_next_turn_is_taken_while_the_last_terminal_commits() -> None:
                 await trio.sleep(0.01)
         ends = [m.turn_id for m in peer.sent if isinstance(m, ResponseCompleted)]
         assert ends == ["turn_1", "turn_2"]
+
+
+class _Recorder:
+    """A worker stand-in that records what a turn emits; ``answers`` resolve what it waits on
+    (by wait key) as soon as the request goes out."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+        self.turn: TurnContext | None = None
+        self.answers: dict[str, Any] = {}
+
+    async def send_output(self, reply_to: str, event: Message, *, durable: bool = False) -> None:
+        self.sent.append(event)
+        key = None
+        if isinstance(event, OutputItemDone) and event.item.get("status") == "action_required":
+            key = f"tool:{event.item['call_id']}"
+        elif isinstance(event, PolicyEvaluationRequested):
+            key = f"policy:{event.evaluation_id}"
+        if key is not None and "*" in self.answers:
+            assert self.turn is not None
+            self.turn.resolve(key, self.answers["*"])
+
+
+def _turn(recorder: _Recorder, **message: Any) -> TurnContext:
+    start = TurnStart(session_id="s1", turn_id="t1", spec={"name": "spec-name"}, message=message)
+    recorder.turn = TurnContext(recorder, start)  # type: ignore[arg-type]
+    return recorder.turn
+
+
+async def test_completed_calls_and_assistant_messages_carry_the_agent() -> None:
+    """PROTOCOL_0_19 §E.1: the server drops a completed function_call or an assistant message
+    without ``agent``; the agent is the message's ``model`` (the agent name), the same value
+    as the ``model`` of the turn's response events (§D.3)."""
+    recorder = _Recorder()
+    recorder.answers["*"] = "listed"
+    turn = _turn(recorder, model="helper")
+    with trio.fail_after(5):
+        assert await turn.call_tool("sys_os_shell", {"command": "ls"}) == "listed"
+        await turn.item({"type": "message", "role": "assistant", "content": []})
+        await turn.item({"type": "message", "role": "assistant", "agent": "other", "content": []})
+        await turn.item({"type": "message", "role": "user", "content": []})
+    items = [(e.item["type"], e.item.get("status"), e.item.get("agent")) for e in recorder.sent]
+    assert items == [
+        ("function_call", "in_progress", None),
+        ("function_call", "action_required", None),
+        ("function_call", "completed", "helper"),
+        ("function_call_output", None, None),
+        ("message", None, "helper"),
+        ("message", None, "other"),
+        ("message", None, None),
+    ]
+    assert turn.response("in_progress")["model"] == "helper"
+
+
+async def test_usage_names_the_serving_model_when_the_kind_did_not() -> None:
+    """``response.completed.response.usage.model`` makes the server publish ``session.model``
+    (PROTOCOL_0_19 §D.3); a kind that reported a serving model but no usage model gets it."""
+    recorder = _Recorder()
+    turn = _turn(recorder, model="helper")
+    assert "model" not in _usage(turn)
+    turn.serve("served-1", "p")
+    assert _usage(turn)["model"] == "served-1"
+    turn.usage["model"] = "from-kind"
+    assert _usage(turn)["model"] == "from-kind"
+
+
+async def test_a_held_policy_evaluation_keeps_the_turn_audible(autojump_clock) -> None:
+    """The server may hold an evaluation until a person answers (§F.3); meanwhile the turn
+    sends a ``response.heartbeat`` every POLICY_HEARTBEAT_S, so dispatch's idle watchdog does
+    not end a turn that waits on a person."""
+    recorder = _Recorder()
+    turn = _turn(recorder, model="helper")
+    async with trio.open_nursery() as nursery:
+        verdicts: list[PolicyVerdict] = []
+
+        async def ask() -> None:
+            verdicts.append(await turn.policy("PHASE_LLM_REQUEST", {"model": "m"}))
+
+        nursery.start_soon(ask)
+        await trio.sleep(POLICY_HEARTBEAT_S * 2.5)
+        [request] = [e for e in recorder.sent if isinstance(e, PolicyEvaluationRequested)]
+        verdict = PolicyVerdict(
+            session_id="s1", evaluation_id=request.evaluation_id, action="POLICY_ACTION_ALLOW"
+        )
+        assert turn.resolve(f"policy:{request.evaluation_id}", verdict)
+    assert verdicts == [verdict]
+    beats = [e for e in recorder.sent if isinstance(e, ResponseHeartbeat)]
+    assert len(beats) == 2
+    await trio.sleep(POLICY_HEARTBEAT_S * 2)
+    assert len([e for e in recorder.sent if isinstance(e, ResponseHeartbeat)]) == 2
