@@ -16,7 +16,9 @@ Following one turn without races or repeats is the whole point of this module:
   exactly once.
 * The turn is over at its terminal ``session.status`` (``idle`` or ``failed``) after its
   ``running`` — the runner publishes exactly one per turn (a buffered follow-up message runs
-  on with no ``idle`` in between, and is covered by the same edge).
+  on with no ``idle`` in between, and is covered by the same edge) — or when the control plane
+  says the runner refused the message (``session.delivery_failed`` for its item): the message
+  POST is answered ``queued`` at once, before the runner has seen it.
 
 The event logic (:class:`SseParser`, :class:`TurnFollower`) is plain code with no I/O, so it
 is tested on recorded event lists. :class:`ControlPlane` does the I/O: every call re-reads
@@ -66,12 +68,16 @@ class ApiError(Exception):
 
     @classmethod
     def from_response(cls, method: str, path: str, response: httpx.Response) -> ApiError:
-        """Build one from an error response: ``{"error": slug, "detail": text}`` if it is one."""
+        """Build one from an error response: ``{"error": slug, "detail": text}``, or the
+        omnigent 0.19 server's ``{"error": {"code", "message"}}``, if it is one."""
         try:
             body = response.json()
         except ValueError:
             body = None
-        if isinstance(body, dict):
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            error = str(body["error"].get("code") or "error")
+            detail = str(body["error"].get("message") or "")
+        elif isinstance(body, dict):
             error = str(body.get("error") or "error")
             detail = str(body.get("detail") or "")
         else:
@@ -167,10 +173,13 @@ class TurnFollower:
 
     Feed it every event the stream delivers after the cursor the turn started from; it
     drops events it has already seen (a reconnect replays from the last id), and is
-    :attr:`done` at the first ``session.status`` ``idle``/``failed`` after a ``running``.
+    :attr:`done` at the first ``session.status`` ``idle``/``failed`` after a ``running``, or
+    at a ``session.delivery_failed`` for :attr:`item_id` (the turn's message, once posted).
     """
 
     session_id: str
+    #: The id of the user message that starts the turn (from the POST's answer).
+    item_id: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     status: str | None = None
     error: dict[str, Any] | None = None
@@ -211,6 +220,16 @@ class TurnFollower:
             error = data.get("error") or (response or {}).get("error")
             if isinstance(error, dict):
                 self._failure = error
+        elif event.type == "session.delivery_failed" and (
+            self.item_id is not None and data.get("item_id") == self.item_id
+        ):
+            # The runner refused the message (or never took it): no turn will start.
+            self.status = "failed"
+            self.done = True
+            self.error = {
+                "code": "delivery_failed",
+                "message": str(data.get("detail") or "the runner did not take the message"),
+            }
         elif event.type == "session.status":
             status = data.get("status")
             if status == "running":
@@ -509,7 +528,9 @@ async def run_turn(
     answered: set[str] = set()
 
     async def post() -> None:
-        await api.post_message(session_id, text)
+        answer = await api.post_message(session_id, text)
+        if isinstance(answer.get("item_id"), str):
+            turn.item_id = answer["item_id"]
 
     async def handle(event: StreamEvent) -> bool:
         if not turn.feed(event):

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from click.testing import CliRunner
@@ -40,6 +41,7 @@ from corral.cli._chat import (
     summarize_output,
 )
 from corral.cli._client import (
+    ApiError,
     ControlPlane,
     NoControlPlane,
     SseParser,
@@ -213,6 +215,28 @@ def test_follower_waits_for_running_and_spans_continuations() -> None:
     assert turn.done and not turn.feed(ev(3, "session.status", status="idle"))
 
 
+def test_follower_ends_when_the_runner_refused_its_message() -> None:
+    """The message POST is answered ``queued`` at once (PROTOCOL_0_19 §C.1): a refusal comes
+    only as ``session.delivery_failed``, and must end the turn, not leave it waiting."""
+    turn = TurnFollower("s1", item_id="item_2")
+    other = ev(1, "session.delivery_failed", item_id="item_1", status=409, detail="old one")
+    turn.feed(other)
+    assert not turn.done
+    turn.feed(ev(2, "session.delivery_failed", item_id="item_2", status=409, detail="no harness"))
+    assert (turn.done, turn.status) == (True, "failed")
+    assert turn.error == {"code": "delivery_failed", "message": "no harness"}
+
+
+def test_api_errors_in_both_shapes() -> None:
+    def error_of(body: Any) -> tuple[str, str]:
+        response = httpx.Response(404, json=body)
+        error = ApiError.from_response("GET", "/v1/x", response)
+        return error.error, error.detail
+
+    assert error_of({"error": "not_found", "detail": "No session."}) == ("not_found", "No session.")
+    assert error_of({"error": {"code": "not_found", "message": "Gone."}}) == ("not_found", "Gone.")
+
+
 # --- how a turn looks ------------------------------------------------------------------------
 
 
@@ -291,7 +315,7 @@ class ScriptedPlane:
 
     async def post_message(self, session_id: str, text: str) -> dict[str, Any]:
         self.calls.append(("post", session_id, text))
-        return {"queued": False, "item_id": "i1"}
+        return {"queued": True, "item_id": "i1"}
 
     async def resolve(self, session_id: str, elicitation_id: str, action: str) -> dict[str, Any]:
         self.calls.append(("resolve", elicitation_id, action))
@@ -335,6 +359,7 @@ async def test_run_turn_opens_before_posting_and_answers_each_approval_once() ->
     assert asked == ["elicit_1"]
     assert seen == [str(n) for n in range(11, 23)]
     assert turn.status == "idle"
+    assert turn.item_id == "i1"
 
 
 # --- a fake control plane over HTTP ----------------------------------------------------------
@@ -521,7 +546,7 @@ class FakePlane:
                 # The client must be listening before it posts (no race).
                 self.log.append(("message", sid, str(self.open_streams.get(sid, 0))))
             self._start(sid)
-            return self._reply(h, 202, {"queued": False, "item_id": "item_1"})
+            return self._reply(h, 202, {"queued": True, "item_id": "item_1"})
         if parts[3:] == ["events"] and body["type"] == "interrupt":
             self.log.append(("interrupt", sid))
             self._emit(sid, {"type": "session.status", "status": "idle"})
