@@ -25,7 +25,8 @@ import trio
 
 from corral.routes import HttpRequest, HttpResponse
 from corral.tools import env_files
-from tests.conftest import FAST_LIVENESS, HostProcess, processes_of
+from corral.tools.protocol import ToolExec
+from tests.conftest import FAST_LIVENESS, HostProcess, processes_of, wait_until
 from tests.integration._gateway import FakeGateway, fake_gateway
 
 SECRET = "corral-env-routes-secret-0d5e"
@@ -457,3 +458,61 @@ async def test_a_slow_request_does_not_hold_up_the_others(ehost, sess) -> None:
         with trio.fail_after(2):
             status, _listed = await call(gw, "GET", sess.fs)
         assert status == 200 and not done.is_set()
+
+
+async def test_t07_the_root_follows_the_spec_the_sessions_tools_ran_with(
+    ehost, sess, tmp_path
+) -> None:
+    """Without a workspace an absolute ``os_env.cwd`` is the root (T-07): the actor learns
+    it from the session's tool calls, keeps it across a ``kill -9``, and refuses a sandbox it
+    cannot provide (browsing or a shell must not be the way around it)."""
+    cwd = (tmp_path / "spec-cwd").resolve()
+    cwd.mkdir()
+    (cwd / "from-spec.txt").write_text("spec\n")
+    spec = {"os_env": {"type": "caller_process", "cwd": str(cwd)}}
+    async with fake_gateway(ehost.endpoint) as gw:
+        _, before = await call(gw, "GET", f"{sess.env}/default")
+        assert before["metadata"]["root"] == str(sess.root)
+        result = await gw.peer.call(
+            "tools",
+            ToolExec(
+                session_id=sess.sid,
+                call_id=f"call_{uuid.uuid4().hex}",
+                name="sys_os_read",
+                arguments=json.dumps({"path": "from-spec.txt"}),
+                spec=spec,
+            ),
+            durable=True,
+            timeout=30,
+        )
+        assert json.loads(result.output)["content"] == "spec\n"
+        _, after = await call(gw, "GET", f"{sess.env}/default")
+        assert after["metadata"]["root"] == str(cwd)
+        before_kill = ehost.actor("tools")
+        os.kill(before_kill["pid"], signal.SIGKILL)
+
+        def restarted() -> bool:
+            now = ehost.actor("tools")
+            return now["restarts"] > before_kill["restarts"] and now["state"] == "running"
+
+        await trio.to_thread.run_sync(lambda: wait_until(restarted, 20, "tools restarted"))
+        _, listed = await call(gw, "GET", sess.fs)
+        assert [entry["id"] for entry in listed["data"]] == ["from-spec.txt"]
+        sandboxed = {"os_env": {**spec["os_env"], "sandbox": {"type": "bwrap"}}}
+        await gw.peer.call(
+            "tools",
+            ToolExec(
+                session_id=sess.sid,
+                call_id=f"call_{uuid.uuid4().hex}",
+                name="sys_os_read",
+                arguments="{}",
+                spec=sandboxed,
+            ),
+            durable=True,
+            timeout=30,
+        )
+        for method, path, body in (
+            ("GET", sess.fs, None),
+            ("POST", f"{sess.env}/default/shell", {"command": "true"}),
+        ):
+            assert_error(await call(gw, method, path, body), 409, "unsupported_environment")
