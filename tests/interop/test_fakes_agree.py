@@ -1,0 +1,87 @@
+"""The fakes of the fast suite agree with the real server (#13): they were written from a
+0.11 capture and passed what 0.19.1 rejects. This module asks the installed server itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from corral.actors.gateway import SERVER_STREAM_TYPES
+from tests import fake_tunnel_server
+
+#: Prints the ``type`` tags of the server's client-stream union (server/schemas.py).
+_STREAM_TAGS = """
+import json, typing
+from omnigent.server.schemas import ServerStreamEvent
+union = typing.get_args(ServerStreamEvent)[0]
+tags = set()
+for model in typing.get_args(union):
+    for tag in typing.get_args(model.model_fields["type"].annotation):
+        tags.add(tag)
+print(json.dumps(sorted(tags)))
+"""
+
+#: Prints, for each sample item, whether the server would persist it (the relay's parser).
+_ITEMS = """
+import json, sys
+from omnigent.server.routes._sessions.helpers import _extract_persistent_item_from_sse
+out = []
+for item in json.load(sys.stdin):
+    event = {"type": "response.output_item.done", "item": item}
+    out.append(_extract_persistent_item_from_sse(event, "resp_1") is not None)
+print(json.dumps(out))
+"""
+
+SAMPLE_ITEMS = [
+    {
+        "type": "function_call",
+        "status": "completed",
+        "name": "t",
+        "arguments": "{}",
+        "call_id": "c1",
+        "agent": "a",
+    },
+    {
+        "type": "function_call",
+        "status": "completed",
+        "name": "t",
+        "arguments": "{}",
+        "call_id": "c1",
+    },
+    {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "x"}],
+        "agent": "a",
+    },
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x"}]},
+    {"type": "function_call_output", "call_id": "c1", "output": "o"},
+    {"type": "function_call_output", "output": "o"},
+]
+
+
+def _ask(venv: Path, program: str, stdin: str = "") -> object:
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", program],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_stream_vocabulary_is_the_server_s(omnigent_venv: Path) -> None:
+    real = set(_ask(omnigent_venv, _STREAM_TAGS))
+    assert len(real) >= 50
+    assert set(SERVER_STREAM_TYPES) == real, "corral's gateway filter"
+    assert set(fake_tunnel_server.ACCEPTED_STREAM_TYPES) == real, "the fake tunnel server"
+
+
+def test_the_fake_persists_the_items_the_server_persists(omnigent_venv: Path) -> None:
+    real = _ask(omnigent_venv, _ITEMS, json.dumps(SAMPLE_ITEMS))
+    assert real == [True, False, True, False, True, False], "the samples still discriminate"
+    fake = [fake_tunnel_server.item_violation(item) is None for item in SAMPLE_ITEMS]
+    assert fake == real
