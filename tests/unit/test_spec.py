@@ -209,10 +209,10 @@ llm: {model: openai/gpt-5.4}
     spec = load_spec_yaml(text)
     assert spec.extra == {
         "description": "written for another runner",
-        "spec_version": 1,
         "model": "top-level-model",
         "llm": {"model": "openai/gpt-5.4"},
     }
+    assert spec.spec_version == 1  # omnigent's directory format, a known field
     assert spec.executor.extra == {"max_steps": 3, "headers": {"X-Team": "a"}}
     assert spec.executor.auth is not None and spec.executor.auth.extra == {"region": "eu"}
     assert spec.executor.config is not None and spec.executor.config.extra == {"profile": "dev"}
