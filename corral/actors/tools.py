@@ -10,6 +10,9 @@ Resource routes (every error ``{"error": {"code", "message"}}``, PROTOCOL_0_19.m
 ======================================  =======================================================
 ``GET .../resources``                   list page: the ``default`` environment, then terminals
 ``GET .../resources/terminals``         list page of the session's terminals
+``GET .../resources/terminals/{id}``    one terminal; 404 ``not_found``
+``DELETE .../resources/terminals/{id}`` closes it → ``session.resource.deleted`` (and
+                                        publishes that event)
 ``GET .../resources/{id}``              one of those resources; 404 ``not_found``
 ``DELETE .../resources``                closes the session's terminals → ``cleaned``
 ``* .../resources/environments[/...]``  :class:`~corral.tools.environment.Environments`
@@ -66,7 +69,7 @@ from ..tools.environment import (
 from ..tools.inbox import Inbox
 from ..tools.os_env import default_os_env_root, workspace_from_env
 from ..tools.protocol import PublishEvents, ToolCancel, ToolExec, ToolExecResult
-from ..tools.terminals import Terminals
+from ..tools.terminals import Terminals, deleted_event
 from ._actor import Actor, ActorContext, handles
 from ._process import sweep, write_pidfile
 
@@ -308,19 +311,38 @@ class ToolsActor(Actor):
                 200,
                 {"session_id": session_id, "object": "session.resources.cleaned", "cleaned": True},
             )
+        if rest[:1] == ["terminals"] and len(rest) <= 2:
+            return await self._terminal_route(msg, method, session_id, rest[1:])
         if method != "GET" or len(rest) > 1:
             raise RouteError(404, "not_found", f"No route {msg.method} {msg.path} on this runner.")
         terminals = await self.terminals.list_resources(session_id)
-        if rest == ["terminals"]:
-            return json_response(200, page(terminals, **page_params(query_params(msg.query))))
         resources = [environment_resource(session_id), *terminals]
         if not rest:
             return json_response(200, page(resources, **page_params(query_params(msg.query))))
-        wanted = urllib.parse.unquote(rest[0])
-        for resource in resources:
-            if resource["id"] == wanted:
-                return json_response(200, resource)
-        raise RouteError(404, "not_found", f"Resource {wanted!r} not found")
+        return json_response(200, _find(resources, urllib.parse.unquote(rest[0]), "Resource"))
+
+    async def _terminal_route(
+        self, msg: HttpRequest, method: str, session_id: str, rest: list[str]
+    ) -> HttpResponse:
+        """``GET .../terminals``, ``GET`` and ``DELETE .../terminals/{id}``."""
+        terminals = await self.terminals.list_resources(session_id)
+        if not rest:
+            if method != "GET":
+                raise RouteError(405, "method_not_allowed", f"{method} is not allowed here")
+            return json_response(200, page(terminals, **page_params(query_params(msg.query))))
+        terminal_id = urllib.parse.unquote(rest[0])
+        view = _find(terminals, terminal_id, "Terminal")
+        if method == "GET":
+            return json_response(200, view)
+        if method != "DELETE":
+            raise RouteError(405, "method_not_allowed", f"{method} is not allowed here")
+        meta = view["metadata"]
+        terminal, key = meta["terminal_name"], meta["session_key"]
+        if not await self.terminals.close(session_id, terminal, key):
+            raise RouteError(404, "not_found", f"Terminal {terminal_id!r} not found")
+        await self._publish(session_id, deleted_event(session_id, terminal, key))
+        body = {"id": terminal_id, "object": "session.resource.deleted", "deleted": True}
+        return json_response(200, body)
 
 
 class ProcessGroups:
@@ -335,6 +357,13 @@ class ProcessGroups:
 
     def ended(self, pid: int) -> None:
         (self.dir / f"{pid}.pid").unlink(missing_ok=True)
+
+
+def _find(resources: list[dict[str, Any]], resource_id: str, what: str) -> dict[str, Any]:
+    for resource in resources:
+        if resource["id"] == resource_id:
+            return resource
+    raise RouteError(404, "not_found", f"{what} {resource_id!r} not found")
 
 
 def _error(message: str) -> str:

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import uuid
 from collections.abc import Iterator
@@ -516,3 +517,44 @@ async def test_t07_the_root_follows_the_spec_the_sessions_tools_ran_with(
             ("POST", f"{sess.env}/default/shell", {"command": "true"}),
         ):
             assert_error(await call(gw, method, path, body), 409, "unsupported_environment")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+async def test_t16_one_terminal_is_read_and_closed_by_its_resource_id(ehost, sess) -> None:
+    """The server closes one terminal with ``DELETE .../resources/terminals/{id}``."""
+    terminals = f"/v1/sessions/{sess.sid}/resources/terminals"
+    async with fake_gateway(ehost.endpoint) as gw:
+        assert (await gw.init(sess.sid)).status == 201
+        launched = await gw.peer.call(
+            "tools",
+            ToolExec(
+                session_id=sess.sid,
+                call_id=f"call_{uuid.uuid4().hex}",
+                name="sys_terminal_launch",
+                arguments=json.dumps({"terminal": "sh", "session": "s1"}),
+                spec={"terminals": {"sh": {"command": "sh"}}},
+            ),
+            durable=True,
+            timeout=30,
+        )
+        assert json.loads(launched.output)["status"] == "launched"
+        status, view = await call(gw, "GET", f"{terminals}/terminal_sh_s1")
+        assert (status, view["id"], view["metadata"]["running"]) == (200, "terminal_sh_s1", True)
+        _, resources = await call(
+            gw, "GET", f"/v1/sessions/{sess.sid}/resources", query="order=asc"
+        )
+        assert [r["id"] for r in resources["data"]] == ["default", "terminal_sh_s1"]
+        status, closed = await call(gw, "DELETE", f"{terminals}/terminal_sh_s1")
+        assert (status, closed) == (
+            200,
+            {"id": "terminal_sh_s1", "object": "session.resource.deleted", "deleted": True},
+        )
+
+        def deleted() -> list[dict[str, Any]]:
+            events = gw.events.get(sess.sid, [])
+            return [e for e in events if e["type"] == "session.resource.deleted"]
+
+        await gw.wait(deleted)
+        assert deleted()[0]["resource_id"] == "terminal_sh_s1"
+        assert_error(await call(gw, "DELETE", f"{terminals}/terminal_sh_s1"), 404, "not_found")
+        assert_error(await call(gw, "PUT", terminals), 405, "method_not_allowed")
