@@ -36,6 +36,7 @@ __all__ = [
     "UnknownSession",
     "append_runner_events",
     "append_server_events",
+    "fence",
     "insert_item",
     "new_id",
 ]
@@ -52,6 +53,8 @@ TERMINAL_EVENTS = frozenset(
 #: Runner stream events that are liveness only and never stored (§ii.6).
 HEARTBEATS = frozenset({"session.heartbeat", "response.heartbeat"})
 _STATUSES = frozenset({"idle", "running", "waiting", "failed"})
+#: Runner events that pass the interrupt fence (see :func:`fence`).
+_FENCE_EXEMPT = frozenset({"response.elicitation_request", "response.elicitation_resolved"})
 
 
 class UnknownSession(LookupError):
@@ -251,6 +254,30 @@ class EventLog:
             "created_at) VALUES (?,?,?,?,?,?)",
             (eid, self.session_id, "runner", _encode(params).decode(), "pending", self.now),
         )
+
+
+def fence(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """Drop the trailing output of an interrupted turn, as the real relay does (§D.3).
+
+    Applied to a session's runner events after a client interrupt or stop was delivered:
+    ``response.*`` events (but the elicitation ones) are dropped until the next
+    ``session.status running`` or a terminal ``response.*`` event, which ends the fence and
+    is kept (so the text streamed before the interrupt is still flushed by it). Returns the
+    events kept and whether the fence still stands.
+    """
+    kept: list[dict[str, Any]] = []
+    fenced = True
+    for event in events:
+        kind = event["type"]
+        if fenced:
+            if (kind == "session.status" and event.get("status") == "running") or (
+                kind in TERMINAL_EVENTS
+            ):
+                fenced = False
+            elif kind.startswith("response.") and kind not in _FENCE_EXEMPT:
+                continue
+        kept.append(event)
+    return kept, fenced
 
 
 def append_runner_events(

@@ -41,7 +41,7 @@ from .. import __version__
 from ..config import ServerSettings
 from ..spec import AgentSpec, load_spec_yaml, make_bundle
 from ._agents import PACKAGED_AGENTS, Agent, AgentCatalog, spec_policies, yaml_version
-from ._conversation import UnknownSession, new_id
+from ._conversation import UnknownSession, fence, new_id
 from ._mcp import ToolCalls, error_detail
 from ._policy import TOOL_RESULT, AgentPolicy, Decision, combine, decide, tool_name_of
 from ._state import ServerInfo, ensure_runner_token, is_loopback, lock_server_dir, server_dir
@@ -215,6 +215,8 @@ class ControlPlane:
         self._tools = ToolCalls(self)
         #: Sessions deleted while this process runs: their client streams end.
         self.deleted: set[str] = set()
+        #: Sessions whose turn was interrupted here: see ``_conversation.fence``.
+        self._fenced: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -501,6 +503,11 @@ class ControlPlane:
         link = self.link
         if link is None:
             raise Offline(f"The runner is not connected; the {kind} was not delivered.")
+        stopping = kind in ("interrupt", "stop_session")
+        if stopping:
+            # Fenced before the forward, as the real server: output the runner streams
+            # after it took the interrupt belongs to a turn the user stopped.
+            self._fenced.add(row.id)
         try:
             answer = await link.request(
                 "POST",
@@ -509,7 +516,10 @@ class ControlPlane:
                 timeout_s=self.options.request_timeout_s,
             )
         except RunnerGone as exc:
+            self._fenced.discard(row.id)
             raise Offline(f"The runner did not take the {kind}: {exc}") from None
+        if stopping and answer.status >= 400:
+            self._fenced.discard(row.id)  # the turn runs on: keep its output
         return {"queued": False, "runner_status": answer.status}
 
     # -- runner calls ----------------------------------------------------------------------
@@ -813,6 +823,10 @@ class ControlPlane:
             if chunk is None:
                 return "ended"
             events = parser.feed(decoder.decode(chunk))
+            if events and session_id in self._fenced:
+                events, fenced = fence(events)
+                if not fenced:
+                    self._fenced.discard(session_id)
             if events:
                 await self.store.append_runner_events(session_id, events)
                 self.notify(session_id)

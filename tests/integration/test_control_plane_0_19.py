@@ -94,9 +94,11 @@ async def test_e4_interrupt_note_stored_partial_text_dropped(
         assert answer.status_code == 202
         assert runner.events_for(sid)[-1] == {"type": "interrupt"}
         # The 0.19 runner: idle twice, no terminal response event, then the note over HTTP.
+        # Output it streams after taking the interrupt is fenced off, as by the real relay.
         idle = {"type": "session.status", "status": "idle"}
-        await runner.emit(sid, idle, idle)
+        await runner.emit(sid, *deltas("late"), idle, idle)
         await sse.wait_until(lambda: sse.has("session.status", 3))
+        assert sse.types().count("response.output_text.delta") == 3
         accepted = await note_interrupted(ctx, sid, "ab" * 16)
         assert accepted == {"queued": False, "item_id": accepted["item_id"]}
         # Stored, never forwarded to the runner (it is the runner's own note).
@@ -148,6 +150,44 @@ async def test_e4_a_terminal_after_idle_still_flushes_the_text(
         items = await ctx.items(sid)
         assert texts(items) == [("user", "hi"), ("assistant", "kept text")]
         assert items[1]["model"] == "alpha"
+
+
+async def test_e4_fence_ends_at_a_terminal_which_keeps_the_text_before_the_stop(
+    tmp_path: Path, agents_dir: Path
+) -> None:
+    async with running(tmp_path / "state", make_settings(agents_dir)) as ctx:
+        runner = await ctx.runner()
+        sid = (await ctx.create())["id"]
+        await bound(runner, sid)
+        sse, _ = await open_sse(ctx, sid)
+        await ctx.message(sid, "go")
+        await runner.emit(
+            sid,
+            {"type": "session.status", "status": "running"},
+            {"type": "response.in_progress", "response": response("resp_1")},
+            *deltas("before ", "stop"),
+        )
+        await sse.wait_until(lambda: sse.has("response.output_text.delta", 2))
+        stop = {"type": "stop_session", "data": {}}
+        assert (await ctx.client.post(f"/v1/sessions/{sid}/events", json=stop)).status_code == 202
+        await runner.emit(
+            sid,
+            *deltas(" after"),
+            {"type": "response.elicitation_resolved", "elicitation_id": "e1"},  # passes
+            ended("resp_1", "cancelled"),
+            {"type": "session.status", "status": "idle"},
+            # The fence is gone: the next turn streams as usual.
+            {"type": "session.status", "status": "running"},
+            *deltas("next"),
+        )
+        await sse.wait_until(lambda: sse.has("response.output_text.delta", 3))
+        assert [e["delta"] for _, k, e in sse.events if k.endswith("text.delta")] == [
+            "before ",
+            "stop",
+            "next",
+        ]
+        assert sse.has("response.elicitation_resolved") and sse.has("response.cancelled")
+        assert texts(await ctx.items(sid)) == [("user", "go"), ("assistant", "before stop")]
 
 
 # --- §E.3: a second message mid-turn is its own turn ----------------------------------------
