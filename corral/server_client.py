@@ -4,7 +4,9 @@ A runner is driven through its tunnel, but it also calls the server directly (PR
 §iii): it fetches the agent bundle of a session, its snapshot and its items (history), reads
 and sets labels, asks for policy verdicts, executes tools through the server's MCP endpoint
 and posts conversation items. Every call carries the runner's credential, the binding token,
-as ``X-Omnigent-Runner-Tunnel-Token`` together with ``Origin: omnigent://internal``.
+as ``X-Omnigent-Runner-Tunnel-Token`` together with ``Origin: omnigent://internal``, and
+``User-Agent: corral-runner/<version>``, which tells corral's calls apart in a server's
+access log.
 
 The client is built on :class:`httpx.AsyncClient`, which runs on trio (through anyio): one
 pooled keep-alive connection serves the many small calls of a turn, and timeouts are split
@@ -44,6 +46,7 @@ import httpx
 import msgspec
 import trio
 
+from . import __version__
 from ._exceptions import (
     ServerProtocolError,
     ServerRejected,
@@ -66,6 +69,8 @@ log = logging.getLogger(__name__)
 #: The ``Origin`` header every runner call carries (§iii).
 ORIGIN = "omnigent://internal"
 TOKEN_HEADER = "X-Omnigent-Runner-Tunnel-Token"
+#: The ``User-Agent`` of every runner call.
+USER_AGENT = f"corral-runner/{__version__}"
 #: Statuses that mean "try again later" rather than "no".
 UNAVAILABLE_STATUS = frozenset({502, 503, 504})
 #: Largest JSON answer read (items pages, snapshots); protects the runner from a broken server.
@@ -133,6 +138,9 @@ class ServerClient:
         connect_timeout_s: to open a connection.
         read_timeout_s: between bytes of an answer (also the write and pool timeout).
         tool_timeout_s: the read timeout of :meth:`mcp_call`, which lasts as long as the tool.
+        policy_timeout_s: the read timeout of a :meth:`evaluate_policy` the server may hold
+            until a person answers an ASK (PROTOCOL_0_19 §F.3); a day, as the server's own
+            default ``ask_timeout``.
         retries: extra attempts of a retryable call (0 disables retrying).
         backoff_base_s, backoff_max_s: the first retry waits ``backoff_base_s``, doubling up
             to ``backoff_max_s``, each ±50% jitter; a ``Retry-After`` on a 503 is honoured up to
@@ -149,6 +157,7 @@ class ServerClient:
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
         tool_timeout_s: float = 600.0,
+        policy_timeout_s: float = 86400.0,
         retries: int = 3,
         backoff_base_s: float = 0.25,
         backoff_max_s: float = 5.0,
@@ -157,11 +166,11 @@ class ServerClient:
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        if connect_timeout_s <= 0 or read_timeout_s <= 0 or tool_timeout_s <= 0:
+        if min(connect_timeout_s, read_timeout_s, tool_timeout_s, policy_timeout_s) <= 0:
             raise ValueError("timeouts must be > 0")
         if backoff_base_s < 0 or backoff_max_s < backoff_base_s:
             raise ValueError("backoff must satisfy 0 <= backoff_base_s <= backoff_max_s")
-        headers = {"Origin": ORIGIN}
+        headers = {"Origin": ORIGIN, "User-Agent": USER_AGENT}
         if token:
             headers[TOKEN_HEADER] = token
         if bearer:
@@ -174,6 +183,7 @@ class ServerClient:
         self.max_bundle_bytes = max_bundle_bytes
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._tool_timeout = httpx.Timeout(tool_timeout_s, connect=connect_timeout_s)
+        self._policy_timeout = httpx.Timeout(policy_timeout_s, connect=connect_timeout_s)
         self._http = httpx.AsyncClient(
             base_url=self.base_url + "/",
             headers=headers,
@@ -312,14 +322,19 @@ class ServerClient:
             raise self._shape("GET", path, "no 'labels' object")
         return labels
 
-    async def evaluate_policy(self, session_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """``POST /v1/sessions/{id}/policies/evaluate`` (§iii.8).
+    async def evaluate_policy(
+        self, session_id: str, body: Mapping[str, Any], *, held: bool = False
+    ) -> dict[str, Any]:
+        """``POST /v1/sessions/{id}/policies/evaluate`` (PROTOCOL_0_19 §F).
 
-        ``body`` is ``{"event": {"type": <phase>, "data": {...}}}``; the answer is e.g.
-        ``{"result": "POLICY_ACTION_ALLOW"}``.
+        ``body`` is ``{"event": {"type": <phase>, "data": {...}, ...}}`` as §F.2 says per
+        phase; the answer is e.g. ``{"result": "POLICY_ACTION_ALLOW"}``. ``held``: the phase
+        is one the server holds until a person answers an ASK (TOOL_CALL, LLM_REQUEST), so
+        the read deadline is ``policy_timeout_s``.
         """
         path = f"/v1/sessions/{_id(session_id, 'session_id')}/policies/evaluate"
-        return await self._object("POST", path, json=body, idempotent=False)
+        timeout = self._policy_timeout if held else None
+        return await self._object("POST", path, json=body, idempotent=False, timeout=timeout)
 
     async def mcp_call(
         self,
@@ -569,18 +584,29 @@ def _rejected(method: str, path: str, status: int, body: bytes) -> ServerRejecte
 
 
 def _detail(body: bytes) -> str:
-    """A short human message from an error body."""
+    """A short human message from an error body.
+
+    Both shapes are read: the 0.19 server's and runner's ``{"error": {"code", "message"}}``
+    (PROTOCOL_0_19 §H.2) and the older ``{"error": "<code>", "detail": "<text>"}``, as well
+    as a framework's bare ``{"detail": ...}``. The message is preferred, then the code.
+    """
     try:
         decoded = msgspec.json.decode(body)
     except msgspec.DecodeError:
         return _clip(body.decode("utf-8", "replace")) or "(empty body)"
     if isinstance(decoded, dict):
         error = decoded.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return _clip(str(error["message"]))
-        if decoded.get("detail"):
-            return _clip(str(decoded["detail"]))
-    return _clip(body.decode("utf-8", "replace"))
+        detail = decoded.get("detail")
+        if isinstance(error, dict):
+            text = error.get("message") or error.get("detail") or error.get("code")
+            if text:
+                return _clip(str(text))
+        if detail:
+            text = detail if isinstance(detail, str) else msgspec.json.encode(detail).decode()
+            return _clip(text)
+        if isinstance(error, str) and error:
+            return _clip(error)
+    return _clip(body.decode("utf-8", "replace")) or "(empty body)"
 
 
 def _clip(text: str, limit: int = 300) -> str:

@@ -14,11 +14,13 @@ route                                                     answer
 ``PATCH /v1/sessions/{id}``                               merges ``labels``/fields; snapshot
 ``GET /v1/sessions/{id}/items?limit&order&after``         a list page (``has_more``, cursors)
 ``GET /v1/sessions/{id}/labels``                          ``{"id", "labels"}``
-``POST /v1/sessions/{id}/policies/evaluate``              ``policy(session_id, body)``
+``POST /v1/sessions/{id}/policies/evaluate``              ``policy(session_id, body)``; a body
+                                                          0.19.1 refuses is its 400 (§F.2)
 ``POST /v1/sessions/{id}/mcp``                            JSON-RPC ``tools/call``, with ask →
                                                           ``input_required`` → retry
 ``POST /v1/sessions/{id}/events``                         202; ``external_conversation_item``
-                                                          becomes an item
+                                                          becomes an item if 0.19.1 would
+                                                          parse it (§E.1), else 400
 ``GET /v1/files/{id}/content``                            a file (placeholder route, not in §iii)
 =======================================================  =====================================
 
@@ -147,6 +149,101 @@ def function_call(name: str, arguments: str, call_id: str, **fields: Any) -> dic
 
 def function_call_output(call_id: str, output: str, **fields: Any) -> dict[str, Any]:
     return {"type": "function_call_output", "call_id": call_id, "output": output, **fields}
+
+
+# -- what the 0.19.1 server accepts (PROTOCOL_0_19 §F.2, §E.1) --------------------------------
+
+#: ``event.type`` → (``data`` must be an object, where the tool name may be: (container,
+#: path as the server's message names it), in precedence order).
+EVALUATE_PHASES: dict[str, tuple[bool, tuple[tuple[str, str], ...]]] = {
+    "PHASE_TOOL_CALL": (True, (("data", "event.data.name"),)),
+    "PHASE_TOOL_RESULT": (
+        True,
+        (("request_data", "event.request_data.name"), ("target", "event.target")),
+    ),
+    "PHASE_LLM_REQUEST": (True, ()),
+    "PHASE_LLM_RESPONSE": (True, ()),
+    "PHASE_REQUEST": (False, ()),
+}
+_EVALUATE_ELICITATION_ID = re.compile(r"^elicit_evaluate_[0-9a-f]{32}$")
+
+
+def evaluate_problem(body: Any) -> str | None:
+    """Why the real server answers 400 ``invalid_input`` to a ``/policies/evaluate`` body, in
+    its own words; None for a body it evaluates. Checked in the server's order."""
+    if not isinstance(body, dict):
+        return "Policy evaluate body must be a JSON object."
+    event = body.get("event")
+    if not isinstance(event, dict):
+        return "Policy evaluate body must include an 'event' object."
+    kind = event.get("type")
+    if kind is not None and not isinstance(kind, str):
+        return f"Policy evaluate 'event.type' must be a string; got {_py_type(kind)}."
+    if kind not in EVALUATE_PHASES:
+        return f"Unknown event type: {kind!r}. Expected one of {list(EVALUATE_PHASES)}."
+    eid = body.get("_omnigent_elicitation_id")
+    if eid is not None and not (isinstance(eid, str) and _EVALUATE_ELICITATION_ID.match(eid)):
+        return (
+            "Policy evaluate '_omnigent_elicitation_id' must match "
+            "'elicit_evaluate_' + 32 hex chars."
+        )
+    must_be_object, name_sources = EVALUATE_PHASES[kind]
+    data = event.get("data")
+    if must_be_object and not isinstance(data, dict):
+        return f"Policy evaluate 'event.data' must be an object for {kind!r}; got {_py_type(data)}."
+    if not must_be_object and not isinstance(data, dict | str):
+        return (
+            f"Policy evaluate 'event.data' must be an object or string for {kind!r}; "
+            f"got {_py_type(data)}."
+        )
+    if name_sources:
+        names = []
+        for container, _path in name_sources:
+            if container == "target":
+                names.append(event.get("target"))
+            else:
+                holder = data if container == "data" else event.get(container)
+                names.append(holder.get("name") if isinstance(holder, dict) else None)
+        if not any(isinstance(n, str) and n for n in names):
+            paths = " or ".join(repr(path) for _c, path in name_sources)
+            return f"Policy evaluate requires a non-empty tool name in {paths} for {kind!r}."
+    context = event.get("context")
+    if context is not None and not isinstance(context, dict):
+        return f"Policy evaluate 'event.context' must be an object; got {_py_type(context)}."
+    return None
+
+
+def _py_type(value: Any) -> str:
+    """The type name the server (Python) prints for a JSON value."""
+    return type(value).__name__
+
+
+#: Item types an ``external_conversation_item`` may carry, with their required fields and
+#: those fields' JSON types (the server's conversation item models, §E.1).
+ITEM_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "message": {"role": str, "content": list},
+    "function_call": {"agent": str, "name": str, "arguments": str, "call_id": str},
+    "function_call_output": {"call_id": str, "output": str},
+}
+
+
+def item_problem(kind: Any, data: Any) -> str | None:
+    """Why the real server refuses an item of type ``kind`` with fields ``data`` (§E.1), or
+    None. An assistant message needs ``agent`` too; ``agent`` is stored and read back as
+    ``model``."""
+    if not isinstance(kind, str) or kind not in ITEM_FIELDS:
+        return "external_conversation_item requires known data.item_type"
+    if not isinstance(data, dict):
+        return "external_conversation_item requires object data.item_data"
+    required = dict(ITEM_FIELDS[kind])
+    if kind == "message" and data.get("role") == "assistant":
+        required["agent"] = str
+    for name, expected in required.items():
+        if not isinstance(data.get(name), expected):
+            return f"Invalid data payload for external item type {kind!r}: {name} is missing"
+    if kind == "message" and data["role"] not in ("user", "assistant"):
+        return f"Invalid data payload for external item type {kind!r}: role is not user/assistant"
+    return None
 
 
 def _hex() -> str:
@@ -516,10 +613,10 @@ class FakeOmnigentServer:
         )
 
     def _policies(self, session: dict[str, Any], request: Recorded) -> Reply:
-        body = _body(request)
-        if not isinstance(body, dict) or not isinstance(body.get("event"), dict):
-            return _error(422, "invalid_input", "body must be {event: {type, data}}")
-        return _json(self.policy(session["id"], body), spaced=True)
+        problem = evaluate_problem(_body(request))
+        if problem is not None:
+            return _error(400, "invalid_input", problem)
+        return _json(self.policy(session["id"], _body(request)), spaced=True)
 
     def _mcp(self, session: dict[str, Any], request: Recorded) -> Reply:
         rpc = _body(request)
@@ -592,10 +689,14 @@ class FakeOmnigentServer:
         self.events[session["id"]].append(body)
         if body["type"] == "external_conversation_item":
             data = body.get("data") or {}
-            item = {
-                "type": data.get("item_type", "message"),
-                **(data.get("item_data") or {}),
-            }
+            problem = item_problem(data.get("item_type"), data.get("item_data"))
+            if problem is not None:
+                self.events[session["id"]].pop()
+                return _error(400, "invalid_input", problem)
+            fields = dict(data["item_data"])
+            if "agent" in fields:  # written as agent, read back as model (§E.1)
+                fields["model"] = fields.pop("agent")
+            item = {"type": data["item_type"], **fields}
             if data.get("response_id"):
                 item["response_id"] = data["response_id"]
             added = self.add_item(session["id"], item)

@@ -13,16 +13,37 @@ A tool call of a turn passes, in order:
    tool must be runner-local (T-26). Path containment (P-20..P-22) is enforced where the path
    is used, by the tools themselves (``corral.tools.paths``): a check made here and a use
    made later would race a symlink swap.
-2. **The server's verdict** for ``PHASE_TOOL_CALL`` (``POST /policies/evaluate``, §iii.8):
-   ALLOW or UNSPECIFIED run it; DENY answers the model with the reason; ASK publishes
-   ``response.elicitation_request`` and parks the call in this actor's mailbox until a human
-   verdict arrives. Any error, non-200 or malformed answer **fails closed**: the call does
-   not run.
+2. **The server's verdict** for ``PHASE_TOOL_CALL`` (``POST /policies/evaluate``,
+   PROTOCOL_0_19 §F): ALLOW or UNSPECIFIED run it; DENY answers the model with the reason;
+   ASK publishes ``response.elicitation_request`` and parks the call in this actor's mailbox
+   until a human verdict arrives. Any error, non-200 or malformed answer **fails closed**:
+   the call does not run.
 3. **The tools actor** runs it (a durable call; the tools actor answers a redelivered call
    from its results log, so nothing runs twice).
 4. **The server's verdict** for ``PHASE_TOOL_RESULT``: DENY withholds the output from the
-   model. An evaluation that fails here is logged and the output passes (only the call and
-   request phases fail closed).
+   model. An evaluation that fails here is logged and the output passes: the tool already
+   ran, and only the phases that come before an action fail closed.
+
+The bodies are the ones the server validates (§F.2; a body it rejects is a 400, which
+would fail the phase)::
+
+    {"event": {"type": "PHASE_TOOL_CALL", "data": {"name", "arguments": {...}, "call_id"}},
+     "_omnigent_elicitation_id": "elicit_evaluate_<32 hex>"}
+    {"event": {"type": "PHASE_TOOL_RESULT", "request_data": {"name", "arguments": {...}},
+               "target": <name>, "data": {"result": <output string>}}}
+    {"event": {"type": "PHASE_LLM_REQUEST", "data": <the worker's data object>},
+     "_omnigent_elicitation_id": "elicit_evaluate_<32 hex>"}
+
+For the phases the server may hold until a person answers (TOOL_CALL, LLM_REQUEST: §F.3)
+the read deadline is ``ask_timeout_s`` (a day), not the client's 30 s, and the body carries
+an elicitation id derived from the call or evaluation: a redelivered evaluation (this actor
+restarted while it was held) re-attaches to the prompt already shown instead of asking the
+person again.
+
+A worker's own evaluation (:class:`PolicyEvaluate`, the openai kinds' ``PHASE_LLM_REQUEST``
+before a turn's first model call) fails closed as well (BEHAVIOURS P-03: no usable verdict
+means the action does not happen); its verdict is marked ``failed`` so the turn can say the
+check failed rather than that a policy denied it.
 
 Crash safety. The :class:`ToolCall` is acked only after its :class:`ToolOutcome` has been
 made durable towards dispatch, and a parked call stays parked until then; an approval is
@@ -36,6 +57,7 @@ Error hygiene (P-28): the model and clients get fixed messages; causes go to the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -66,10 +88,18 @@ from ._actor import Actor, ActorContext, handles
 log = logging.getLogger("corral.actors.policy")
 
 ALLOW, DENY, ASK, UNSPECIFIED = "ALLOW", "DENY", "ASK", "UNSPECIFIED"
+TOOL_CALL, TOOL_RESULT, LLM_REQUEST = "PHASE_TOOL_CALL", "PHASE_TOOL_RESULT", "PHASE_LLM_REQUEST"
 #: Phases whose evaluation fails closed (an error means "do not run").
-FAIL_CLOSED = {"PHASE_TOOL_CALL", "PHASE_REQUEST", "PHASE_LLM_REQUEST"}
+FAIL_CLOSED = {TOOL_CALL, "PHASE_REQUEST", LLM_REQUEST}
+#: Phases the server may hold until a person answers an ASK (PROTOCOL_0_19 §F.3).
+HELD = {TOOL_CALL, "PHASE_REQUEST", LLM_REQUEST}
 
 POLICY_FAILED = "The policy check failed, so the tool call was not run."
+#: Why a failed-closed phase did not happen, per phase (the tool call's is POLICY_FAILED).
+FAILED_CLOSED = {
+    LLM_REQUEST: "the policy check failed, so the model was not called",
+    "PHASE_REQUEST": "the policy check failed, so the message was not handled",
+}
 DECLINED = "The user declined this tool call."
 CANCELLED = "The tool call was cancelled before it ran."
 WITHHELD = "The tool's result was withheld by policy."
@@ -94,6 +124,8 @@ class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     tool_timeout_s: float = 900.0
     #: Evaluate ``PHASE_TOOL_RESULT`` as well (one more server round trip per call).
     evaluate_results: bool = True
+    #: How long an evaluation the server holds for a person (an ASK) may take (§F.3).
+    ask_timeout_s: float = 86400.0
 
 
 class PolicyError(Exception):
@@ -129,11 +161,16 @@ class PolicyActor(Actor):
     async def setup(self) -> None:
         from ..server_client import ServerClient
 
+        held = self.options.ask_timeout_s
         if self.options.server_url:
-            self.server = ServerClient(self.options.server_url, token=self.options.token)
+            self.server = ServerClient(
+                self.options.server_url, token=self.options.token, policy_timeout_s=held
+            )
         for runner in self.options.runners:
             assert runner.id is not None
-            self.servers[runner.id] = ServerClient(runner.server, token=runner.token)
+            self.servers[runner.id] = ServerClient(
+                runner.server, token=runner.token, policy_timeout_s=held
+            )
         for incoming, _age in await self.peer.parked():
             if isinstance(incoming.msg, ToolCall):
                 call = incoming.msg
@@ -202,9 +239,12 @@ class PolicyActor(Actor):
             )
         if call.origin == "mcp":
             return await self._run(call)  # the server evaluated it before calling us
-        data = {"name": call.name, "arguments": arguments, "call_id": call.call_id}
-        action, reason = await self._verdict(
-            call.session_id, call.runner_id, "PHASE_TOOL_CALL", data
+        event = {
+            "type": TOOL_CALL,
+            "data": {"name": call.name, "arguments": arguments, "call_id": call.call_id},
+        }
+        action, reason, _ = await self._verdict(
+            call.session_id, call.runner_id, event, call.call_id
         )
         if action == DENY:
             self.stats["denied"] += 1
@@ -346,10 +386,13 @@ class PolicyActor(Actor):
         )
         if call.origin == "mcp" or not self.options.evaluate_results:
             return outcome
-        data = {"name": call.name, "call_id": call.call_id, "output": reply.output}
-        action, reason = await self._verdict(
-            call.session_id, call.runner_id, "PHASE_TOOL_RESULT", data
-        )
+        event = {
+            "type": TOOL_RESULT,
+            "request_data": {"name": call.name, "arguments": _arguments(call.arguments)},
+            "target": call.name,
+            "data": {"result": reply.output},
+        }
+        action, reason, _ = await self._verdict(call.session_id, call.runner_id, event)
         if action == DENY:
             self.stats["denied"] += 1
             return _outcome(call, "denied", reason or WITHHELD)
@@ -381,16 +424,27 @@ class PolicyActor(Actor):
     # --- verdicts ----------------------------------------------------------------------------
 
     async def _verdict(
-        self, session_id: str, runner_id: str | None, phase: str, data: dict[str, Any]
-    ) -> tuple[str, str | None]:
-        """``(action, reason)`` for one phase; no server allows everything."""
+        self,
+        session_id: str,
+        runner_id: str | None,
+        event: dict[str, Any],
+        hold_key: str | None = None,
+    ) -> tuple[str, str | None, bool]:
+        """``(action, reason, failed)`` for one evaluation ``event``; no server allows all.
+
+        ``hold_key`` names what is evaluated (a call id, an evaluation id) for the
+        elicitation id of a held phase. ``failed`` is true when the server gave no usable
+        verdict and the phase failed closed (DENY) or open (ALLOW).
+        """
+        phase = event["type"]
         server = self._server(runner_id)
         if server is None:
-            return ALLOW, None
+            return ALLOW, None, False
+        body: dict[str, Any] = {"event": event}
+        if phase in HELD and hold_key is not None:
+            body["_omnigent_elicitation_id"] = evaluate_elicitation_id(session_id, hold_key)
         try:
-            answer = await server.evaluate_policy(
-                session_id, {"event": {"type": phase, "data": data}}
-            )
+            answer = await server.evaluate_policy(session_id, body, held=phase in HELD)
             action, reason = parse_verdict(answer)
         except Exception as exc:
             if phase in FAIL_CLOSED:
@@ -401,12 +455,12 @@ class PolicyActor(Actor):
                     session_id,
                     exc,
                 )
-                return DENY, POLICY_FAILED
+                return DENY, FAILED_CLOSED.get(phase, POLICY_FAILED), True
             log.warning(
                 "policy evaluation (%s) for session %s failed; allowing: %s", phase, session_id, exc
             )
-            return ALLOW, None
-        return (ALLOW if action == UNSPECIFIED else action), reason
+            return ALLOW, None, True
+        return (ALLOW if action == UNSPECIFIED else action), reason, False
 
     @handles(PolicyEvaluate)
     async def evaluate(self, msg: PolicyEvaluate, incoming: Incoming) -> None:
@@ -415,12 +469,16 @@ class PolicyActor(Actor):
         self.nursery.start_soon(self._evaluate, msg, incoming)
 
     async def _evaluate(self, msg: PolicyEvaluate, incoming: Incoming) -> None:
-        action, reason = await self._verdict(msg.session_id, msg.runner_id, msg.phase, msg.data)
+        event = {"type": msg.phase, "data": msg.data}
+        action, reason, failed = await self._verdict(
+            msg.session_id, msg.runner_id, event, msg.evaluation_id
+        )
         verdict = PolicyVerdict(
             session_id=msg.session_id,
             evaluation_id=msg.evaluation_id,
             action=f"POLICY_ACTION_{action}",
             reason=reason,
+            failed=failed,
         )
         try:
             await self.peer.cast(HARNESS_ACTOR, verdict, durable=True, session_id=msg.session_id)
@@ -460,6 +518,22 @@ def parse_verdict(answer: Any) -> tuple[str, str | None]:
         raise PolicyError(f"unknown action {raw!r}")
     reason = answer.get("reason", answer.get("message"))
     return action, reason if isinstance(reason, str) and reason else None
+
+
+def evaluate_elicitation_id(session_id: str, key: str) -> str:
+    """The ``_omnigent_elicitation_id`` of an evaluation: ``elicit_evaluate_`` + 32 hex, the
+    same for every retry of it (§F.1)."""
+    digest = hashlib.sha256(f"{session_id}\0{key}".encode()).hexdigest()
+    return f"elicit_evaluate_{digest[:32]}"
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    """A call's arguments as the object policies see (they passed the call gate as one)."""
+    try:
+        arguments = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return arguments if isinstance(arguments, dict) else {}
 
 
 def _outcome(call: ToolCall, status: Any, message: str) -> ToolOutcome:

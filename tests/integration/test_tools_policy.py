@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +17,12 @@ from typing import Any
 import pytest
 import trio
 
+from corral import __version__
 from corral.actors._process import start_time
 from corral.routes import HttpRequest
 from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, wait_until
-from tests.fake_server import FakeOmnigentServer
+from tests.fake_openai import FakeOpenAI, Reply, responses_events
+from tests.fake_server import FakeOmnigentServer, evaluate_problem
 from tests.integration._gateway import FakeGateway, fake_gateway
 
 
@@ -111,10 +114,38 @@ async def test_t01_t03_tools_write_edit_read_in_the_spec_cwd(thost, server, tmp_
     assert read["content"] == "hello\nplanet\n"
     assert "escapes the working directory" in escaped["error"]
     assert (tmp_path / "notes" / "a.txt").read_text() == "hello\nplanet\n"
-    # Every call went through the server's gate, call and result phases (§iii.8).
-    phases = [r.json["event"]["type"] for r in server.received("POST", r".*/policies/evaluate")]
-    assert phases.count("PHASE_TOOL_CALL") == 4
-    assert phases.count("PHASE_TOOL_RESULT") == 4
+    # Every call went through the server's gate, call and result phases, in the bodies the
+    # 0.19.1 server validates (PROTOCOL_0_19 §F.2; the fake answers 400 to any other).
+    evaluations = [r.json for r in server.received("POST", r".*/policies/evaluate")]
+    calls = [b for b in evaluations if b["event"]["type"] == "PHASE_TOOL_CALL"]
+    results = [b for b in evaluations if b["event"]["type"] == "PHASE_TOOL_RESULT"]
+    assert len(calls) == len(results) == 4
+    assert all(evaluate_problem(b) is None for b in evaluations)
+    first_call, first_result = calls[0], results[0]
+    assert set(first_call) == {"event", "_omnigent_elicitation_id"}
+    assert re.fullmatch(r"elicit_evaluate_[0-9a-f]{32}", first_call["_omnigent_elicitation_id"])
+    call_id = first_call["event"]["data"]["call_id"]
+    assert first_call["event"] == {
+        "type": "PHASE_TOOL_CALL",
+        "data": {
+            "name": "sys_os_write",
+            "arguments": {"path": "notes/a.txt", "content": "hello\nworld\n"},
+            "call_id": call_id,
+        },
+    }
+    assert first_result == {
+        "event": {
+            "type": "PHASE_TOOL_RESULT",
+            "request_data": {
+                "name": "sys_os_write",
+                "arguments": {"path": "notes/a.txt", "content": "hello\nworld\n"},
+            },
+            "target": "sys_os_write",
+            "data": {"result": outputs(gw, sid)[0]},
+        }
+    }
+    # Every runner call says who made it (the interop suite reads it in the access log).
+    assert {r.headers["user-agent"] for r in server.requests} == {f"corral-runner/{__version__}"}
 
 
 async def test_policy_deny_answers_the_model_and_runs_nothing(thost, server, tmp_path) -> None:
@@ -160,6 +191,8 @@ async def test_policy_fails_closed_for_tool_calls_and_open_for_results(
 
 
 async def test_policy_result_deny_withholds_the_output(thost, server, tmp_path) -> None:
+    """What-corral-did-wrong #8: with the tool name only in ``data`` the 0.19.1 server answers
+    400 and corral let the output through; the body now names it where the server looks."""
     (tmp_path / "secret.txt").write_text("s3cret\n")
     server.policy = phase_policy(PHASE_TOOL_RESULT="POLICY_ACTION_DENY")
     agent_id, sid = agent(server, tmp_path, [tool("sys_os_read", path="secret.txt")])
@@ -388,7 +421,8 @@ async def test_t13_t16_terminal_resources_on_the_stream_and_the_resource_routes(
             "tools",
             HttpRequest(request_id="r3", method="GET", path=f"/v1/sessions/{sid}/resources"),
         )
-        assert json.loads(resources.body)["data"] == []
+        left = json.loads(resources.body)["data"]
+        assert [r["id"] for r in left if r.get("type") == "terminal"] == []
 
 
 async def test_d22_a_turn_waiting_on_an_approval_is_not_silent(
@@ -414,3 +448,90 @@ async def test_d22_a_turn_waiting_on_an_approval_is_not_silent(
         await _verdict(gw, sid, ask["elicitation_id"], "accept")
         assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
     host.stop()
+
+
+async def test_llm_request_policy_stops_a_turn_before_the_model_is_called(
+    host_factory, server, tmp_path, nursery
+) -> None:
+    """PROTOCOL_0_19 §F.4 (what-corral-did-wrong #10): an openai-agents turn asks the server
+    once, before its first model call; a DENY fails the turn ``policy_denied`` and tells the
+    stream (``response.policy_denied``); an evaluation that fails, fails closed (P-03)."""
+    url = json.dumps(server.base_url)
+    # Slower liveness than FAST_LIVENESS: the openai worker's first HTTP client loads the CA
+    # bundle, which on a loaded machine can take longer than 0.6 s of missed heartbeats.
+    thost = host_factory(
+        "[liveness]\ninterval_s = 0.5\nliveness = 10\n"
+        + f'[actors.dispatch.options]\nserver_url = {url}\nsubscribers = ["test-gateway"]\n'
+        + f"[actors.policy.options]\nserver_url = {url}\n"
+    ).start()
+    llm = FakeOpenAI()
+    await llm.start(nursery)
+    call = ("call_1", "sys_os_shell", json.dumps({"command": "echo hi"}))
+    llm.queue(
+        Reply(frames=responses_events("served-1", calls=[call])),
+        Reply(frames=responses_events("served-1", ["done"])),
+    )
+    agent_id = server.add_agent(
+        "name: spender\n"
+        "prompt: Be brief.\n"
+        "executor:\n"
+        "  harness: openai-agents\n"
+        "  model: gpt-x\n"
+        f"  auth: {{type: api_key, api_key: k, base_url: {json.dumps(llm.base_url)}}}\n"
+        f"os_env: {{type: caller_process, cwd: {json.dumps(str(tmp_path))}}}\n"
+    )
+    sid = server.add_session(agent_id)["id"]
+    verdicts = iter(["POLICY_ACTION_DENY", "POLICY_ACTION_ALLOW"])
+
+    def policy(session_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        if body["event"]["type"] != "PHASE_LLM_REQUEST":
+            return {"result": "POLICY_ACTION_ALLOW"}
+        return {"result": next(verdicts), "reason": "daily budget spent"}
+
+    server.policy = policy
+
+    def llm_evaluations() -> list[dict[str, Any]]:
+        return [
+            r.json
+            for r in server.received("POST", r".*/policies/evaluate")
+            if r.json["event"]["type"] == "PHASE_LLM_REQUEST"
+        ]
+
+    async with fake_gateway(thost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "spend")
+        assert await gw.until_status(sid, timeout=30) == ["running", "failed"]
+        [failed] = of_type(gw, sid, "response.failed")
+        assert failed["error"] == {
+            "code": "policy_denied",
+            "message": "the model call was denied by policy: daily budget spent",
+        }
+        [denied] = of_type(gw, sid, "response.policy_denied")
+        assert (denied["conversation_id"], denied["phase"]) == (sid, "llm_request")
+        assert llm.requests == [], "the model was not called"
+
+        await gw.message(sid, "again")
+        statuses = await gw.until_status(sid, count=2, timeout=30)
+        assert statuses == ["running", "failed", "running", "idle"], of_type(
+            gw, sid, "response.failed"
+        )
+        assert len(llm.requests) == 2, "a tool call and the answer after it"
+        [_, allowed] = llm_evaluations()
+        assert set(allowed) == {"event", "_omnigent_elicitation_id"}
+        assert allowed["event"]["data"] == {
+            "model": "gpt-x",
+            "messages_count": 2,  # the two user messages (the failed turn said nothing)
+            "tools_count": len(llm.requests[0].json["tools"]),
+            "system_prompt_preview": "Be brief.",
+            "last_user_message": "again",
+        }
+        [completed] = of_type(gw, sid, "response.completed")
+        assert completed["response"]["usage"]["model"] == "served-1"
+
+        server.fail("POST", r"/v1/sessions/.*/policies/evaluate", status=500)
+        await gw.message(sid, "once more")
+        assert (await gw.until_status(sid, count=3, timeout=30))[-2:] == ["running", "failed"]
+        error = of_type(gw, sid, "response.failed")[-1]["error"]
+        assert error["code"] == "policy_unavailable"
+        assert len(llm.requests) == 2, "fail closed: no model call"
+    assert len(llm_evaluations()) == 3, "once per turn, not again after the tool result"

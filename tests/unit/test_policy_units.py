@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from corral.actors.policy import PolicyError, parse_verdict
+from corral.actors.policy import PolicyError, evaluate_elicitation_id, parse_verdict
 from corral.tools.calls import CallLog
 from corral.tools.protocol import elicitation_id_for
+from tests.fake_server import evaluate_problem, item_problem
 
 
 @pytest.mark.parametrize(
@@ -65,3 +67,79 @@ async def test_call_log_compaction_keeps_unfinished_calls(tmp_path: Path) -> Non
     assert again.get("running") is not None
     assert again.get("d9") is not None and again.get("d0") is None
     assert len(again.records) <= 1 + 2 * 3
+
+
+# --- the bodies the 0.19.1 server evaluates (PROTOCOL_0_19 §F.2), as the fake server checks --
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (  # what corral sent before (what-corral-did-wrong #8)
+            {"event": {"type": "PHASE_TOOL_RESULT", "data": {"name": "t", "output": "o"}}},
+            "Policy evaluate requires a non-empty tool name in 'event.request_data.name' or "
+            "'event.target' for 'PHASE_TOOL_RESULT'.",
+        ),
+        (
+            {"event": {"type": "PHASE_TOOL_CALL", "data": {"arguments": {}}}},
+            "Policy evaluate requires a non-empty tool name in 'event.data.name' for "
+            "'PHASE_TOOL_CALL'.",
+        ),
+        (
+            {"event": {"type": "PHASE_LLM_REQUEST", "data": "model call"}},
+            "Policy evaluate 'event.data' must be an object for 'PHASE_LLM_REQUEST'; got str.",
+        ),
+        (
+            {"event": {"type": "PHASE_TOOL_RESULT", "target": "t"}},
+            "Policy evaluate 'event.data' must be an object for 'PHASE_TOOL_RESULT'; got NoneType.",
+        ),
+        (
+            {"event": {"type": "PHASE_TOOL_USE", "data": {}}},
+            "Unknown event type: 'PHASE_TOOL_USE'. Expected one of ['PHASE_TOOL_CALL', "
+            "'PHASE_TOOL_RESULT', 'PHASE_LLM_REQUEST', 'PHASE_LLM_RESPONSE', 'PHASE_REQUEST'].",
+        ),
+        ({"phase": "PHASE_TOOL_CALL"}, "Policy evaluate body must include an 'event' object."),
+        (
+            {"event": {"type": "PHASE_LLM_REQUEST", "data": {}}, "_omnigent_elicitation_id": "x"},
+            "Policy evaluate '_omnigent_elicitation_id' must match 'elicit_evaluate_' + 32 hex "
+            "chars.",
+        ),
+    ],
+)
+def test_the_fake_server_refuses_what_the_real_one_refuses(body, message) -> None:
+    assert evaluate_problem(body) == message
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "PHASE_TOOL_CALL", "data": {"name": "t", "arguments": {}, "call_id": "c"}},
+        {"type": "PHASE_TOOL_RESULT", "request_data": {"name": "t"}, "data": {"result": "o"}},
+        {"type": "PHASE_TOOL_RESULT", "target": "t", "data": {"result": "o"}},
+        {"type": "PHASE_LLM_REQUEST", "data": {"model": "m", "messages_count": 1}},
+        {"type": "PHASE_REQUEST", "data": "hello"},
+    ],
+)
+def test_the_fake_server_evaluates_what_the_real_one_evaluates(event) -> None:
+    eid = evaluate_elicitation_id("s1", "poleval_1")
+    assert re.fullmatch(r"elicit_evaluate_[0-9a-f]{32}", eid)
+    assert eid == evaluate_elicitation_id("s1", "poleval_1") != evaluate_elicitation_id("s1", "x")
+    assert evaluate_problem({"event": event, "_omnigent_elicitation_id": eid}) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "problem"),
+    [
+        ("function_call", {"name": "t", "arguments": "{}", "call_id": "c"}, "agent is missing"),
+        ("message", {"role": "assistant", "content": []}, "agent is missing"),
+        ("message", {"role": "user", "content": []}, None),
+        ("message", {"role": "assistant", "content": [], "agent": "a"}, None),
+        ("function_call", {"agent": "a", "name": "t", "arguments": "{}", "call_id": "c"}, None),
+        ("function_call_output", {"call_id": "c", "output": "o"}, None),
+        ("reasoning", {}, "requires known data.item_type"),
+    ],
+)
+def test_the_fake_server_parses_items_like_the_real_one(kind, data, problem) -> None:
+    """PROTOCOL_0_19 §E.1: a function_call, and an assistant message, need ``agent``."""
+    got = item_problem(kind, data)
+    assert (got is None) if problem is None else (got is not None and got.endswith(problem))
