@@ -176,7 +176,10 @@ class ToolsActor(Actor):
         self.stats["calls"] += 1
         if msg.spec:
             # The file routes resolve the session's root from it (a request carries no spec).
-            await self.environments.specs.learn(msg.session_id, msg.spec)
+            try:
+                await self.environments.specs.learn(msg.session_id, msg.spec)
+            except OSError as exc:
+                log.warning("os_env of session %s not kept: %s", msg.session_id, exc)
         await self.calls.started(msg.call_id)
         ctx = self._context(msg)
         timeout = msg.timeout_s or self.options.timeout_s

@@ -32,6 +32,7 @@ import base64
 import codecs
 import contextlib
 import errno
+import itertools
 import mimetypes
 import os
 import re
@@ -595,7 +596,10 @@ def search(
         real_dir, rel_dir = queue.popleft()
         try:
             with os.scandir(real_dir) as it:
-                children = sorted(it, key=lambda e: e.name)
+                # No more than the budget has left: a directory of a million entries is
+                # neither read whole nor sorted whole.
+                room = SEARCH_SCAN_BUDGET - scanned + 1
+                children = sorted(itertools.islice(it, room), key=lambda e: e.name)
         except OSError:
             continue  # an unreadable directory is skipped, not the whole search
         for child in children:

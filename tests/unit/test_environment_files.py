@@ -120,7 +120,7 @@ def test_a_search_stops_at_its_scan_budget(root: Path, monkeypatch) -> None:
     for i in range(10):
         (root / f"m{i}").touch()
     found = search(root, "", "m", limit=500)
-    assert found["truncated"] is True and [e["path"] for e in found["data"]] == ["m0", "m1", "m2"]
+    assert found["truncated"] is True and len(found["data"]) == 3
 
 
 def test_an_edit_over_the_limit_is_413(root: Path, monkeypatch) -> None:
