@@ -620,7 +620,7 @@ TOOLS: list[ToolSpec] = [
                 "limit": {
                     "type": "integer",
                     "minimum": 1,
-                    "description": "Most lines to return. Default: as many as fit.",
+                    "description": f"Most lines to return. Default {DEFAULT_READ_LIMIT}.",
                 },
             },
             "required": ["path"],
