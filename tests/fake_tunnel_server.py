@@ -239,6 +239,8 @@ class Tunnel:
         self.responses: dict[str, Response] = {}
         self.streams: dict[str, Stream] = {}
         self.received: list[dict[str, Any]] = []
+        #: Every frame this end sent (JSON ones, decoded).
+        self.sent: list[dict[str, Any]] = []
         self.violations: list[str] = []
         self.pongs: dict[int, trio.Event] = {}
         self.closed = trio.Event()
@@ -250,6 +252,8 @@ class Tunnel:
     # -- sending -----------------------------------------------------------------------------
 
     async def send(self, frame: dict[str, Any] | str) -> None:
+        if isinstance(frame, dict):
+            self.sent.append(frame)
         await self.ws.send_message(frame if isinstance(frame, str) else json.dumps(frame))
 
     def start_request(
@@ -462,8 +466,9 @@ class FakeTunnelServer:
         self.live: dict[str, Tunnel] = {}
         #: runner id -> (code, reason): close that runner's tunnels right after hello.
         self.close_after_hello: dict[str, tuple[int, str]] = {}
-        #: Refuse every upgrade with this HTTP status.
+        #: Refuse every upgrade with this HTTP status, or those of one runner id.
         self.reject_status: int | None = None
+        self.reject_runner: dict[str, int] = {}
         #: runner id -> {session_id: agent_id}: sessions re-initialised on each connect.
         self.bound: dict[str, dict[str, str]] = {}
         #: session id -> every event seen on any of its streams (the server's view).
@@ -574,6 +579,8 @@ class FakeTunnelServer:
             status = 403
         elif self.reject_status is not None:
             status = self.reject_status
+        elif unquote(match.group("runner_id")) in self.reject_runner:
+            status = self.reject_runner[unquote(match.group("runner_id"))]
         if status is not None:
             await request.reject(status)
             self.rejected.append((request.path, status))

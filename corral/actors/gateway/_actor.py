@@ -169,7 +169,7 @@ class GatewayActor(Actor):
         self._open: dict[str, set[_Stream]] = {}
         #: Sessions the server deleted (through this gateway): their later events go nowhere.
         self._deleted: set[str] = set()
-        #: Events kept off the server's stream, per type (and after a delete).
+        #: Events kept off the server's stream, per type; events dropped after a delete.
         self.off_stream: dict[str, int] = {}
         self.after_delete = 0
         self._stream_locks: dict[str, trio.Lock] = {}
