@@ -75,8 +75,19 @@ async def test_the_shell_route_runs_in_the_workspace(client: Client, stack) -> N
 
 
 async def test_a_failing_mutation_answers_the_server_s_error_shape(client: Client) -> None:
-    """Non-GET routes are where a string ``error`` crashed the server's proxy (§H.2)."""
+    """Non-GET routes are where a string ``error`` crashed the server's proxy into a client
+    500 and reset the connection (§H.2); corral's 4xx with ``error.message`` reaches the
+    client as the same status."""
     session = await client.session("tool")
-    r = await client.http.post(f"/v1/sessions/{session}/{ENV}/shell", json={"nope": 1})
+    r = await client.http.patch(
+        f"/v1/sessions/{session}/{ENV}/filesystem/hello.txt",
+        json={"old_text": "text that is not in the file", "new_text": "x"},
+    )
     assert 400 <= r.status_code < 500, r.text
-    assert isinstance(r.json()["error"], dict)
+    r = await client.http.put(
+        f"/v1/sessions/{session}/{ENV}/filesystem/new/deep/file.txt",
+        json={"content": "made through the server", "create_parents": True},
+    )
+    assert r.status_code < 300, r.text
+    r = await _get(client, session, f"{ENV}/filesystem/new/deep/file.txt")
+    assert r.json()["content"] == "made through the server"
