@@ -119,6 +119,12 @@ def describe(event: StreamEvent) -> Line | None:
             return Line("error", f"turn failed: {code}: {error.get('message') or ''}".rstrip(": "))
         if data.get("status") == "waiting":
             return Line("note", "waiting…")
+    if event.type == "session.delivery_failed":
+        # The message POST was answered before the runner saw it: this is the only word of
+        # a refusal (the turn it would have started never runs).
+        what = "verdict" if data.get("kind") == "approval" else "message"
+        detail = data.get("detail") or f"HTTP {data.get('status')}"
+        return Line("error", f"the runner did not take the {what}: {detail}")
     return None
 
 

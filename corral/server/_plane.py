@@ -90,7 +90,7 @@ class PlaneOptions(msgspec.Struct, frozen=True, kw_only=True):
     keepalive_s: float = 15.0
     #: A runner stream silent this long is dead (its heartbeats come every 15 s).
     stream_dead_s: float = 45.0
-    #: Answer time of tunnelled requests (init, skills, events).
+    #: Answer time of tunnelled requests (init, events, delete).
     request_timeout_s: float = 60.0
     #: Answer time of a tool run through ``/mcp/execute``.
     tool_timeout_s: float = 600.0

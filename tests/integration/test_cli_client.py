@@ -33,6 +33,7 @@ from corral.actors._control import request
 from corral.actors.host import Host
 from corral.cli import cli
 from corral.cli._chat import (
+    Line,
     LineReader,
     TurnView,
     chat_loop,
@@ -225,6 +226,16 @@ def test_follower_ends_when_the_runner_refused_its_message() -> None:
     turn.feed(ev(2, "session.delivery_failed", item_id="item_2", status=409, detail="no harness"))
     assert (turn.done, turn.status) == (True, "failed")
     assert turn.error == {"code": "delivery_failed", "message": "no harness"}
+
+
+def test_describe_a_refused_message_and_verdict() -> None:
+    def failed(**data: Any) -> StreamEvent:
+        return StreamEvent(id="1", type="session.delivery_failed", data=data)
+
+    refused = failed(kind="message", status=409, detail="no harness")
+    assert describe(refused) == Line("error", "the runner did not take the message: no harness")
+    verdict = failed(kind="approval", status=503, detail=None)
+    assert describe(verdict) == Line("error", "the runner did not take the verdict: HTTP 503")
 
 
 def test_api_errors_in_both_shapes() -> None:
