@@ -42,6 +42,12 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
+#: Reconnects in a fraction of a second, a recycle (1012) too.
+FAST_BACKOFF = (
+    "backoff_base_s = 0.05\nbackoff_cap_s = 0.2\nrecycle_min_s = 0.05\nrecycle_max_s = 0.2\n"
+)
+
+
 def host_config(
     tunnels: FakeTunnelServer,
     runners: list[dict[str, str]],
@@ -54,7 +60,7 @@ def host_config(
     if server is not None:
         text += f"server_url = {_q(server.base_url)}\n"
         text += f"[actors.policy.options]\nserver_url = {_q(server.base_url)}\n"
-    text += "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
+    text += "[actors.gateway.options]\n" + FAST_BACKOFF
     for key, value in (gateway or {}).items():
         text += f"{key} = {json.dumps(value)}\n"
     for runner in runners:

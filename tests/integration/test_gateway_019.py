@@ -22,7 +22,14 @@ from corral.actors._actor import Actor, handles
 from corral.bus import Incoming
 from corral.routes import HttpRequest, HttpResponse, SessionEvent, SessionEvents, json_response
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
-from tests.integration.test_gateway import gateway_state, host_config, poll, running, tunnel_of
+from tests.integration.test_gateway import (
+    FAST_BACKOFF,
+    gateway_state,
+    host_config,
+    poll,
+    running,
+    tunnel_of,
+)
 
 
 class OwnerActor(Actor):
@@ -109,13 +116,8 @@ async def test_recycles_reconnect_soon_1013_backs_off_4500_is_fatal(host_factory
     }
     tunnels.reject_runner = {"r-502": 502}
     runners = [{"id": r} for r in ("r-1012", "r-1001", "r-502", "r-1013", "r-4500")]
-    config = host_config(
-        tunnels,
-        runners,
-        gateway={"recycle_min_s": 0.1, "recycle_max_s": 0.3},
-    ).replace(
-        "backoff_base_s = 0.05\nbackoff_cap_s = 0.2", "backoff_base_s = 5\nbackoff_cap_s = 10"
-    )
+    slow = "backoff_base_s = 5\nbackoff_cap_s = 10\nrecycle_min_s = 0.1\nrecycle_max_s = 0.3\n"
+    config = host_config(tunnels, runners).replace(FAST_BACKOFF, slow)
     host = host_factory(config)
     async with running(host):
         with trio.fail_after(8):
