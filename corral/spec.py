@@ -359,8 +359,9 @@ def agent_policies(spec: AgentSpec) -> list[PolicyRef]:
     ``guardrails.policies`` (omnigent reads the first in flat files, the second in
     directories; corral honours both, so a policy is never silently dropped).
 
-    Only ``type: function`` exists in omnigent 0.19; the function is ``function:`` (a
-    dotted path, or ``{path, arguments}``) or its alias ``handler:``.
+    Only ``type: function`` (the default of omnigent's flat loader) is a policy corral can
+    apply; the function is ``function:`` (a dotted path, or ``{path, arguments}``) or one of
+    its aliases ``handler:`` and ``callable:``.
 
     Raises:
         SpecError: a policy that is not such a mapping, naming it and its path in the spec.
@@ -389,10 +390,10 @@ def _policy_ref(name: str, entry: Any, where: str) -> PolicyRef:
 
     if not isinstance(entry, dict):
         raise bad(f"must be a mapping, got {type(entry).__name__}")
-    kind = entry.get("type")
+    kind = entry.get("type", "function")
     if kind != "function":
         raise bad(f"type must be 'function', got {kind!r}")
-    function = entry.get("function") or entry.get("handler")
+    function = entry.get("function") or entry.get("handler") or entry.get("callable")
     arguments = None
     if isinstance(function, dict):
         arguments = function.get("arguments")

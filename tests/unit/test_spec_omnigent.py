@@ -165,6 +165,7 @@ def test_bundle_prompt_from_agents_md() -> None:
             {"n": 1},
         ),
         ({"type": "function", "handler": "a.b.c", "factory_params": {"n": 2}}, "a.b.c", {"n": 2}),
+        ({"callable": "a.b.c"}, "a.b.c", None),  # the flat loader's default type and alias
     ],
 )
 def test_policy_shapes(entry: dict, path: str, arguments: dict | None) -> None:
@@ -177,6 +178,7 @@ def test_policy_shapes(entry: dict, path: str, arguments: dict | None) -> None:
     [
         ({"type": "prompt"}, r"^invalid agent spec: policy 'p': type must be 'function', got 'pro"),
         ({"type": "function"}, r"^invalid agent spec: policy 'p': needs `function:`"),
+        ({"type": "label"}, r"^invalid agent spec: policy 'p': type must be 'function', got 'lab"),
         ("ask", r"^invalid agent spec: policy 'p': must be a mapping, got str$"),
         (
             {"type": "function", "function": {"path": "x", "arguments": {}}, "factory_params": {}},
