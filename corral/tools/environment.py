@@ -18,8 +18,8 @@ route                                      answer
                                            replace_all}``)
 ``DELETE /default/filesystem/{path}``      ``delete_result`` (``?recursive=true``)
 ``GET /default/search[/{path}]?q=``        entries whose name or path contains ``q``
-``GET /default/changes``                   the empty list (see below)
-``GET /default/diff/{path}``               404: no path is in a change record (see below)
+``GET /default/changes``                   uncommitted changes under the root (git)
+``GET /default/diff/{path}``               ``file_diff``: the file at ``HEAD`` and now
 ``POST /default/shell``                    ``shell_result`` (``{command, timeout?}``)
 =========================================  ==================================================
 
@@ -31,11 +31,11 @@ body, 400 ``invalid_path``/403 ``path_unreachable`` for a path out of the root
 ``unsupported_environment`` when the session's spec asks for an environment this runner
 cannot provide (a sandbox: browsing or a shell must not be the way around it).
 
-**Changes and diffs.** omnigent's runner answers them from ``git status`` and baselines it
-keeps per session. corral keeps no per-file change record (its changed-files signal,
-:mod:`corral.tools.changed_files`, only says *that* something changed), so ``changes`` is an
-honest empty list and ``diff`` has nothing to compare: the server's client shows no changes
-rather than wrong ones.
+**Changes and diffs** come from git, as omnigent's runner gets them in a git work tree
+(:mod:`corral.tools.env_changes`): every uncommitted change under the root against
+``HEAD``. Outside a work tree there is no record of changes (corral's changed-files signal,
+:mod:`corral.tools.changed_files`, only says *that* something changed): ``changes`` is the
+empty list and ``diff`` 404, so the client shows no changes rather than wrong ones.
 
 **The spec.** The root depends on the session's ``os_env`` when the runner has no
 workspace (an absolute ``cwd``, T-07). A tunnelled request carries no spec, so the tools
@@ -52,14 +52,14 @@ import json
 import logging
 import os
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
 from ..routes import HttpRequest
-from . import env_files
+from . import env_changes, env_files
 from ._api import ProcessTracker, ToolError
 from .changed_files import ENVIRONMENT_ID
 from .env_files import FsError
@@ -362,10 +362,11 @@ class Environments:
             return 200, await self._search(session_id, tail, params), False
         if kind == "changes" and not tail:
             _only(method, "GET")
-            return 200, {"object": "list", "data": [], "has_more": False}, False
+            root = await self.root(session_id)
+            return 200, await _git(env_changes.changed_files(root)), False
         if kind == "diff":
             _only(method, "GET")
-            raise await self._diff(session_id, tail)
+            return 200, await self._diff(session_id, tail), False
         if kind == "shell" and not tail:
             _only(method, "POST")
             return 200, await self._shell(session_id, _body(request)), True
@@ -456,17 +457,12 @@ class Environments:
             env_files.search, root, path, query, limit=limit, include=include, exclude=exclude
         )
 
-    async def _diff(self, session_id: str, path: str) -> RouteError:
-        """Why ``diff/{path}`` has no answer: corral keeps no baselines to diff against."""
+    async def _diff(self, session_id: str, path: str) -> dict[str, Any]:
         root = await self.root(session_id)
         target = await self._fs(env_files.resolve, root, path)
         if not target.rel:
-            return RouteError(400, "invalid_path", "Cannot diff the environment root")
-        return RouteError(
-            404,
-            "not_found",
-            f"Path {target.rel!r} is not in the changed-files registry for this session",
-        )
+            raise RouteError(400, "invalid_path", "Cannot diff the environment root")
+        return await _git(env_changes.file_diff(target))
 
     async def _shell(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
         command = body.get("command")
@@ -499,6 +495,13 @@ class Environments:
             "timed_out": result["timed_out"],
             "cwd": result["cwd"],
         }
+
+
+async def _git(work: Awaitable[_T]) -> _T:
+    try:
+        return await work
+    except FsError as exc:
+        raise RouteError(exc.status, exc.code, exc.message) from None
 
 
 def _content(body: dict[str, Any]) -> bytes:

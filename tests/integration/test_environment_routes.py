@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -403,13 +404,86 @@ async def test_search_by_name_and_path(ehost, sess) -> None:
         )
 
 
-async def test_changes_are_empty_and_diff_has_nothing_to_compare(ehost, sess) -> None:
+async def test_outside_git_changes_are_empty_and_diff_has_nothing_to_compare(ehost, sess) -> None:
     (sess.root / "f.txt").write_text("x")
     async with fake_gateway(ehost.endpoint) as gw:
         status, changes = await call(gw, "GET", f"{sess.env}/default/changes")
         assert (status, changes) == (200, {"object": "list", "data": [], "has_more": False})
         assert_error(await call(gw, "GET", f"{sess.env}/default/diff/f.txt"), 404, "not_found")
         assert_error(await call(gw, "GET", f"{sess.env}/default/diff/../x"), 400, "invalid_path")
+        assert_error(await call(gw, "GET", f"{sess.env}/default/diff"), 400, "invalid_path")
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+async def test_in_a_git_work_tree_changes_and_diffs_come_from_git(ehost, sess) -> None:
+    """As omnigent's runner: ``git status`` under the root, counts from ``numstat``, the
+    diff of a file against ``HEAD`` (the root may be a subdirectory of the work tree)."""
+    top = sess.root.parent
+    root = sess.root
+    (root / "kept.txt").write_text("one\ntwo\n")
+    (root / "gone.txt").write_text("bye\n")
+    (root / "old.txt").write_text("moved\n")
+    (top / "elsewhere.txt").write_text("not under the root\n")
+    git(top, "init", "-q")
+    git(top, "add", ".")
+    git(top, "commit", "-qm", "base")
+    (root / "kept.txt").write_text("one\n2\nthree\n")
+    (root / "gone.txt").unlink()
+    git(top, "mv", "workspace/old.txt", "workspace/new.txt")
+    (root / "sub").mkdir()
+    (root / "sub" / "fresh.txt").write_text("fresh\n")
+    (top / "elsewhere.txt").write_text("changed, but not under the root\n")
+    async with fake_gateway(ehost.endpoint) as gw:
+        status, changes = await call(gw, "GET", f"{sess.env}/default/changes")
+        assert status == 200 and changes["has_more"] is False
+        by_path = {c["path"]: c for c in changes["data"]}
+        assert {p: c["status"] for p, c in by_path.items()} == {
+            "kept.txt": "modified",
+            "gone.txt": "deleted",
+            "new.txt": "modified",
+            "sub/fresh.txt": "created",
+        }
+        kept = by_path["kept.txt"]
+        assert kept == {
+            "object": "session.environment.filesystem.entry",
+            "path": "kept.txt",
+            "name": "kept.txt",
+            "status": "modified",
+            "bytes": 12,
+            "modified_at": int((root / "kept.txt").stat().st_mtime),
+            "lines_added": 2,
+            "lines_removed": 1,
+        }
+        assert (by_path["gone.txt"]["bytes"], by_path["gone.txt"]["lines_removed"]) == (None, 1)
+        assert by_path["sub/fresh.txt"]["lines_added"] is None  # untracked: git has no diff
+        status, diff = await call(gw, "GET", f"{sess.env}/default/diff/kept.txt")
+        assert (status, diff) == (
+            200,
+            {
+                "object": "session.environment.filesystem.file_diff",
+                "path": "kept.txt",
+                "before": "one\ntwo\n",
+                "after": "one\n2\nthree\n",
+            },
+        )
+        _, gone = await call(gw, "GET", f"{sess.env}/default/diff/gone.txt")
+        assert (gone["before"], gone["after"]) == ("bye\n", None)
+        _, fresh = await call(gw, "GET", f"{sess.env}/default/diff/sub/fresh.txt")
+        assert (fresh["before"], fresh["after"]) == (None, "fresh\n")
+        git(top, "add", ".")
+        git(top, "commit", "-qm", "all in")
+        assert_error(await call(gw, "GET", f"{sess.env}/default/diff/kept.txt"), 404, "not_found")
+        _, clean = await call(gw, "GET", f"{sess.env}/default/changes")
+        assert clean["data"] == []
 
 
 async def test_shell_runs_in_the_root_without_the_hosts_secrets(ehost, sess) -> None:
