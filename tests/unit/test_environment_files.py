@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from corral.tools import env_files
+from corral.tools.env_changes import _parse_numstat, _parse_status
 from corral.tools.env_files import FsError, resolve, search, split_globs
 from corral.tools.environment import Environments, RouteError, SessionSpecs, page
 
@@ -249,3 +250,21 @@ async def test_only_os_env_is_kept_and_it_survives_a_new_instance(tmp_path: Path
     assert await again.get("unknown") == {}
     stored = "".join(p.read_text() for p in (tmp_path / "specs").iterdir())
     assert "sk-secret" not in stored and json.loads(stored) == {"os_env": {"cwd": "/srv/x"}}
+
+
+# -- git's answers ------------------------------------------------------------------------------
+
+
+def test_git_status_records_are_read_relative_to_the_root() -> None:
+    out = b"R  ws/new.txt\0ws/old.txt\0?? ws/a b.txt\0 D ws/gone\0A  ws/added\0MM other/x\0"
+    assert _parse_status(out, "ws/") == [
+        ("new.txt", "modified"),
+        ("a b.txt", "created"),
+        ("gone", "deleted"),
+        ("added", "created"),
+    ]
+
+
+def test_git_numstat_counts_and_binaries() -> None:
+    out = b"3\t1\tsrc/app.py\0-\t-\tlogo.png\0"
+    assert _parse_numstat(out) == {"src/app.py": (3, 1), "logo.png": (None, None)}
