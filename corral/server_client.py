@@ -403,14 +403,21 @@ class ServerClient:
         path = f"/v1/sessions/{_id(session_id, 'session_id')}/events"
         return await self._object("POST", path, json=body, idempotent=False, empty_ok=True)
 
-    async def file_content(self, file_id: str) -> tuple[bytes, str]:
+    async def file_content(
+        self, file_id: str, *, session_id: str | None = None
+    ) -> tuple[bytes, str]:
         """The bytes and content type of an uploaded file, for ``file_id`` media blocks.
 
-        The capture shows no file route (no turn used a file), so this calls the placeholder
-        ``GET /v1/files/{file_id}/content``; confirm it against a real server before relying on
-        it.
+        The 0.19.1 server keeps uploads per session: ``GET /v1/sessions/{session_id}/
+        resources/files/{file_id}/content`` answers the raw bytes with their type (a forwarded
+        message already carries its files inline, PROTOCOL_0_19 §C.1, but a stored history
+        item keeps the ``file_id``). Without ``session_id`` this calls ``GET /v1/files/
+        {file_id}/content``, which no captured server has.
         """
-        path = f"/v1/files/{_id(file_id, 'file_id')}/content"
+        fid = _id(file_id, "file_id")
+        path = f"/v1/files/{fid}/content"
+        if session_id is not None:
+            path = f"/v1/sessions/{_id(session_id, 'session_id')}/resources/files/{fid}/content"
         response, content = await self._request(
             "GET", path, idempotent=True, max_bytes=MAX_FILE_BYTES
         )

@@ -22,6 +22,7 @@ route                                                     answer
                                                           becomes an item if 0.19.1 would
                                                           parse it (§E.1), else 400
 ``GET /v1/files/{id}/content``                            a file (placeholder route, not in §iii)
+``GET /v1/sessions/{id}/resources/files/{fid}/content``   a file (the 0.19.1 route)
 =======================================================  =====================================
 
 Every request is recorded (:class:`Recorded`: method, path, query, headers, raw body) before it
@@ -539,6 +540,12 @@ class FakeOmnigentServer:
         session = self.sessions.get(session_id)
         if session is None:
             return _error(404, "not_found", f"Session '{session_id}' not found")
+        if method == "GET" and (found := re.fullmatch(r"/resources/files/([^/]+)/content", rest)):
+            # The 0.19.1 route: uploads belong to a session (the fake keeps one store).
+            if found.group(1) not in self.files:
+                return _error(404, "not_found", "File not found")
+            content, kind = self.files[found.group(1)]
+            return Reply(200, content, content_type=kind)
         handler = _ROUTES.get((method, rest))
         if handler is None:
             known = {m for (m, r) in _ROUTES if r == rest}

@@ -43,3 +43,16 @@ async def test_every_call_says_it_is_corral_and_held_evaluations_wait_a_day() ->
 )
 def test_error_text_is_read_from_both_error_shapes(body: bytes, text: str) -> None:
     assert _detail(body) == text
+
+
+async def test_a_session_s_file_is_read_from_the_0_19_route() -> None:
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return httpx.Response(200, content=b"hi", headers={"content-type": "text/plain"})
+
+    async with ServerClient("http://server", transport=httpx.MockTransport(answer)) as client:
+        assert await client.file_content("f1", session_id="s1") == (b"hi", "text/plain")
+        assert await client.file_content("f1") == (b"hi", "text/plain")
+    assert seen == ["/v1/sessions/s1/resources/files/f1/content", "/v1/files/f1/content"]
