@@ -241,3 +241,18 @@ def test_the_fake_rejects_items_the_server_could_not_persist() -> None:
         "stream event type 'runtime_model' is not in the server's union"
     )
     assert stream_violation({"type": "response.output_item.done", "item": message})
+
+
+def test_events_an_older_gateway_buffered_are_left_out_on_load(tmp_path: Path) -> None:
+    path = tmp_path / "streams.log"
+    old = StreamBuffer(path, max_events=10, compact_bytes=1 << 20)
+    old.load()
+    old.add("s", 1, b'{"type": "response.output_text.delta", "delta": "a"}')
+    old.add("s", 2, b'{"type": "runtime_model", "model": "m"}')
+    old.add("s", 3, b'{"type": "session.status", "status": "idle"}')
+    old.close()
+    new = StreamBuffer(path, max_events=10, compact_bytes=1 << 20)
+    new.load(lambda event: stream_type(event) in SERVER_STREAM_TYPES)
+    assert [seq for seq, _ in new.take("s", 10, 1 << 20)] == [1, 3]
+    assert not new.add("s", 2, b'{"type": "runtime_model"}'), "its seq still counts"
+    new.close()

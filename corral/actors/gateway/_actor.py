@@ -121,6 +121,10 @@ def stream_type(event: bytes) -> str | None:
         return None
 
 
+def _upstream(event: bytes) -> bool:
+    return stream_type(event) in SERVER_STREAM_TYPES
+
+
 class _Stream:
     """One open ``GET .../stream``: ``finish`` asks it to end with ``[DONE]``."""
 
@@ -178,7 +182,7 @@ class GatewayActor(Actor):
 
     async def setup(self) -> None:
         assert self.nursery is not None
-        await trio.to_thread.run_sync(self.buffer.load)
+        await trio.to_thread.run_sync(self.buffer.load, _upstream)
         self.nursery.start_soon(self.buffer.run, self.peer.ack)
         ids = await trio.to_thread.run_sync(self._runner_ids)
         for runner, runner_id in zip(self.options.runners, ids, strict=True):

@@ -83,8 +83,12 @@ class StreamBuffer:
 
     # -- loading ---------------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Rebuild the pending events from the file (repairing a torn tail) and open it."""
+    def load(self, keep: Callable[[bytes], bool] | None = None) -> None:
+        """Rebuild the pending events from the file (repairing a torn tail) and open it.
+
+        With ``keep``, an event it refuses is not pending (its seq still counts as seen): a
+        buffer written by an older gateway may hold events that no longer go upstream.
+        """
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -95,6 +99,7 @@ class StreamBuffer:
             os.replace(self.path, aside)
             data = b""
         offset = len(_MAGIC) if data else 0
+        left_out = 0
         while offset + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, offset)
             payload = data[offset + _RECORD.size : offset + _RECORD.size + length]
@@ -104,8 +109,11 @@ class StreamBuffer:
                 kind, session_id, seq, event = _decode_record(payload)
             except msgspec.DecodeError:
                 break
-            if kind == _EVENT:
+            if kind == _EVENT and (keep is None or keep(event)):
                 self._add(session_id, seq, event)
+            elif kind == _EVENT:
+                self._note(session_id, seq)
+                left_out += 1
             else:
                 self._done(session_id, seq)
             offset += _RECORD.size + length
@@ -123,6 +131,8 @@ class StreamBuffer:
         pending = self.pending_count()
         if pending:
             log.info("stream buffer: %d undelivered events of %d sessions", pending, len(self))
+        if left_out:
+            log.info("stream buffer: %d undelivered events no longer go upstream", left_out)
 
     def __len__(self) -> int:
         return sum(1 for s in self.sessions.values() if s.events)
@@ -167,11 +177,16 @@ class StreamBuffer:
         still has to be newer. Nothing is written: there is nothing to deliver, and after a
         restart a redelivery of it is simply left out again.
         """
+        if not self._note(session_id, seq):
+            self.stats["duplicates"] += 1
+            return False
+        return True
+
+    def _note(self, session_id: str, seq: int) -> bool:
         s = self.sessions.get(session_id)
         if s is None:
             s = self.sessions[session_id] = _Session()
         if seq <= s.last or seq <= s.done:
-            self.stats["duplicates"] += 1
             return False
         s.last = seq
         return True
