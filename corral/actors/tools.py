@@ -51,13 +51,14 @@ import msgspec
 import trio
 
 from ..bus import Incoming
-from ..routes import HttpRequest, HttpResponse, error_response, json_response
+from ..routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
 from ..tools import registry
 from ..tools._api import ToolContext, ToolError
 from ..tools.async_calls import AsyncCalls
 from ..tools.calls import CallLog
 from ..tools.changed_files import ChangedFilesSignal, changed_files_event
 from ..tools.environment import (
+    Download,
     Environments,
     RouteError,
     SessionSpecs,
@@ -68,6 +69,7 @@ from ..tools.environment import (
 )
 from ..tools.inbox import Inbox
 from ..tools.os_env import default_os_env_root, workspace_from_env
+from ..tools.os_tools import in_thread
 from ..tools.protocol import PublishEvents, ToolCancel, ToolExec, ToolExecResult
 from ..tools.terminals import Terminals, deleted_event
 from ._actor import Actor, ActorContext, handles
@@ -84,6 +86,8 @@ CANCELLED = "The tool call was cancelled."
 ROUTE_BROKE = "The request failed on the runner; see runner logs for details."
 #: Resource requests answered at once; more wait their turn.
 MAX_HTTP_JOBS = 16
+#: Bytes of a download per HttpChunk message.
+DOWNLOAD_CHUNK = 256 * 1024
 
 
 class ToolsOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -283,19 +287,52 @@ class ToolsActor(Actor):
 
     async def _http(self, msg: HttpRequest, incoming: Incoming) -> None:
         async with self.http_jobs:
+            download: Download | None = None
             try:
-                reply = await self._route(msg)
+                answer = await self._route(msg)
             except RouteError as exc:
-                reply = error_response(exc.status, exc.code, exc.message)
+                answer = error_response(exc.status, exc.code, exc.message)
             except ToolError as exc:  # tmux, listing a session's terminals
-                reply = error_response(500, "terminal_error", str(exc))
+                answer = error_response(500, "terminal_error", str(exc))
             except Exception:
                 log.exception("%s %s failed", msg.method, msg.path)
-                reply = error_response(500, "internal_error", ROUTE_BROKE)
-        await self.peer.reply(incoming, reply)
-        self.peer.ack(incoming)
+                answer = error_response(500, "internal_error", ROUTE_BROKE)
+            if isinstance(answer, Download):
+                download = answer
+                answer = HttpResponse(status=200, headers=download.headers(), streaming=True)
+            try:
+                await self.peer.reply(incoming, answer)
+                self.peer.ack(incoming)
+                if download is not None:
+                    await self._stream(msg, download)
+            finally:
+                if download is not None:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(download.file.close)
 
-    async def _route(self, msg: HttpRequest) -> HttpResponse:
+    async def _stream(self, msg: HttpRequest, download: Download) -> None:
+        """A download's bytes as HttpChunk messages to the request's ``reply_to``; the last
+        one ends the answer, also when the file could not be read to its announced size (the
+        client then sees a short body, never a wrong one)."""
+        left = download.size
+        try:
+            while left > 0:
+                data = await in_thread(download.file.read, min(DOWNLOAD_CHUNK, left))
+                if not data:
+                    log.warning("%s shrank during its download", download.name)
+                    break
+                left -= len(data)
+                await self.peer.cast(msg.reply_to, HttpChunk(request_id=msg.request_id, data=data))
+        except Exception:
+            # A read error, or the bus refusing a chunk: the answer ends short.
+            log.exception("download of %s failed", download.name)
+        with trio.CancelScope(shield=True):
+            try:
+                await self.peer.cast(msg.reply_to, HttpChunk(request_id=msg.request_id, end=True))
+            except Exception:
+                log.exception("the end of the download of %s was not sent", download.name)
+
+    async def _route(self, msg: HttpRequest) -> HttpResponse | Download:
         parts = msg.path.strip("/").split("/")
         if parts[:2] != ["v1", "sessions"] or len(parts) < 4 or parts[3] != "resources":
             raise RouteError(404, "not_found", f"No route {msg.method} {msg.path} on this runner.")
@@ -306,7 +343,7 @@ class ToolsActor(Actor):
             status, body, mutated = await self.environments.answer(msg, session_id, rest[1:])
             if mutated:
                 await self._publish(session_id, changed_files_event(session_id))
-            return json_response(status, body)
+            return body if isinstance(body, Download) else json_response(status, body)
         if method == "DELETE" and not rest:
             for event in await self.terminals.close_all(session_id):
                 await self._publish(session_id, event)

@@ -32,7 +32,8 @@ from typing import Any
 import trio
 
 from ..harnesses.spawn_env import base_env
-from .env_files import ENTRY_OBJECT, MAX_READ_BYTES, FsError, Target
+from .env_files import ENTRY_OBJECT, MAX_READ_BYTES, FsError, Target, open_file
+from .os_tools import in_thread
 
 __all__ = ["GIT_TIMEOUT_S", "MAX_CHANGES", "changed_files", "file_diff"]
 
@@ -201,7 +202,7 @@ async def file_diff(target: Target) -> dict[str, Any]:
         before = data.decode("utf-8", errors="replace")
     after: str | None = None
     if status != "deleted":
-        after = await trio.to_thread.run_sync(_read_text, target)
+        after = await in_thread(_read_text, target)
     return {
         "object": "session.environment.filesystem.file_diff",
         "path": target.rel,
@@ -210,14 +211,9 @@ async def file_diff(target: Target) -> dict[str, Any]:
     }
 
 
-def _read_text(target: Target) -> str | None:
-    try:
-        fd = os.open(target.real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as raw:
-        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
-            return None
+def _read_text(target: Target) -> str:
+    raw, _st = open_file(target.real, target.rel)
+    with raw:
         data = raw.read(MAX_READ_BYTES + 1)
     if len(data) > MAX_READ_BYTES:
         raise FsError(413, "file_too_large", f"{target.rel!r} is too large to diff")

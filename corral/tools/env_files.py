@@ -40,7 +40,7 @@ import stat
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .os_tools import MAX_EDIT_BYTES, atomic_write
 from .paths import is_inside
@@ -49,6 +49,7 @@ __all__ = [
     "ENTRY_OBJECT",
     "MAX_BODY_BYTES",
     "MAX_DIR_ENTRIES",
+    "MAX_DOWNLOAD_BYTES",
     "MAX_READ_BYTES",
     "SEARCH_SCAN_BUDGET",
     "SEARCH_TIME_BUDGET_S",
@@ -57,6 +58,8 @@ __all__ = [
     "delete_path",
     "edit_file",
     "list_or_read",
+    "open_download",
+    "open_file",
     "resolve",
     "search",
     "write_file",
@@ -71,6 +74,9 @@ MAX_READ_BYTES = 512 * 1024
 MAX_DIR_ENTRIES = 100_000
 #: About how many bytes of entries one listing or search answer holds.
 MAX_BODY_BYTES = 1024 * 1024
+#: Largest file ``?download=true`` serves. Its chunks wait in the gateway's memory while the
+#: tunnel drains them, so the whole file must be affordable there.
+MAX_DOWNLOAD_BYTES = 64 * 1024 * 1024
 #: Entries a search looks at, and how long it may walk.
 SEARCH_SCAN_BUDGET = 50_000
 SEARCH_TIME_BUDGET_S = 5.0
@@ -151,6 +157,32 @@ def resolve(root: Path | str, path: str, *, follow_last: bool = True) -> Target:
     # Report the path as the client named it (normalised), relative to the root.
     rel = os.path.relpath(joined, base) if is_inside(base, joined) else os.path.relpath(real, base)
     return Target(base, real, "" if rel == "." else rel)
+
+
+def open_file(real: str, path: str) -> tuple[BinaryIO, os.stat_result]:
+    """Open the regular file at ``real`` for reading (never a directory, FIFO or device:
+    those could not be read, or could hang the read).
+
+    Raises:
+        FsError: 400 for a directory, 415 for anything else but a regular file, and what
+            opening it raises.
+    """
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _os_error(exc, path) from exc
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise _invalid(f"Path {path!r} is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise FsError(415, "unsupported_media_type", f"Path {path!r} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb"), st
 
 
 # -- entries --------------------------------------------------------------------------------
@@ -289,14 +321,8 @@ def _list_dir(
 
 
 def _read_file(target: Target, path: str) -> dict[str, Any]:
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(target.real, flags)
-    except OSError as exc:
-        raise _os_error(exc, path) from exc
-    with os.fdopen(fd, "rb") as raw:
-        if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
-            raise FsError(415, "unsupported_media_type", f"Path {path!r} is not a regular file")
+    raw, _st = open_file(target.real, path)
+    with raw:
         data = raw.read(MAX_READ_BYTES + 1)
     truncated = len(data) > MAX_READ_BYTES
     data = data[:MAX_READ_BYTES]
@@ -328,6 +354,25 @@ def _as_text(data: bytes, truncated: bool) -> str | None:
         return decoder.decode(data, final=not truncated)
     except UnicodeDecodeError:
         return None
+
+
+def open_download(root: Path | str, path: str) -> tuple[BinaryIO, str, int]:
+    """``GET .../filesystem/{path}?download=true``: the open file, its name and its size.
+
+    Raises:
+        FsError: 400 for a directory, 415 for anything but a regular file, 413 past
+            :data:`MAX_DOWNLOAD_BYTES`, and what :func:`resolve` refuses.
+    """
+    target = resolve(root, path)
+    file, st = open_file(target.real, path)
+    if st.st_size > MAX_DOWNLOAD_BYTES:
+        file.close()
+        raise FsError(
+            413,
+            "file_too_large",
+            f"Path {path!r} is larger than {MAX_DOWNLOAD_BYTES} bytes, the download limit",
+        )
+    return file, os.path.basename(target.real), st.st_size
 
 
 # -- write / edit / delete -------------------------------------------------------------------
@@ -379,17 +424,8 @@ def edit_file(
             limit; 415 for a binary file.
     """
     target = resolve(root, path)
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(target.real, flags)
-    except OSError as exc:
-        raise _os_error(exc, path) from exc
-    with os.fdopen(fd, "rb") as raw:
-        st = os.fstat(raw.fileno())
-        if stat.S_ISDIR(st.st_mode):
-            raise _invalid(f"Path {path!r} is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise FsError(415, "unsupported_media_type", f"Path {path!r} is not a regular file")
+    raw, st = open_file(target.real, path)
+    with raw:
         data = raw.read(MAX_EDIT_BYTES + 1)
     if len(data) > MAX_EDIT_BYTES:
         raise FsError(413, "file_too_large", f"Path {path!r} is larger than {MAX_EDIT_BYTES} bytes")

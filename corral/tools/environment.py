@@ -12,6 +12,7 @@ route                                      answer
 ``GET``                                    list page holding ``default``
 ``GET /default``                           the environment, with ``root``/``home``/``reachable``
 ``GET /default/filesystem[/{path}]``       a directory's page, or a file's content
+                                           (``?download=true``: the file's bytes)
 ``PUT /default/filesystem/{path}``         ``write_result`` (``{content, encoding,
                                            create_parents}``)
 ``PATCH /default/filesystem/{path}``       ``edit_result`` (``{old_text, new_text,
@@ -50,11 +51,13 @@ import binascii
 import hashlib
 import json
 import logging
+import mimetypes
 import os
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import trio
 
@@ -70,6 +73,7 @@ __all__ = [
     "ENVIRONMENT_NAME",
     "MAX_PAGE_LIMIT",
     "MAX_SEARCH_LIMIT",
+    "Download",
     "Environments",
     "RouteError",
     "SessionSpecs",
@@ -89,6 +93,31 @@ DEFAULT_PAGE_LIMIT = 20
 MAX_SEARCH_LIMIT = 500
 
 _T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class Download:
+    """A file to stream as the answer (``?download=true``): its head, then its bytes."""
+
+    file: BinaryIO
+    name: str
+    size: int
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The attachment's headers, as omnigent's runner sends them."""
+        quoted = urllib.parse.quote(self.name)
+        disposition = (
+            f'attachment; filename="{self.name}"'
+            if quoted == self.name
+            else f"attachment; filename*=utf-8''{quoted}"
+        )
+        return [
+            ("content-type", mimetypes.guess_type(self.name)[0] or "application/octet-stream"),
+            ("content-length", str(self.size)),
+            ("content-disposition", disposition),
+            ("cache-control", "no-store"),
+            ("x-content-type-options", "nosniff"),
+        ]
 
 
 class RouteError(Exception):
@@ -333,12 +362,13 @@ class Environments:
 
     async def answer(
         self, request: HttpRequest, session_id: str, rest: list[str]
-    ) -> tuple[int, dict[str, Any], bool]:
+    ) -> tuple[int, dict[str, Any] | Download, bool]:
         """Answer a request whose path below ``.../resources/environments`` is ``rest``.
 
         Returns:
-            ``(status, body, mutated)``; ``mutated`` is True after a successful write,
-            edit, delete or shell command (the caller publishes the changed-files signal).
+            ``(status, body, mutated)``; ``body`` is a :class:`Download` for a file to stream
+            (the caller closes it); ``mutated`` is True after a successful write, edit,
+            delete or shell command (the caller publishes the changed-files signal).
 
         Raises:
             RouteError: the answer is an error.
@@ -404,13 +434,16 @@ class Environments:
         session_id: str,
         path: str,
         params: dict[str, str],
-    ) -> tuple[int, dict[str, Any], bool]:
+    ) -> tuple[int, dict[str, Any] | Download, bool]:
         if method == "GET":
             paging = page_params(params)
             # The server sends ``scope=reach`` for a caller who may follow a link out of the
             # workspace; corral never serves outside the root, so both scopes read the same.
             _choice(params, "scope", "workspace", ("workspace", "reach"))
             root = await self.root(session_id)
+            if _flag(params, "download"):
+                file, name, size = await self._fs(env_files.open_download, root, path)
+                return 200, Download(file, name, size), False
             return 200, await self._fs(env_files.list_or_read, root, path, **paging), False
         if method == "PUT":
             body = _body(request)

@@ -334,6 +334,11 @@ async def test_mutations_answer_their_results_and_publish_the_signal(ehost, sess
         )
         assert_error(conflict, 409, "edit_conflict")
         assert_error(await call(gw, "DELETE", f"{sess.fs}/notes"), 409, "directory_not_empty")
+        on_dir = await call(gw, "PATCH", f"{sess.fs}/notes", {"old_text": "a", "new_text": "b"})
+        assert_error(on_dir, 400, "invalid_path")
+        assert_error(
+            await call(gw, "PUT", f"{sess.fs}/notes", {"content": "x"}), 400, "invalid_path"
+        )
         no_parent = await call(
             gw, "PUT", f"{sess.fs}/x/y.txt", {"content": "", "create_parents": False}
         )
@@ -632,3 +637,56 @@ async def test_t16_one_terminal_is_read_and_closed_by_its_resource_id(ehost, ses
         assert deleted()[0]["resource_id"] == "terminal_sh_s1"
         assert_error(await call(gw, "DELETE", f"{terminals}/terminal_sh_s1"), 404, "not_found")
         assert_error(await call(gw, "PUT", terminals), 405, "method_not_allowed")
+
+
+async def test_a_download_streams_the_files_bytes(ehost, sess) -> None:
+    """``?download=true`` answers the bytes as an attachment, in chunks, as omnigent's
+    runner streams them (the server refuses the JSON envelope for a download)."""
+    data = os.urandom(600 * 1024)
+    (sess.root / "blob.bin").write_bytes(data)
+    (sess.root / "naïve file.txt").write_text("x")
+    (sess.root / "huge.bin").touch()
+    os.truncate(sess.root / "huge.bin", env_files.MAX_DOWNLOAD_BYTES + 1)  # sparse
+    async with fake_gateway(ehost.endpoint) as gw:
+        request_id = uuid.uuid4().hex
+        head = await gw.peer.call(
+            "tools",
+            HttpRequest(
+                request_id=request_id,
+                method="GET",
+                path=f"{sess.fs}/blob.bin",
+                query="download=true&scope=reach",
+                reply_to=gw.peer.name,
+            ),
+            timeout=30,
+        )
+        assert (head.status, head.streaming, head.body) == (200, True, b"")
+        assert dict(head.headers) == {
+            "content-type": "application/octet-stream",
+            "content-length": str(len(data)),
+            "content-disposition": 'attachment; filename="blob.bin"',
+            "cache-control": "no-store",
+            "x-content-type-options": "nosniff",
+        }
+        await gw.wait(lambda: request_id in gw.ended)
+        assert b"".join(gw.chunks[request_id]) == data
+        assert len(gw.chunks[request_id]) > 2  # in pieces, not one bus message
+        other = uuid.uuid4().hex
+        head = await gw.peer.call(
+            "tools",
+            HttpRequest(
+                request_id=other,
+                method="GET",
+                path=f"{sess.fs}/na%C3%AFve%20file.txt",
+                query="download=true",
+                reply_to=gw.peer.name,
+            ),
+            timeout=30,
+        )
+        disposition = dict(head.headers)["content-disposition"]
+        assert disposition == "attachment; filename*=utf-8''na%C3%AFve%20file.txt"
+        await gw.wait(lambda: other in gw.ended)
+        too_big = await call(gw, "GET", f"{sess.fs}/huge.bin", query="download=true")
+        assert_error(too_big, 413, "file_too_large")
+        assert_error(await call(gw, "GET", sess.fs, query="download=true"), 400, "invalid_path")
+        assert_error(await call(gw, "GET", sess.fs, query="download=maybe"), 400, "invalid_input")
