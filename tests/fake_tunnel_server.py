@@ -8,8 +8,8 @@ server side of the tunnel:
   HTTP 403 (or any status set in ``reject_status``); with a token header, closes with 4004
   when the id is not ``runner_token_ + sha256("omnigent-runner:" + token)[:32]``;
 * requires ``hello`` first (4001 otherwise) with ``frame_protocol_version`` 1 (4002) and, if
-  present, ``capabilities`` a list of strings; answers ``event.ready`` when the hello lists
-  ``session-event-ingest-v1`` (§A.3);
+  present, ``capabilities`` a list of strings and ``connection_id`` a string (else a violation
+  and 4001); answers ``event.ready`` when the hello lists ``session-event-ingest-v1`` (§A.3);
 * closes a replaced tunnel (same runner id) with 4000, and any tunnel on demand
   (``close_after_hello[runner_id] = (code, reason)``, :meth:`Tunnel.close`);
 * sends ``request`` frames the way the server's httpx client does and collects the
@@ -618,8 +618,15 @@ class FakeTunnelServer:
             self._changed()
             return
         capabilities = hello.get("capabilities", [])
-        if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
-            tunnel.violations.append(f"hello capabilities not a string list: {capabilities!r}")
+        connection_id = hello.get("connection_id")
+        if (
+            not isinstance(capabilities, list)
+            or not all(isinstance(c, str) for c in capabilities)
+            or not isinstance(connection_id, str | None)
+        ):
+            # The real server raises decoding such a hello and drops the connection without a
+            # close frame (the runner sees 1006); a clean close is easier to assert on.
+            tunnel.violations.append(f"malformed hello: {hello!r:.200}")
             await tunnel.close(4001, "expected hello frame")
             tunnel.closed.set()
             self._changed()

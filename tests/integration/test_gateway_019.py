@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
 
 from corral.actors._actor import Actor, handles
 from corral.bus import Incoming
@@ -330,3 +331,37 @@ async def test_without_tools_lists_are_empty_the_rest_503_and_errors_are_019_sha
         assert (failed.status, failed.json["error"]["code"]) == (500, "runner_dispatch_failed")
         assert isinstance(failed.json["error"]["message"], str)
         assert t.violations == []
+
+
+# --- the fake agrees with the real server (#13) ----------------------------------------------
+
+
+async def test_the_fake_refuses_a_malformed_hello_and_answers_event_ready(tunnels) -> None:
+    """What the real server did with these hellos (observed on 0.19.1): a string
+    ``capabilities`` or a non-string ``connection_id`` fails the tunnel; unknown capabilities
+    are ignored and ``session-event-ingest-v1`` gets ``event.ready``."""
+    hello = {
+        "kind": "hello",
+        "runner_version": "0",
+        "frame_protocol_version": 1,
+        "harnesses": [],
+        "envs": [],
+        "telemetry_opt_out": True,
+    }
+    headers = [(b"Origin", b"omnigent://internal")]
+
+    async def first_answer(runner_id: str, **fields: Any) -> str:
+        url = f"ws://127.0.0.1:{tunnels.port}/v1/runners/{runner_id}/tunnel"
+        async with open_websocket_url(url, extra_headers=headers) as ws:
+            await ws.send_message(json.dumps({**hello, **fields}))
+            try:
+                with trio.fail_after(5):
+                    return await ws.get_message()
+            except ConnectionClosed as exc:
+                return f"closed {exc.reason.code}"
+
+    assert await first_answer("a", capabilities="session-event-ingest-v1") == "closed 4001"
+    assert await first_answer("b", connection_id=5) == "closed 4001"
+    ready = await first_answer("c", capabilities=["x-unknown", "session-event-ingest-v1"])
+    assert json.loads(ready) == {"kind": "event.ready"}
+    assert [bool(t.violations) for t in tunnels.tunnels] == [True, True, False]
