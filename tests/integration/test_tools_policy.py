@@ -450,7 +450,7 @@ async def test_d22_a_turn_waiting_on_an_approval_is_not_silent(
     host.stop()
 
 
-async def test_llm_request_policy_stops_a_turn_before_the_model_is_called(
+async def test_p03_llm_request_policy_stops_a_turn_before_the_model_is_called(
     host_factory, server, tmp_path, nursery
 ) -> None:
     """PROTOCOL_0_19 §F.4 (what-corral-did-wrong #10): an openai-agents turn asks the server

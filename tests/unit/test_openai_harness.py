@@ -728,7 +728,7 @@ async def test_a_denied_llm_request_fails_the_turn_before_any_model_call(server)
     assert msgspec.json.decode(to_json(denied[0]))["type"] == "response.policy_denied"
 
 
-async def test_a_failed_evaluation_fails_the_turn_closed(server) -> None:
+async def test_p03_a_failed_llm_request_evaluation_fails_the_turn_closed(server) -> None:
     fake = FakeTurn(spec_for(server))
     reason = "the policy check failed, so the model was not called"
     worker = _Worker(server, _verdict("DENY", reason, failed=True))
