@@ -85,3 +85,45 @@ def test_the_fake_persists_the_items_the_server_persists(omnigent_venv: Path) ->
     assert real == [True, False, True, False, True, False], "the samples still discriminate"
     fake = [fake_tunnel_server.item_violation(item) is None for item in SAMPLE_ITEMS]
     assert fake == real
+
+
+EVALUATE_SAMPLES = [
+    {"event": {"type": "PHASE_TOOL_CALL", "data": {"name": "sys_os_shell", "arguments": {}}}},
+    {"event": {"type": "PHASE_TOOL_CALL", "data": {"arguments": {}}}},
+    {"event": {"type": "PHASE_TOOL_RESULT", "data": {"name": "t", "output": "o"}}},
+    {
+        "event": {
+            "type": "PHASE_TOOL_RESULT",
+            "request_data": {"name": "t", "arguments": {}},
+            "data": {"result": "o"},
+        }
+    },
+    {"event": {"type": "PHASE_TOOL_RESULT", "target": "t", "data": {"result": "o"}}},
+    {"event": {"type": "PHASE_LLM_REQUEST", "data": {"model": "m", "messages_count": 1}}},
+    {"event": {"type": "PHASE_LLM_REQUEST", "data": "text"}},
+    {"event": {"type": "PHASE_REQUEST", "data": "hello"}},
+    {"event": {"type": "PHASE_NOPE", "data": {}}},
+    {"nothing": 1},
+]
+
+
+async def test_the_fake_refuses_the_evaluate_bodies_the_server_refuses(stack) -> None:
+    """The fake server's ``/policies/evaluate`` answers 400 exactly where the real one does
+    (corral's PHASE_TOOL_RESULT body passed the fake and got 400 from the server)."""
+
+    from tests.fake_server import evaluate_problem
+
+    from ._stack import open_client
+
+    async with open_client(stack.server.url, stack.runner_id) as client:
+        session = await client.session("plain")
+        real = []
+        for body in EVALUATE_SAMPLES:
+            r = await client.http.post(
+                f"/v1/sessions/{session}/policies/evaluate", json=body, timeout=30
+            )
+            assert r.status_code in (200, 400), r.text
+            real.append(r.status_code == 200)
+    assert real[0] and not real[1], "the samples still discriminate"
+    fake = [evaluate_problem(body) is None for body in EVALUATE_SAMPLES]
+    assert fake == real
