@@ -13,7 +13,16 @@ editor), against ``HEAD``. corral does the same, with git itself:
 
 A root that is not in a git work tree (or a host without git) has no record of changes:
 ``changes`` is the empty list and every ``diff`` is 404, as omnigent's runner answers when
-no agent edit was recorded. git runs with the host's allow-listed environment (no ``GIT_*``
+no agent edit was recorded.
+
+**git runs no program.** The repository's ``.git/config`` is writable by whoever writes the
+workspace — the model — and plain ``git status`` runs ``core.fsmonitor`` and the clean
+filters of ``.gitattributes`` (seen with git 2.39): a model that may write files but must
+ask before a shell command would get one run, unasked, when the user opens the changes. So
+every git command gets ``-c core.fsmonitor=false -c core.hooksPath=/dev/null``, every filter
+driver the configuration names is emptied on the command line (``-c filter.<x>.clean=`` and
+its ``smudge``/``process``), and ``diff`` runs with ``--no-ext-diff --no-textconv``. git runs
+with the host's allow-listed environment (no ``GIT_*``
 variable can point it elsewhere), ``GIT_OPTIONAL_LOCKS=0`` (a status never takes the
 index lock from the user's own git), and a deadline (:data:`GIT_TIMEOUT_S`); one that does
 not finish is ``500 git_status_failed``. A listing holds at most :data:`MAX_CHANGES`
@@ -43,15 +52,25 @@ GIT_TIMEOUT_S = 10.0
 MAX_CHANGES = 1000
 
 
+# Configuration that would make git run a program: a repository's own ``.git/config`` is
+# written by whoever can write the workspace — the model — so it must not get to run a
+# command when the user merely looks at the changes (a policy that asks before every shell
+# command would be bypassed). Command-line ``-c`` wins over every config file.
+_NO_PROGRAMS = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
+_FILTER_KEYS = ("clean", "smudge", "process")
+
+
 class _Git:
     """git in one root: its path prefix inside the work tree, or not a work tree at all."""
 
     def __init__(self, root: str) -> None:
         self.root = root
         self.env = {**base_env(), "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
+        # Every filter driver the config names, emptied (an empty command runs nothing).
+        self.no_filters: list[str] = []
 
     async def run(self, *args: str, check: bool = True) -> tuple[int, bytes]:
-        argv = ["git", "-c", "core.quotepath=off", *args]
+        argv = ["git", *_NO_PROGRAMS, *self.no_filters, "-c", "core.quotepath=off", *args]
         with trio.move_on_after(GIT_TIMEOUT_S):
             done = await trio.run_process(
                 argv,
@@ -70,13 +89,29 @@ class _Git:
         raise FsError(500, "git_status_failed", f"git {args[0]} timed out after {GIT_TIMEOUT_S:g}s")
 
     async def prefix(self) -> str | None:
-        """The root's path inside its work tree (``""`` at the top), None outside one."""
+        """The root's path inside its work tree (``""`` at the top), None outside one; also
+        learns which filter drivers to empty on every later command."""
         if shutil.which("git", path=self.env.get("PATH")) is None:
             return None
         code, out = await self.run("rev-parse", "--show-prefix", check=False)
         if code != 0:
             return None
-        return out.decode(errors="surrogateescape").strip()
+        prefix = out.decode(errors="surrogateescape").strip()
+        code, names = await self.run(
+            "config", "--name-only", "--get-regexp", r"^filter\.", check=False
+        )
+        drivers = {
+            name.rsplit(".", 1)[0]
+            for name in names.decode(errors="surrogateescape").splitlines()
+            if code == 0 and "." in name
+        }
+        self.no_filters = [
+            arg
+            for driver in sorted(drivers)
+            for key in _FILTER_KEYS
+            for arg in ("-c", f"{driver}.{key}=")
+        ]
+        return prefix
 
 
 def _status(xy: str) -> str:
@@ -159,7 +194,17 @@ async def changed_files(root: Path | str) -> dict[str, Any]:
     # ``numstat`` prints paths relative to the cwd too (``--relative``); no HEAD yet (a
     # fresh repository) means no counts, not an error.
     code, numstat = await git.run(
-        "diff", "--numstat", "--no-renames", "--relative", "-z", "HEAD", "--", ".", check=False
+        "diff",
+        "--numstat",
+        "--no-renames",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--relative",
+        "-z",
+        "HEAD",
+        "--",
+        ".",
+        check=False,
     )
     counts = _parse_numstat(numstat) if code == 0 else {}
     records = [

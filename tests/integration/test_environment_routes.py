@@ -491,6 +491,38 @@ async def test_in_a_git_work_tree_changes_and_diffs_come_from_git(ehost, sess) -
         assert clean["data"] == []
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+async def test_looking_at_changes_runs_no_program_the_repository_configures(
+    ehost, sess, tmp_path
+) -> None:
+    """A model that may write files (``.git/config``, ``.gitattributes``) must not get a
+    command run, unasked, when the user opens the changes: plain ``git status`` would run
+    ``core.fsmonitor`` and the clean filter."""
+    root = sess.root
+    (root / "a.txt").write_text("a\n")
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "base")
+    script = tmp_path / "planted.sh"
+    script.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran-$1\ncat\n")
+    script.chmod(0o755)
+    git(root, "config", "core.fsmonitor", f"{script} fsmonitor")
+    git(root, "config", "filter.Evil.clean", f"{script} clean")
+    git(root, "config", "filter.Evil.process", f"{script} process")
+    (root / ".gitattributes").write_text("* filter=Evil\n")
+    (root / "a.txt").write_text("a\nb\n")
+    async with fake_gateway(ehost.endpoint) as gw:
+        status, changes = await call(gw, "GET", f"{sess.env}/default/changes")
+        assert status == 200, changes
+        assert {c["path"]: c["status"] for c in changes["data"]} == {
+            "a.txt": "modified",
+            ".gitattributes": "created",
+        }
+        status, diff = await call(gw, "GET", f"{sess.env}/default/diff/a.txt")
+        assert (status, diff["before"], diff["after"]) == (200, "a\n", "a\nb\n")
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == []
+
+
 async def test_shell_runs_in_the_root_without_the_hosts_secrets(ehost, sess) -> None:
     async with fake_gateway(ehost.endpoint) as gw:
         command = 'pwd; echo "token=${CORRAL_TEST_ROUTES_TOKEN:-none}"; echo err >&2; exit 3'
