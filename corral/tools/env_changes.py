@@ -21,7 +21,8 @@ filters of ``.gitattributes`` (seen with git 2.39): a model that may write files
 ask before a shell command would get one run, unasked, when the user opens the changes. So
 every git command gets ``-c core.fsmonitor=false -c core.hooksPath=/dev/null``, every filter
 driver the configuration names is emptied on the command line (``-c filter.<x>.clean=`` and
-its ``smudge``/``process``), and ``diff`` runs with ``--no-ext-diff --no-textconv``. git runs
+its ``smudge``/``process``), ``diff`` runs with ``--no-ext-diff --no-textconv``, and
+submodules (whose own configuration those overrides do not list) are not looked into. git runs
 with the host's allow-listed environment (no ``GIT_*``
 variable can point it elsewhere), ``GIT_OPTIONAL_LOCKS=0`` (a status never takes the
 index lock from the user's own git), and a deadline (:data:`GIT_TIMEOUT_S`); one that does
@@ -190,7 +191,15 @@ async def changed_files(root: Path | str) -> dict[str, Any]:
     prefix = await git.prefix()
     if prefix is None:
         return {"object": "list", "data": [], "has_more": False}
-    _, out = await git.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ".")
+    _, out = await git.run(
+        "status",
+        "--porcelain=v1",
+        "-z",
+        "--untracked-files=all",
+        "--ignore-submodules=all",
+        "--",
+        ".",
+    )
     # ``numstat`` prints paths relative to the cwd too (``--relative``); no HEAD yet (a
     # fresh repository) means no counts, not an error.
     code, numstat = await git.run(
@@ -199,6 +208,7 @@ async def changed_files(root: Path | str) -> dict[str, Any]:
         "--no-renames",
         "--no-ext-diff",
         "--no-textconv",
+        "--ignore-submodules=all",
         "--relative",
         "-z",
         "HEAD",
@@ -232,7 +242,15 @@ async def file_diff(target: Target) -> dict[str, Any]:
     if prefix is None:
         raise missing
     spec = f":(literal){target.rel}"
-    _, out = await git.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--", spec)
+    _, out = await git.run(
+        "status",
+        "--porcelain=v1",
+        "-z",
+        "--untracked-files=all",
+        "--ignore-submodules=all",
+        "--",
+        spec,
+    )
     statuses = dict(_parse_status(out, prefix))
     status = statuses.get(target.rel)
     if status is None:
