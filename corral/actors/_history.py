@@ -9,6 +9,9 @@ Pure functions plus one async media resolver; the dispatch actor owns the cache.
   trailing stored user message stays (D-25) — and the new message is appended (D-26).
 * Blocks that reference a ``file_id`` are resolved to ``data:`` URLs before forwarding; no
   ``file_id`` reaches a worker (D-27).
+* An interrupted turn leaves no assistant text, only a user-role note saying so
+  (:func:`interrupt_note`, PROTOCOL_0_19.md §E.4), so the next request reads
+  ``[user1, note, user2]``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,21 @@ def assistant_item(text: str) -> dict[str, Any]:
         "role": "assistant",
         "content": [{"type": "output_text", "text": text}],
     }
+
+
+#: The note an interrupted turn leaves in the history. The marker line is the one omnigent's
+#: runner writes (the server and UIs may look for it); the explanation is corral's own.
+INTERRUPT_NOTE = (
+    "[System: interrupted]\n"
+    "The user stopped the previous request (the user message just before this note) before "
+    "it finished, and any answer to it may be cut short. Do not carry it on unless the user "
+    "asks again; take the next user message as what they want now."
+)
+
+
+def interrupt_note() -> dict[str, Any]:
+    """The history item recording that the turn before it was interrupted (§E.4)."""
+    return user_item([{"type": "input_text", "text": INTERRUPT_NOTE}])
 
 
 def _blocks(content: Any, text_type: str) -> list[dict[str, Any]]:

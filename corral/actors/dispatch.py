@@ -2,12 +2,16 @@
 
 Handles:
     HttpRequest (from the gateway)   POST /v1/sessions, GET /v1/sessions/{id},
-                                     POST /v1/sessions/{id}/events[?stream=true]
+                                     DELETE /v1/sessions/{id},
+                                     POST /v1/sessions/{id}/events[?stream=true],
+                                     POST /v1/sessions/{id}/mcp/execute
     Output (from harness workers)    response.* events of the session's active turn
     ResponseCompleted / ResponseFailed / ResponseCancelled (durable, from the harness actor)
                                      the turn's one terminal event
     ToolOutcome (durable, from policy)   a tool call's output → the worker as ``tool_result``
     PublishEvents (durable, from tools and policy)   events on the session stream, in order
+
+Every error body is ``{"error": {"code", "message"}}`` (PROTOCOL_0_19.md §H.2).
 
 Publishes, in order, per session: every event to each subscriber (the gateway), durably, in
 :class:`~corral.routes.SessionEvents` batches, and to the journal actor (one run per turn). A
@@ -15,23 +19,27 @@ Publishes, in order, per session: every event to each subscriber (the gateway), 
 messages too.
 
 Turns. A message with no active turn starts one (202 ``accepted`` in the background, or 200
-SSE when streaming); a message during a turn is buffered (202 ``buffered``), offered to the
-worker as an injection, dropped from the buffer on ``injection.consumed``, and otherwise runs
-as the next turn with the full history and no ``idle`` edge in between. Each turn publishes
+SSE when streaming); a message during a turn is buffered (202 ``buffered``) and never enters
+the running turn: when that turn ends, everything buffered runs as the next turn — ``session.
+status running`` again, with no ``idle`` in between, and a history in which the first turn's
+answer precedes the buffered messages (PROTOCOL_0_19.md §E.3). Each turn publishes
 ``session.status running`` and exactly one terminal edge — ``idle``, or ``failed`` with
 ``error: {code, message}`` — and a per-turn watchdog guarantees that edge even if everything
-else misbehaves.
+else misbehaves. An interrupted turn (``interrupt``, ``stop_session``) ends ``idle`` with no
+terminal ``response.*`` event upstream, and leaves an ``[System: interrupted]`` note in the
+history, posted to the server too (§E.4).
 
 Crash safety. Sessions (agent, overrides, the active turn's id, start and streaming caller,
-the tool calls it sent and got answered, buffered messages, the stream sequence) are written
-to ``sessions.log`` (fsynced) before a request is answered. After a restart the state is
+whether it was interrupted, the tool calls it sent and got answered, buffered messages, the
+stream sequence) are written to ``sessions.log`` (fsynced) before a request is answered; a
+deleted session leaves a tombstone there, so it stays deleted. After a restart the state is
 rebuilt from it; an active turn **resumes**: its worker keeps streaming to the new dispatch,
 and its terminal event — durable, from the harness actor — still ends it. The resumed turn
 knows what it has in flight (:meth:`Turn.resume`): it still tells policy when it ends, and
-the idle watchdog still spares it while a call waits on a tool or a human. If the harness
-actor has no record of the turn, its watchdog ends it ``failed`` with code
-``runner_restarted``. Never two terminal edges for one turn: edges are published only for
-the turn id that is active.
+the idle watchdog still spares it while a call waits on a tool or a human. A turn whose
+worker died with it ends ``failed`` by the harness actor (``harness_restarted``); one that
+hears nothing at all is ended ``failed`` by the watchdog. Never two terminal edges for one
+turn: edges are published only for the turn id that is active.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from .._exceptions import BusError, CorralError
+from .._exceptions import CorralError
 from .._jsonlines import write_atomically
 from ..bus import Incoming, Message, Outbox
 from ..config import RunnerSettings
@@ -58,7 +66,6 @@ from ..harnesses.protocol import (
     Approval,
     ElicitationRequest,
     ElicitationResolved,
-    Inject,
     InputAccepted,
     Interrupt,
     Output,
@@ -68,6 +75,7 @@ from ..harnesses.protocol import (
     ResponseCancelled,
     ResponseCompleted,
     ResponseFailed,
+    ResponseInProgress,
     ToolResult,
     TurnStart,
 )
@@ -117,6 +125,9 @@ NO_HARNESS_DETAIL = (
 )
 #: Prefix of a harness elicitation's key in ``Turn.waiting`` (tool calls use their call id).
 _ELICITATION = "elicitation:"
+#: How long a turn of a new session waits for the turn of a deleted one of the same id to
+#: end on its worker.
+_DRAIN_TIMEOUT_S = 15.0
 
 
 class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -138,6 +149,9 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     policy: str | None = POLICY_ACTOR
     #: Deadline of ``POST .../mcp/execute`` through policy and tools.
     tool_timeout_s: float = 900.0
+    #: The actor owning sessions' terminals, asked to close them when a session is deleted
+    #: (None: nothing to close).
+    tools: str | None = "tools"
     journal: str | None = "journal"
     turn_timeout_s: float = 3600.0
     turn_idle_timeout_s: float = 900.0
@@ -183,7 +197,79 @@ class CompactEvent(_Event, tag="compact"):
     pass
 
 
-SessionEventBody = MessageEvent | ApprovalEvent | InterruptEvent | StopSessionEvent | CompactEvent
+# Control events the 0.19 server forwards (PROTOCOL_0_19.md §C.3). omnigent's runner acts on
+# them only for native terminal harnesses, which corral has none of; for every other harness
+# it answers 204 and so does corral. Fields are typed as the server sends them, so a wrong
+# type is a 422 like any other malformed event.
+
+
+class CostApprovalPopupEvent(_Event, tag="cost_approval_popup"):
+    """An ASK the server parked in ``policies/evaluate``, for a native terminal's modal."""
+
+    elicitation_id: str | None = None
+    message: str | None = None
+    policy_name: str | None = None
+
+
+class PolicyBlockedNoticeEvent(_Event, tag="policy_blocked_notice"):
+    message: str | None = None
+    policy_name: str | None = None
+
+
+class ClearEvent(_Event, tag="clear"):
+    pass
+
+
+class EffortChangeEvent(_Event, tag="effort_change"):
+    effort: str | None = None
+    rollback_on_refusal: bool | None = None
+
+
+class ModelChangeEvent(_Event, tag="model_change"):
+    model: str | None = None
+    effort: str | None = None
+    rollback_on_refusal: bool | None = None
+
+
+class PermissionModeChangeEvent(_Event, tag="permission_mode_change"):
+    permission_mode: str | None = None
+
+
+class PlanModeChangeEvent(_Event, tag="plan_mode_change"):
+    enabled: bool | None = None
+
+
+class CodexApprovalModeChangeEvent(_Event, tag="codex_approval_mode_change"):
+    approval_mode: str | None = None
+
+
+class BtwDismissEvent(_Event, tag="btw_dismiss"):
+    pass
+
+
+class ExternalSessionStatusEvent(_Event, tag="external_session_status"):
+    """A native forwarder's status report; corral runs no forwarder, so nothing to record."""
+
+    data: dict[str, Any] | None = None
+
+
+SessionEventBody = (
+    MessageEvent
+    | ApprovalEvent
+    | InterruptEvent
+    | StopSessionEvent
+    | CompactEvent
+    | CostApprovalPopupEvent
+    | PolicyBlockedNoticeEvent
+    | ClearEvent
+    | EffortChangeEvent
+    | ModelChangeEvent
+    | PermissionModeChangeEvent
+    | PlanModeChangeEvent
+    | CodexApprovalModeChangeEvent
+    | BtwDismissEvent
+    | ExternalSessionStatusEvent
+)
 _event_decoder = msgspec.json.Decoder(SessionEventBody)
 
 
@@ -248,6 +334,9 @@ class Turn:
     #: The calls sent to policy are in the session record (``SessionRecord.tool_calls``).
     waiting: set[str] = field(default_factory=set)
     answered: set[str] = field(default_factory=set)
+    #: An ``interrupt`` or ``stop_session`` asked it to stop (in the record too): its
+    #: ``response.cancelled`` ends it the way §E.4 records an interruption.
+    interrupted: bool = False
 
     @classmethod
     def resume(cls, record: SessionRecord) -> Turn:
@@ -274,6 +363,7 @@ class Turn:
             waiting=(set(record.tool_calls) - answered)
             | {_ELICITATION + e for e in record.elicitations},
             answered=answered,
+            interrupted=record.interrupted,
         )
 
 
@@ -300,9 +390,23 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     #: Elicitations the active turn's harness opened and no verdict has closed: the turn
     #: waits on a human. Written when each opens and closes (rare; none per delta).
     elicitations: list[str] = []
+    #: The active turn was asked to stop (``Turn.interrupted``); written when asked.
+    interrupted: bool = False
+    #: The ``cancel_…`` response id of an interrupt note not yet posted to the server: posted
+    #: again after a restart, and added to a history rehydrated before it was posted.
+    note_pending: str | None = None
     buffer: list[dict[str, Any]] = []
     seq: int = 0
     status: str = "idle"
+    #: From the session-init v2 envelope (PROTOCOL_0_19.md §B.1), kept as the server sent
+    #: them. corral takes provider settings from the agent spec only, so ``inference_config``
+    #: is stored, warned about, and never claimed verified.
+    recovery_id: str | None = None
+    resume_interrupted_turn: bool = False
+    inference_config: dict[str, Any] | None = None
+    #: A tombstone: the session was deleted (``DELETE /v1/sessions/{id}``); it is forgotten
+    #: when the log is read, so a restart cannot bring it back.
+    deleted: bool = False
 
     def begin_turn(self, turn_id: str, stream_to: list[str] | None) -> None:
         """Record a turn that starts now (``stream_to``: its ``?stream=true`` caller)."""
@@ -312,6 +416,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
         """Forget everything of the active turn."""
         self.turn_id, self.turn_started_at, self.stream_to = None, 0.0, None
         self.tool_calls, self.answered, self.elicitations = [], [], []
+        self.interrupted = False
 
 
 @dataclass
@@ -322,6 +427,8 @@ class Session:
     spec: dict[str, Any] | None = None
     history: list[dict[str, Any]] | None = None
     turn: Turn | None = None
+    #: The ``inference_config`` warning was logged (once per session and incarnation).
+    warned_inference: bool = False
 
     @property
     def id(self) -> str:
@@ -347,6 +454,11 @@ class DispatchActor(Actor):
         self._events: dict[str, list[SessionEvent]] = {}
         self._events_ready = trio.Event()
         self._journal_ready = trio.Event()
+        #: Deleted sessions whose interrupted turn has not ended on its worker yet: the turn
+        #: id, and an event set when its terminal arrives.
+        self._draining: dict[str, tuple[str, trio.Event]] = {}
+        #: The last stream sequence of each session deleted in this incarnation.
+        self._deleted_seq: dict[str, int] = {}
         self.stats = {"turns": 0, "buffered": 0, "failed": 0, "watchdog": 0}
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -372,6 +484,8 @@ class DispatchActor(Actor):
             if record.turn_id:
                 session.turn = Turn.resume(record)  # its terminal still comes
             self.sessions[record.id] = session
+            if record.note_pending:  # the previous incarnation died before posting it
+                self.nursery.start_soon(self._post_note, session, record.note_pending)
         if self.sessions:
             log.info("recovered %d sessions", len(self.sessions))
 
@@ -415,9 +529,10 @@ class DispatchActor(Actor):
             except msgspec.DecodeError:
                 continue  # a torn last line
             records[record.id] = record
+        live = [r for r in records.values() if not r.deleted]
         if len(data) > 4 * 1024 * 1024:
-            self._rewrite(list(records.values()))
-        return list(records.values())
+            self._rewrite(live)
+        return live
 
     def _rewrite(self, records: list[SessionRecord]) -> None:
         write_atomically(self.state_path, b"".join(msgspec.json.encode(r) + b"\n" for r in records))
@@ -428,6 +543,8 @@ class DispatchActor(Actor):
             await self._save(session)
 
     async def _save(self, session: Session) -> None:
+        if self.sessions.get(session.id) is not session:
+            return  # deleted (or replaced) meanwhile: a late save must not bring it back
         line = msgspec.json.encode(session.record) + b"\n"
         await trio.to_thread.run_sync(self._append, line, limiter=self._io)
 
@@ -455,6 +572,11 @@ class DispatchActor(Actor):
         session_id = parts[2]
         if msg.method == "GET" and len(parts) == 3:
             return self._get_session(session_id)
+        if msg.method == "DELETE" and len(parts) == 3:
+            # In the session's queue: it waits for a turn start or an event being handled.
+            incoming.deferred = True
+            self.in_order(session_id, lambda: self._reply(incoming, self._delete(session_id)))
+            return None
         if msg.method == "POST" and parts[3:] == ["events"]:
             if not self.options.harness_actor:
                 return _error(501, "not_implemented", NO_HARNESS_DETAIL.format(session_id))
@@ -491,19 +613,28 @@ class DispatchActor(Actor):
         session_id = body["session_id"]
         init = body.get("session_init") if isinstance(body.get("session_init"), dict) else None
         snapshot = (init or {}).get("snapshot") or {}
-        session = self.sessions.get(session_id)
-        if session is None:
-            session = self.sessions[session_id] = Session(
-                SessionRecord(id=session_id, created_at=time.time(), seq=self.epoch << _EPOCH_SHIFT)
-            )
+        session = self._session(session_id, None)
         record = session.record
         # Re-init keeps the session's turn, buffer and state; only bindings refresh (D-32).
+        # That is also how ``resume_interrupted_turn`` is honoured: a turn still running here
+        # (its worker alive, dispatch restarted or the server reconnected) goes on, and the
+        # 201 says ``running``. A turn whose worker died cannot be continued — corral has no
+        # native harness session to resume it in — and has already ended ``failed``.
+        # ``suppress_recovery_turn`` needs nothing: corral never starts a recovery turn.
         record.agent_id = body.get("agent_id") or record.agent_id
         record.sub_agent_name = body.get("sub_agent_name") or record.sub_agent_name
         record.runner_id = msg.runner_id or record.runner_id
         if init is not None:
             record.harness_override = snapshot.get("harness_override") or record.harness_override
             record.model_override = snapshot.get("model_override") or record.model_override
+            _init_v2(record, init, snapshot)
+            if record.inference_config is not None and not session.warned_inference:
+                session.warned_inference = True
+                log.warning(
+                    "session %s has a saved inference_config; corral takes provider settings "
+                    "from the agent spec only and does not verify it",
+                    session_id,
+                )
         await self._save(session)
         return json_response(
             201, {**self._view(session), "session_init_protocol_version": 2 if init else None}
@@ -518,7 +649,8 @@ class DispatchActor(Actor):
             "created_at": int(r.created_at),
             "title": None,
             "labels": {},
-            "runner_id": r.runner_id,
+            # As omnigent's runner answers: the server owns the binding (PROTOCOL_0_19.md §B.2).
+            "runner_id": None,
             "reasoning_effort": None,
             "items": [],
             "permission_level": None,
@@ -528,10 +660,58 @@ class DispatchActor(Actor):
     def _get_session(self, session_id: str) -> HttpResponse:
         session = self.sessions.get(session_id)
         if session is None:
-            return json_response(
-                404, {"error": "not_found", "detail": f"No session '{session_id}' on this runner."}
-            )
+            return _error(404, "not_found", f"No session '{session_id}' on this runner.")
         return json_response(200, self._view(session))
+
+    async def _delete(self, session_id: str) -> HttpResponse:
+        """``DELETE /v1/sessions/{id}`` (PROTOCOL_0_19.md §I.1): stop and forget the session.
+
+        A running turn is interrupted and ends here with its one ``idle`` edge (the session
+        is gone, so its worker's ``response.cancelled`` finds no turn and makes no second
+        edge); buffered messages are dropped; a tombstone goes to ``sessions.log`` (fsynced)
+        before the answer, so a restart does not resurrect the session; the tools actor closes
+        its terminals. An unknown session gets the same answer (idempotent).
+        """
+        session = self.sessions.get(session_id)
+        if session is not None:
+            turn = session.turn
+            if turn is not None:
+                self._draining[session_id] = (turn.turn_id, trio.Event())
+                self.in_order(
+                    session_id, lambda: self._to_harness(Interrupt(session_id=session_id))
+                )
+                session.record.buffer = []
+                await self._finish(session, turn, "idle", None)
+            del self.sessions[session_id]
+            self._deleted_seq[session_id] = session.record.seq
+            tombstone = SessionRecord(id=session_id, deleted=True)
+            await trio.to_thread.run_sync(
+                self._append, msgspec.json.encode(tombstone) + b"\n", limiter=self._io
+            )
+        await self._close_terminals(session_id)
+        return json_response(
+            200, {"session_id": session_id, "object": "session.deleted", "deleted": True}
+        )
+
+    async def _close_terminals(self, session_id: str) -> None:
+        """Ask the tools actor to close a deleted session's terminals (logged if it can't)."""
+        if self.options.tools is None:
+            return
+        request = HttpRequest(
+            request_id=f"delete_{uuid.uuid4().hex}",
+            method="DELETE",
+            path=f"/v1/sessions/{session_id}/resources",
+        )
+        try:
+            reply = await self.peer.call(self.options.tools, request, timeout=15)
+        except Exception as exc:
+            log.warning("the terminals of deleted session %s may be open: %s", session_id, exc)
+            return
+        if not isinstance(reply, HttpResponse) or reply.status >= 300:
+            status = getattr(reply, "status", None)
+            log.warning(
+                "the tools actor did not close session %s's terminals (%s)", session_id, status
+            )
 
     async def _event(self, session_id: str, msg: HttpRequest) -> HttpResponse | None:
         event = parse_event(msg.body)
@@ -556,10 +736,20 @@ class DispatchActor(Actor):
                 await self._elicitation_closed(session, approval.elicitation_id)
             return _from_harness(reply)
         if isinstance(event, InterruptEvent | StopSessionEvent):
-            if session.turn is not None:
+            # Both are recorded alike (PROTOCOL_0_19.md §E.4): the worker's cancelled ends the
+            # turn, then ``_terminal`` leaves the note. Saved first, so a dispatch restarted
+            # before the cancelled arrives still ends the turn as an interruption.
+            turn = session.turn
+            if turn is not None:
+                if not turn.interrupted:
+                    turn.interrupted = session.record.interrupted = True
+                    await self._save(session)
                 await self._to_harness(Interrupt(session_id=session_id))
             return empty_response(204)
-        return empty_response(204)  # compact: nothing to compact on this runner
+        if isinstance(event, CostApprovalPopupEvent) and not event.elicitation_id:
+            raise BadEvent(400, "invalid_input", "Body 'elicitation_id' must be a non-empty string")
+        # The popup and every other control event (§C.3): no native terminal here acts on it.
+        return empty_response(204)
 
     async def _call_policy(self, msg: Message) -> Message | None:
         assert self.options.policy is not None
@@ -618,13 +808,11 @@ class DispatchActor(Actor):
     def _session(self, session_id: str, runner_id: str | None) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
+            # Numbered past a deleted session of the same id: the gateway drops events whose
+            # sequence it has seen for the id.
+            seq = max(self.epoch << _EPOCH_SHIFT, self._deleted_seq.pop(session_id, 0))
             session = self.sessions[session_id] = Session(
-                SessionRecord(
-                    id=session_id,
-                    created_at=time.time(),
-                    runner_id=runner_id,
-                    seq=self.epoch << _EPOCH_SHIFT,
-                )
+                SessionRecord(id=session_id, created_at=time.time(), runner_id=runner_id, seq=seq)
             )
         return session
 
@@ -648,22 +836,13 @@ class DispatchActor(Actor):
             session.spec = None
         body = msgspec.to_builtins(event)
         if session.turn is not None:
-            injection_id = f"inj_{uuid.uuid4().hex[:16]}"
-            record.buffer.append({**body, "injection_id": injection_id})
+            # Its own turn, after this one (PROTOCOL_0_19.md §E.3): the server saves each
+            # turn's answer as its own item. BEHAVIOURS.md D-30 offered it to the running turn
+            # as an injection; the real server decides, and with that the first turn's answer
+            # would hold both replies. The harness is not told: the 202 waits on nothing.
+            record.buffer.append(body)
             await self._save(session)
             self.stats["buffered"] += 1
-            inject = Inject(
-                session_id=session.id,
-                turn_id=session.turn.turn_id,
-                injection_id=injection_id,
-                message={**body, "injection_id": injection_id},
-            )
-            # Best effort (D-30): sent, not awaited. The message is safe in the buffer, and
-            # the 202 must not wait on (or fail with) a harness that is slow or gone.
-            try:
-                await self.peer.cast(HARNESS_ACTOR, inject, session_id=session.id)
-            except BusError as exc:
-                log.warning("injection %s not forwarded: %s", injection_id, exc)
             return json_response(
                 202,
                 {"status": "buffered", "detail": "Message buffered; active turn will process it."},
@@ -678,6 +857,13 @@ class DispatchActor(Actor):
         *,
         continuation: bool = False,
     ) -> HttpResponse | None:
+        draining = self._draining.get(session.id)
+        if draining is not None:
+            # The worker still winds down the turn of the deleted session of this id: the
+            # harness actor refuses a turn while it holds another (``turn_in_flight``).
+            with trio.move_on_after(_DRAIN_TIMEOUT_S):
+                await draining[1].wait()
+            self._draining.pop(session.id, None)
         turn = Turn(turn_id=f"turn_{uuid.uuid4().hex}")
         session.turn = turn
         session.record.begin_turn(
@@ -686,8 +872,9 @@ class DispatchActor(Actor):
         session.record.status = "running"
         await self._save(session)
         self.stats["turns"] += 1
-        if not continuation:
-            await self._publish(session, {"type": "session.status", "status": "running"})
+        # A continuation is a turn of its own: ``running`` again, with no ``idle`` before it
+        # (§E.3; the server clears its text accumulator at each ``running``).
+        await self._publish(session, {"type": "session.status", "status": "running"})
         last = messages[-1]
         explicit_harness = last.get("harness")
         try:
@@ -806,6 +993,10 @@ class DispatchActor(Actor):
             for pid in persisted:
                 items = [i for i in items if i.get("id") != pid]
             session.history = history.rehydrate(items, None)
+            pending = session.record.note_pending
+            if pending and not any(i.get("response_id") == pending for i in stored):
+                # The last turn was interrupted and its note is not on the server yet.
+                session.history.append(history.interrupt_note())
         for m in messages:
             session.history.append(history.user_item(m.get("content")))
         if server is not None:
@@ -860,12 +1051,11 @@ class DispatchActor(Actor):
                 runner_id=session.record.runner_id,
             )
             self.in_order(session.id, lambda: self._to_policy(request))
-        if tag == "injection.consumed":
-            consumed = getattr(msg, "injection_id", None)
-            session.record.buffer = [
-                m for m in session.record.buffer if m.get("injection_id") != consumed
-            ]
-            self.in_order(session.id, lambda: self._save(session))
+        if isinstance(msg, ResponseInProgress):
+            # As omnigent's runner says it (PROTOCOL_FACTS.md; §D.3a): a foreground, stored
+            # response.
+            msg.response.setdefault("background", False)
+            msg.response.setdefault("store", True)
         await self._stream_chunk(turn, msg)
         if tag not in _NOT_ON_STREAM:
             await self._publish(
@@ -985,7 +1175,12 @@ class DispatchActor(Actor):
 
     @handles(ResponseCompleted, ResponseFailed, ResponseCancelled)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:
-        session = self.sessions.get(incoming.env.session_id or "")
+        session_id = incoming.env.session_id or ""
+        draining = self._draining.get(session_id)
+        if draining is not None and draining[0] == msg.turn_id:
+            del self._draining[session_id]
+            draining[1].set()
+        session = self.sessions.get(session_id)
         if session is None or session.turn is None or session.turn.turn_id != msg.turn_id:
             log.info("ignoring a terminal event for turn %s, which is not active", msg.turn_id)
             return
@@ -995,17 +1190,64 @@ class DispatchActor(Actor):
         turn = session.turn
         if turn is None or turn.turn_id != msg.turn_id:
             return
+        # An interrupted turn has no terminal ``response.*`` upstream (§E.4): the server would
+        # save the partial text as the answer. The journal and a ``?stream=true`` caller
+        # still get the worker's ``response.cancelled``.
+        interrupted = turn.interrupted and isinstance(msg, ResponseCancelled)
         await self._stream_chunk(turn, msg)
-        await self._publish(session, msg, run_id=turn.turn_id)
+        await self._publish(session, msg, run_id=turn.turn_id, upstream=not interrupted)
         if isinstance(msg, ResponseFailed):
             error = dict(msg.error)
             code = str(error.get("code") or error.get("type") or "runner_error")
             message = str(error.get("message") or "turn failed")
             await self._finish(session, turn, "failed", {"code": code, "message": message})
-        else:
-            if isinstance(msg, ResponseCompleted) and session.history is not None and turn.text:
-                session.history.append(history.assistant_item("".join(turn.text)))
+            return
+        if isinstance(msg, ResponseCompleted) and session.history is not None and turn.text:
+            session.history.append(history.assistant_item("".join(turn.text)))
+        if not interrupted:
             await self._finish(session, turn, "idle", None)
+            return
+        # The note goes in before whatever runs next: its history is [..., user, note, next].
+        note_id = f"cancel_{uuid.uuid4().hex}"
+        if session.history is not None:
+            session.history.append(history.interrupt_note())
+        if self._server(session) is not None:
+            session.record.note_pending = note_id  # saved as the turn ends
+        await self._finish(session, turn, "idle", None)
+        if session.record.note_pending == note_id:
+            assert self.nursery is not None
+            self.nursery.start_soon(self._post_note, session, note_id)
+
+    async def _post_note(self, session: Session, note_id: str) -> None:
+        """Post an interrupted turn's note to the server (``external_conversation_item``),
+        as omnigent's runner records an interruption (§E.4).
+
+        In the background: a slow or failing server never holds the next turn, which has
+        the note in its history already. A failure is logged and the note is given up (this
+        incarnation's history keeps it); a post a crash may have cut off is made again at
+        start, with the same ``source_id``, which the server dedups on.
+        """
+        server = self._server(session)
+        if server is None or self.sessions.get(session.id) is not session:
+            return
+        body = {
+            "type": "external_conversation_item",
+            "data": {
+                "item_type": "message",
+                "item_data": {k: v for k, v in history.interrupt_note().items() if k != "type"},
+                "response_id": note_id,
+                # The server derives the item's id from it: a post retried after a crash (it
+                # may have landed) saves one note, not two.
+                "source_id": note_id,
+            },
+        }
+        try:
+            await server.post_event(session.id, body)
+        except Exception as exc:
+            log.warning("the interrupt note of session %s was not saved: %s", session.id, exc)
+        if session.record.note_pending == note_id:
+            session.record.note_pending = None
+            await self._save(session)
 
     async def _fail(self, session: Session, turn: Turn, error: dict[str, Any]) -> None:
         """End the active ``turn`` ``failed`` on the runner's own account, and stop its worker.
@@ -1063,12 +1305,14 @@ class DispatchActor(Actor):
         run_id: str | None = None,
         terminal: bool = False,
         origin_at: float = 0.0,
+        upstream: bool = True,
     ) -> None:
+        """Publish one event to the subscribers (unless not ``upstream``) and the journal."""
         # Output events encode to exactly their protocol JSON; no dict in between.
         kind = event["type"] if isinstance(event, dict) else event.__struct_config__.tag
         session.record.seq += 1
         data = msgspec.json.encode(event)
-        for name in self.options.subscribers:
+        for name in self.options.subscribers if upstream else ():
             self._events.setdefault(name, []).append(
                 SessionEvent(
                     session_id=session.id,
@@ -1228,8 +1472,18 @@ def _accepted() -> HttpResponse:
     return json_response(202, {"status": "accepted", "detail": "Turn started."})
 
 
-def _error(status: int, code: str, detail: str) -> HttpResponse:
-    return json_response(status, {"error": code, "detail": detail})
+def _error(status: int, code: str, message: str) -> HttpResponse:
+    """The 0.19 error body (PROTOCOL_0_19.md §H.2): the server reads ``error.message``."""
+    return json_response(status, {"error": {"code": code, "message": message}})
+
+
+def _init_v2(record: SessionRecord, init: dict[str, Any], snapshot: dict[str, Any]) -> None:
+    """Keep the session-init v2 fields (§B.1) a well-formed envelope carries."""
+    if isinstance(init.get("recovery_id"), str):
+        record.recovery_id = init["recovery_id"]
+    record.resume_interrupted_turn = init.get("resume_interrupted_turn") is True
+    config = snapshot.get("inference_config")
+    record.inference_config = config if isinstance(config, dict) else None
 
 
 def runner_tools(spec: dict[str, Any]) -> list[dict[str, Any]]:

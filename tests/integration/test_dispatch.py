@@ -85,8 +85,9 @@ async def test_d08_background_turn_streams_events_and_ends_idle(dhost: HostProce
 async def test_d29_d31_d33_buffered_message_runs_as_continuation_without_idle_between(
     dhost: HostProcess, server
 ) -> None:
-    """The continuation sees the whole history, including the first turn's streamed text,
-    committed as one assistant message when that turn completed (D-33)."""
+    """The continuation is a turn of its own (``running`` again, no ``idle`` between,
+    PROTOCOL_0_19.md §E.3) and sees the whole history, including the first turn's streamed
+    text, committed as one assistant message when that turn completed (D-33)."""
     agent_id, sid = _session(
         server, '{text: "w ", repeat: 30, delay_ms: 20}', "{echo_history: true}"
     )
@@ -97,7 +98,7 @@ async def test_d29_d31_d33_buffered_message_runs_as_continuation_without_idle_be
         reply = await gw.message(sid, "second")
         assert (reply.status, json.loads(reply.body)["status"]) == (202, "buffered")
         await gw.until_status(sid, "idle", timeout=20)
-        assert gw.statuses(sid) == ["running", "idle"]
+        assert gw.statuses(sid) == ["running", "running", "idle"]
         echoed = [
             e["delta"]
             for e in gw.events[sid]
@@ -110,12 +111,13 @@ async def test_d29_d31_d33_buffered_message_runs_as_continuation_without_idle_be
         assert last[1][1].startswith("w w w")
 
 
-async def test_d30_the_injection_is_best_effort_and_never_delays_the_202(
+async def test_d30_a_buffered_message_never_waits_on_the_harness(
     dhost: HostProcess, server
 ) -> None:
     """With the harness actor stopped (SIGSTOP), a message during the turn is still answered
-    202 buffered at once: the injection is sent, not awaited (it used to wait up to 15 s
-    for the harness's answer). The buffered message still runs once the turn ends."""
+    202 buffered at once: nothing is sent to the harness (the real server has it run as its
+    own turn, §E.3, where D-30 offered it as an injection). The buffered message runs once
+    the turn ends."""
     agent_id, sid = _session(server, '{text: "w ", repeat: 50, delay_ms: 20}')
     async with fake_gateway(dhost.endpoint) as gw:
         await gw.init(sid, agent_id)
@@ -218,8 +220,10 @@ async def test_d13_d14_spec_failure_before_streaming_is_a_generic_503(
         )
         assert reply.status == 503
         assert json.loads(reply.body) == {
-            "error": "spec_resolver_failed",
-            "detail": "Request failed on the runner; see runner logs for details.",
+            "error": {
+                "code": "spec_resolver_failed",
+                "message": "Request failed on the runner; see runner logs for details.",
+            }
         }
         assert await gw.until_status("no-such-session") == ["running", "failed"]
     assert "spec resolver failed for session no-such-session" in dhost.log()
@@ -339,9 +343,13 @@ async def test_d32_reinit_keeps_the_session(dhost: HostProcess, server) -> None:
         assert reply.status == 201
         get = await gw.request("GET", f"/v1/sessions/{sid}")
         assert json.loads(get.body)["status"] == "running"
-        assert await gw.until_status(sid, timeout=20) == ["running", "idle"]
+        assert await gw.until_status(sid, timeout=20) == ["running", "running", "idle"]
         missing = await gw.request("GET", "/v1/sessions/unknown-session")
         assert missing.status == 404
+        assert json.loads(missing.body)["error"] == {
+            "code": "not_found",
+            "message": "No session 'unknown-session' on this runner.",
+        }
 
 
 async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess, server) -> None:
@@ -411,9 +419,9 @@ async def test_d03_a_host_without_a_harness_actor_answers_501(host_factory, serv
             body = {"type": "message", "role": "user", "content": "hi", "agent_id": agent_id}
             reply = await gw.request("POST", f"/v1/sessions/{sid}/events", body, query=query)
             assert reply.status == 501
-            answer = json.loads(reply.body)
-            assert answer["error"] == "not_implemented"
-            assert "HarnessProcessManager" in answer["detail"]
+            answer = json.loads(reply.body)["error"]
+            assert answer["code"] == "not_implemented"
+            assert "HarnessProcessManager" in answer["message"]
         assert gw.statuses(sid) == [], "no turn started"
         # Dispatch did not crash: the session still answers.
         assert (await gw.request("GET", f"/v1/sessions/{sid}")).status == 200
@@ -518,7 +526,9 @@ async def test_flood_of_messages_to_one_session_keeps_order(dhost: HostProcess, 
         kinds = [json.loads(r.body)["status"] for r in replies]
         assert kinds[0] == "accepted" and set(kinds[1:]) == {"buffered"}
         await gw.until_status(sid, "idle", timeout=60)
-        assert gw.statuses(sid) == ["running", "idle"], "one continuation, no idle in between"
+        statuses = gw.statuses(sid)
+        assert statuses.count("idle") == 1 and statuses[-1] == "idle", "no idle in between"
+        assert len(statuses) >= 3, "the buffered messages ran as a turn of their own"
         last = json.loads(
             [
                 e["delta"]

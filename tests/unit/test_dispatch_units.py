@@ -181,3 +181,47 @@ def test_a_resumed_turn_keeps_its_age_and_its_streaming_caller() -> None:
     old = Turn.resume(SessionRecord(id="s", turn_id="t1"))
     assert time.monotonic() - old.started < 5, "a record without a start: counted from now"
     assert old.stream_to is None
+
+
+def test_e4_a_resumed_turn_knows_it_was_interrupted() -> None:
+    """The interrupt is in the record, so a restarted dispatch still ends the turn as an
+    interruption (no terminal upstream, a note) when the worker's cancelled arrives."""
+    record = SessionRecord(id="s", turn_id="t1")
+    record.interrupted = True
+    line = msgspec.json.encode(record)
+    assert Turn.resume(msgspec.json.decode(line, type=SessionRecord)).interrupted
+    record.end_turn()
+    assert not record.interrupted, "the next turn starts uninterrupted"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"type":"cost_approval_popup","elicitation_id":"e1","message":"m","policy_name":"p"}',
+        b'{"type":"policy_blocked_notice","message":"m","policy_name":"p"}',
+        b'{"type":"clear"}',
+        b'{"type":"effort_change","effort":"low","rollback_on_refusal":true}',
+        b'{"type":"model_change","model":"m"}',
+        b'{"type":"permission_mode_change","permission_mode":"plan"}',
+        b'{"type":"plan_mode_change","enabled":false}',
+        b'{"type":"codex_approval_mode_change","approval_mode":"never"}',
+        b'{"type":"btw_dismiss"}',
+        b'{"type":"external_session_status","data":{"status":"idle"}}',
+    ],
+)
+def test_c3_control_events_decode_to_their_struct(body: bytes) -> None:
+    event = parse_event(body)
+    assert event.__struct_config__.tag == msgspec.json.decode(body)["type"]
+
+
+def test_c3_control_events_are_decoded_strictly() -> None:
+    with pytest.raises(BadEvent) as info:
+        parse_event(b'{"type":"cost_approval_popup","elicitation_id":7}')
+    assert (info.value.status, info.value.code) == (422, "invalid_event")
+    assert str(info.value) == "Expected `str | null`, got `int` - at `$.elicitation_id`"
+
+
+def test_e4_the_interrupt_note_is_a_user_message_with_omnigents_marker() -> None:
+    note = history.interrupt_note()
+    assert (note["type"], note["role"]) == ("message", "user")
+    assert history.texts([note])[0].startswith("[System: interrupted]\n")
