@@ -123,6 +123,9 @@ class TurnContext:
         self.observer = Observer(start.session_id, start.turn_id)
         self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         self.text_parts: list[str] = []
+        #: The assistant message being streamed: its id and its text so far (:meth:`text`).
+        self._message_id: str | None = None
+        self._message_text: list[str] = []
         #: A failure the harness's stream reported without ending the turn: (code, message),
         #: cleared by a later completion report (:meth:`report_end`).
         self.reported_failure: tuple[str, str] | None = None
@@ -171,10 +174,41 @@ class TurnContext:
             await self.emit(RuntimeModel(**observation))
 
     async def text(self, delta: str) -> None:
-        """Stream assistant text."""
+        """Stream assistant text.
+
+        Deltas carry the ``message_id`` of the assistant message they make up, and the whole
+        message follows as one item (:meth:`end_message`) before the next item or the turn's
+        end. The server could save the text from the deltas alone, but its relay keeps them
+        only for one relay of the stream: after a reconnect (a gateway restart, a server
+        restart) it would save only the part it relayed since. The item reaches it whole,
+        through the gateway's durable buffer.
+        """
         await self._observe_then()
         self.text_parts.append(delta)
-        await self.emit(OutputTextDelta(delta=delta))
+        if self._message_id is None:
+            self._message_id = f"msg_{uuid.uuid4().hex[:24]}"
+        self._message_text.append(delta)
+        await self.emit(OutputTextDelta(delta=delta, message_id=self._message_id))
+
+    async def end_message(self) -> None:
+        """Send the assistant message streamed so far as one item (nothing if none is)."""
+        message_id, text = self._message_id, "".join(self._message_text)
+        self._message_id, self._message_text = None, []
+        if message_id is None or not text:
+            return
+        item = {
+            "type": "message",
+            "id": message_id,
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        await self.item(item)
+
+    def drop_message(self) -> None:
+        """Forget the message being streamed: an interrupted turn's partial text is not
+        saved (PROTOCOL_0_19 §E.4)."""
+        self._message_id, self._message_text = None, []
 
     async def reasoning(self, delta: str) -> None:
         """Stream reasoning text."""
@@ -196,6 +230,12 @@ class TurnContext:
         A completed ``function_call`` and an assistant ``message`` get the ``agent`` field
         (unless they have one): the server drops either without it (PROTOCOL_0_19 §E.1).
         """
+        if item.get("type") == "message" and item.get("role") == "assistant":
+            # The kind sends its message whole: the deltas streamed for it are in it.
+            self.drop_message()
+        else:
+            # The text streamed so far comes first in the transcript.
+            await self.end_message()
         if _persisted_with_agent(item) and not item.get("agent"):
             item = {**item, "agent": self.agent}
         await self.emit(OutputItemDone(item=item))
@@ -478,6 +518,11 @@ class Worker:
                     log.exception("turn %s failed", turn.turn_id)
                     failed = ("harness_error", f"{type(exc).__name__}: {exc}")
             cancelled = scope.cancelled_caught
+            if cancelled:
+                turn.drop_message()
+            else:
+                # A failed turn keeps what it said, as the server keeps a failed turn's text.
+                await turn.end_message()
             terminal: Output
             if cancelled:
                 terminal = ResponseCancelled(response=turn.response("cancelled"))

@@ -133,7 +133,12 @@ class ResponseInProgress(Output, tag="response.in_progress"):
 
 
 class OutputTextDelta(Output, tag="response.output_text.delta"):
+    """Assistant text. ``message_id`` names the assistant ``message`` item that will carry
+    the whole text (:meth:`TurnContext.text`); the server persists that item and does not
+    accumulate deltas that name one (PROTOCOL_0_19 §D.3)."""
+
     delta: str
+    message_id: str | None = None
 
 
 class ReasoningDelta(Output, tag="response.reasoning_text.delta"):
@@ -145,10 +150,10 @@ class OutputItemDone(Output, tag="response.output_item.done"):
     ``function_call_output``, or an assistant ``message``.
 
     The server persists a completed ``function_call`` and an assistant ``message`` only when
-    they carry ``agent`` (PROTOCOL_0_19 §E.1); :meth:`TurnContext.item` adds it. It also
-    persists the turn's text deltas (they carry no ``message_id``) as one assistant message,
-    so a kind that streams its text emits no message item for it: the text would be stored
-    twice.
+    they carry ``agent`` (PROTOCOL_0_19 §E.1); :meth:`TurnContext.item` adds it. A kind's
+    streamed text is sent as deltas marked with a ``message_id`` and then as one assistant
+    ``message`` item of that id (:meth:`TurnContext.text`), so the server saves the text
+    whole even when its relay of the stream restarted in between (docs/protocol-0.19.md).
     """
 
     item: dict[str, Any]

@@ -60,8 +60,11 @@ async def test_tool_call_round_trip(host: HostProcess) -> None:
             "action_required",
             "completed",
             "function_call_output",
+            "completed",
         ]
-        assert items[-1]["output"] == '{"stdout": "hi"}'
+        assert items[3]["output"] == '{"stdout": "hi"}'
+        # The text streamed after the call, whole, as the assistant message the server saves.
+        assert (items[-1]["type"], items[-1]["content"][0]["text"]) == ("message", "done")
 
 
 async def test_e01_elicitation_parked_then_accepted(host: HostProcess) -> None:

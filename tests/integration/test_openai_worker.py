@@ -62,9 +62,15 @@ async def test_an_openai_agents_spec_runs_unchanged(
         if getattr(e, "item", {}).get("status") == "completed"
         or getattr(e, "item", {}).get("type") == "message"
     ]
-    # §E.1: the completed call carries the agent; no assistant message item (the server
-    # persists the deltas as the message).
-    assert [(i["type"], i["agent"]) for i in completed] == [("function_call", "proto")]
+    # §E.1: the completed call and the assistant message carry the agent; the deltas name
+    # the message, which carries their whole text (the server persists it, not the deltas).
+    assert [(i["type"], i["agent"]) for i in completed] == [
+        ("function_call", "proto"),
+        ("message", "proto"),
+    ]
+    deltas = [e for e in d.of_turn(turn) if e.__struct_config__.tag.endswith("text.delta")]
+    assert {e.message_id for e in deltas} == {completed[-1]["id"]}
+    assert completed[-1]["content"][0]["text"] == "w0 w1"
     types = d.types(turn)
     assert types.index("runtime_model") < types.index("response.output_text.delta")
     observed = next(e for e in d.of_turn(turn) if e.__struct_config__.tag == "runtime_model")

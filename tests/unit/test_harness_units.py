@@ -82,10 +82,11 @@ def test_e02_approval_without_content_has_no_content_key() -> None:
 
 def test_events_encode_to_the_protocol_json() -> None:
     assert msgspec.json.decode(
-        to_json(OutputTextDelta(delta="w0 ", turn_id="t", sequence_number=7))
+        to_json(OutputTextDelta(delta="w0 ", message_id="msg_1", turn_id="t", sequence_number=7))
     ) == {
         "type": "response.output_text.delta",
         "delta": "w0 ",
+        "message_id": "msg_1",
         "turn_id": "t",
         "sequence_number": 7,
     }

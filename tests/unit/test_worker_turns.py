@@ -9,9 +9,11 @@ import trio
 
 from corral.bus import Envelope, Incoming, Message
 from corral.config import LivenessSettings
-from corral.harnesses._worker import POLICY_HEARTBEAT_S, TurnContext, Worker, _usage
+from corral.harnesses._worker import POLICY_HEARTBEAT_S, TurnContext, TurnFailed, Worker, _usage
 from corral.harnesses.protocol import (
+    Output,
     OutputItemDone,
+    OutputTextDelta,
     PolicyEvaluationRequested,
     PolicyVerdict,
     ResponseCompleted,
@@ -169,3 +171,84 @@ async def test_a_held_policy_evaluation_keeps_the_turn_audible(autojump_clock) -
     assert len(beats) == 2
     await trio.sleep(POLICY_HEARTBEAT_S * 2)
     assert len([e for e in recorder.sent if isinstance(e, ResponseHeartbeat)]) == 2
+
+
+async def test_streamed_text_is_sent_whole_as_one_message_before_the_next_item() -> None:
+    """Deltas name their message (``message_id``) and the message follows whole, before the
+    next item: the real server saves it whole even when its relay of the stream restarted
+    in between (docs/protocol-0.19.md), and in transcript order."""
+    recorder = _Recorder()
+    recorder.answers["*"] = "out"
+    turn = _turn(recorder, model="helper")
+    with trio.fail_after(5):
+        await turn.text("let me ")
+        await turn.text("look")
+        await turn.call_tool("sys_os_shell", {"command": "ls"})
+        await turn.text("found it")
+        await turn.end_message()
+        await turn.end_message()  # nothing streamed since: nothing sent
+    kinds = [
+        (e.item["type"], e.item.get("status")) if isinstance(e, OutputItemDone) else e.delta
+        for e in recorder.sent
+    ]
+    assert kinds == [
+        "let me ",
+        "look",
+        ("message", "completed"),
+        ("function_call", "in_progress"),
+        ("function_call", "action_required"),
+        ("function_call", "completed"),
+        ("function_call_output", None),
+        "found it",
+        ("message", "completed"),
+    ]
+    first, second = (
+        e for e in recorder.sent if isinstance(e, OutputItemDone) and e.item["type"] == "message"
+    )
+    deltas = [e for e in recorder.sent if isinstance(e, OutputTextDelta)]
+    assert [d.message_id for d in deltas] == [first.item["id"]] * 2 + [second.item["id"]]
+    assert first.item["content"][0]["text"] == "let me look"
+    assert (first.item["agent"], second.item["content"][0]["text"]) == ("helper", "found it")
+
+
+class _Streams:
+    """Streams a partial answer, then fails or waits to be interrupted."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.streamed = trio.Event()
+
+    async def run_turn(self, turn: TurnContext) -> None:
+        await turn.text("half an ans")
+        self.streamed.set()
+        if self.fail:
+            raise TurnFailed("provider_error", "the provider went away")
+        await trio.sleep_forever()
+
+
+async def _ended_turn(fail: bool) -> list[Message]:
+    peer = _SlowCommitPeer()
+    peer.commit.set()
+    kind = _Streams(fail)
+    worker = Worker(peer, "s1", kind, LivenessSettings())  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await worker._on_input(_start("turn_1"), nursery)
+        with trio.fail_after(5):
+            await kind.streamed.wait()
+            if not fail:
+                assert worker._turn_scope is not None
+                worker._turn_scope.cancel()  # what an Interrupt does
+            await worker._turn_done.wait()
+    return [m for m in peer.sent if isinstance(m, Output)]  # not the WorkerAlive casts
+
+
+async def test_a_failed_turn_keeps_its_partial_text_an_interrupted_one_does_not() -> None:
+    """A failed turn's text is saved, as the server saves a failed turn's narration; an
+    interrupted turn's is not (PROTOCOL_0_19 §E.4: no partial answer in the transcript)."""
+    failed = await _ended_turn(fail=True)
+    tags = [m.__struct_config__.tag for m in failed]
+    assert tags[-2:] == ["response.output_item.done", "response.failed"]
+    assert failed[-2].item["content"][0]["text"] == "half an ans"
+    interrupted = await _ended_turn(fail=False)
+    assert interrupted[-1].__struct_config__.tag == "response.cancelled"
+    assert not [m for m in interrupted if isinstance(m, OutputItemDone)]
