@@ -2,7 +2,7 @@
 
 Handles:
     TurnStart (durable)        start a turn on the session's worker, spawning it lazily
-    Inject, ToolResult, PolicyVerdict, Interrupt
+    ToolResult, PolicyVerdict, Interrupt
                                forwarded to the session's worker; the reply is its status
     Approval (durable)         a verdict for a parked elicitation → its worker (E-01..E-03)
     ElicitationParked (durable) parked in the broker until a verdict (or cancellation)
@@ -38,7 +38,6 @@ from ..harnesses.protocol import (
     Approval,
     ElicitationParked,
     ElicitationResolved,
-    Inject,
     InputAccepted,
     Interrupt,
     Output,
@@ -63,7 +62,7 @@ EXIT_CANNOT_LOAD = 78
 
 
 @dataclass
-class Turn:
+class OwnedTurn:
     """A turn this actor is responsible for ending."""
 
     start: TurnStart
@@ -88,7 +87,7 @@ class WorkerState:
 
 
 @dataclass
-class Parked:
+class ParkedElicitation:
     """A parked elicitation, as this actor knows it."""
 
     incoming: Incoming
@@ -113,8 +112,8 @@ class HarnessActor(Actor):
             intensity=10**9, period_s=1.0, run_dir=self.run_dir, on_exit=self._on_worker_exit
         )
         self.workers: dict[str, WorkerState] = {}
-        self.turns: dict[str, Turn] = {}
-        self.parked: dict[str, Parked] = {}
+        self.turns: dict[str, OwnedTurn] = {}
+        self.parked: dict[str, ParkedElicitation] = {}
         #: Turns a previous incarnation left behind and this one already ended.
         self.ended_turns: set[str] = set()
         self.stats = {"spawned": 0, "crashed": 0, "reaped": 0, "turns": 0}
@@ -131,7 +130,7 @@ class HarnessActor(Actor):
         for incoming, _age in await self.peer.parked():
             msg = incoming.msg
             if isinstance(msg, ElicitationParked):
-                await self._cancel_parked(Parked(incoming, msg), "harness_restarted")
+                await self._cancel_parked(ParkedElicitation(incoming, msg), "harness_restarted")
                 if msg.turn_id in self.ended_turns:
                     continue
                 # Its TurnStart will be redelivered too; it must not end the turn again.
@@ -181,7 +180,7 @@ class HarnessActor(Actor):
     async def turn_start(self, msg: TurnStart, incoming: Incoming) -> InputAccepted | None:
         incoming.deferred = True
         # In flight from this moment: the reaper must not take the worker (H-08).
-        self.turns.setdefault(msg.session_id, Turn(msg, incoming))
+        self.turns.setdefault(msg.session_id, OwnedTurn(msg, incoming))
         self.in_order(msg.session_id, lambda: self._start_turn(msg, incoming))
         return None
 
@@ -373,7 +372,7 @@ class HarnessActor(Actor):
 
     # --- inputs forwarded to workers -------------------------------------------------------
 
-    @handles(Inject, ToolResult, PolicyVerdict, Interrupt)
+    @handles(ToolResult, PolicyVerdict, Interrupt)
     async def forward(self, msg: Any, incoming: Incoming) -> None:
         incoming.deferred = True
         self.in_order(msg.session_id, lambda: self._forward(msg, incoming))
@@ -408,7 +407,9 @@ class HarnessActor(Actor):
         self.in_order(msg.session_id, lambda: self._deliver_verdict(msg, incoming, parked))
         return None
 
-    async def _deliver_verdict(self, msg: Approval, incoming: Incoming, parked: Parked) -> None:
+    async def _deliver_verdict(
+        self, msg: Approval, incoming: Incoming, parked: ParkedElicitation
+    ) -> None:
         try:
             reply = await self._call_worker(parked.msg.owner, msg, 10)
         except Exception as exc:
@@ -428,7 +429,7 @@ class HarnessActor(Actor):
     async def elicitation_parked(self, msg: ElicitationParked, incoming: Incoming) -> None:
         incoming.deferred = True
         await self.peer.park(incoming)
-        self.parked[msg.elicitation_id] = Parked(incoming, msg)
+        self.parked[msg.elicitation_id] = ParkedElicitation(incoming, msg)
         turn = self.turns.get(msg.session_id)
         if turn is not None:
             turn.elicitations.add(msg.elicitation_id)
@@ -507,7 +508,7 @@ class HarnessActor(Actor):
             ),
         )
 
-    async def _cancel_parked(self, parked: Parked, reason: str) -> None:
+    async def _cancel_parked(self, parked: ParkedElicitation, reason: str) -> None:
         msg = parked.msg
         self.parked.pop(msg.elicitation_id, None)
         await self.peer.unpark(parked.incoming.env.id, "cancelled", reason)

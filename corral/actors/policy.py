@@ -133,7 +133,7 @@ class PolicyError(Exception):
 
 
 @dataclass
-class Parked:
+class ParkedCall:
     """A tool call waiting on a human verdict."""
 
     incoming: Incoming
@@ -153,7 +153,7 @@ class PolicyActor(Actor):
         self.options = msgspec.convert(ctx.options, PolicyOptions)
         self.server: Any = None
         self.servers: dict[str, Any] = {}
-        self.parked: dict[str, Parked] = {}
+        self.parked: dict[str, ParkedCall] = {}
         #: Calls in progress (call_id → the scope to cancel when the turn ends).
         self.running: dict[str, tuple[ToolCall, trio.CancelScope]] = {}
         self.stats = {"calls": 0, "allowed": 0, "denied": 0, "asked": 0, "failed_closed": 0}
@@ -175,7 +175,7 @@ class PolicyActor(Actor):
             if isinstance(incoming.msg, ToolCall):
                 call = incoming.msg
                 eid = elicitation_id_for(call.session_id, call.call_id)
-                parked = self.parked[eid] = Parked(incoming, call, eid)
+                parked = self.parked[eid] = ParkedCall(incoming, call, eid)
                 parked.ready.set()
         if self.parked:
             log.info("recovered %d tool calls waiting on approval", len(self.parked))
@@ -270,7 +270,7 @@ class PolicyActor(Actor):
         }
         # Known before it is announced: the broker delivers the announcement while its commit
         # runs, so a quick client's verdict can arrive before the publish returns.
-        parked = self.parked[eid] = Parked(incoming, call, eid)
+        parked = self.parked[eid] = ParkedCall(incoming, call, eid)
         try:
             # Published before parking: a crash in between redelivers the call, which asks
             # again under the same id — a repeated prompt, never a lost one.
@@ -304,7 +304,7 @@ class PolicyActor(Actor):
         self.nursery.start_soon(self._resume, parked, msg.action)
         return InputAccepted(status=204)
 
-    async def _resume(self, parked: Parked, action: str) -> None:
+    async def _resume(self, parked: ParkedCall, action: str) -> None:
         call = parked.call
         await parked.ready.wait()
         if self.parked.get(parked.elicitation_id) is not parked:
@@ -404,7 +404,7 @@ class PolicyActor(Actor):
         incoming: Incoming,
         outcome: ToolOutcome,
         *,
-        parked: Parked | None = None,
+        parked: ParkedCall | None = None,
         state_reason: str | None = None,
     ) -> None:
         """Deliver an outcome, then release what it came from (in this order: crash-safe)."""
