@@ -260,6 +260,8 @@ class FakeOmnigentServer:
         self.sessions: dict[str, dict[str, Any]] = {}
         self.items: dict[str, list[dict[str, Any]]] = {}
         self.events: dict[str, list[dict[str, Any]]] = {}
+        #: (session id, ``source_id``) → the item an ``external_conversation_item`` made.
+        self._sourced: dict[tuple[str, str], str] = {}
         self.files: dict[str, tuple[bytes, str]] = {}
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
@@ -706,7 +708,15 @@ class FakeOmnigentServer:
             item = {"type": data["item_type"], **fields}
             if data.get("response_id"):
                 item["response_id"] = data["response_id"]
+            # A ``source_id`` makes the append idempotent: the server derives the item's id
+            # from it, so a retried post saves one item (what a runner's crash-retry relies on).
+            source = data.get("source_id")
+            key = (session["id"], source)
+            if isinstance(source, str) and key in self._sourced:
+                return _json({"queued": False, "item_id": self._sourced[key]}, status=202)
             added = self.add_item(session["id"], item)
+            if isinstance(source, str):
+                self._sourced[key] = added["id"]
             return _json({"queued": False, "item_id": added["id"]}, status=202)
         return _json({"queued": False}, status=202)
 

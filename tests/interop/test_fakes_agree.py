@@ -7,6 +7,9 @@ import json
 import subprocess
 from pathlib import Path
 
+import httpx
+import trio
+
 from corral.actors.gateway import SERVER_STREAM_TYPES
 from tests import fake_tunnel_server
 
@@ -127,3 +130,40 @@ async def test_the_fake_refuses_the_evaluate_bodies_the_server_refuses(stack) ->
     assert real[0] and not real[1], "the samples still discriminate"
     fake = [evaluate_problem(body) is None for body in EVALUATE_SAMPLES]
     assert fake == real
+
+
+def _note(source_id: str) -> dict:
+    return {
+        "type": "external_conversation_item",
+        "data": {
+            "item_type": "message",
+            "item_data": {"role": "user", "content": [{"type": "input_text", "text": "n"}]},
+            "response_id": "cancel_" + "0" * 32,
+            "source_id": source_id,
+        },
+    }
+
+
+async def test_a_note_posted_twice_with_one_source_id_is_saved_once(stack) -> None:
+    """The real server makes an ``external_conversation_item`` append idempotent by its
+    ``source_id`` (dispatch relies on it to retry its interrupt note); so does the fake."""
+    from tests.fake_server import FakeOmnigentServer
+
+    from ._stack import open_client
+
+    async with open_client(stack.server.url, stack.runner_id) as client:
+        session = await client.session("plain", bind=False)
+        for _ in range(2):
+            r = await client.post(session, _note("note-1"))
+            assert r.status_code == 202, r.text
+        real = len(await client.items(session))
+    fake = FakeOmnigentServer()
+    fake.add_session("agent", session_id="s1")
+    async with trio.open_nursery() as nursery:
+        await fake.start(nursery)
+        async with httpx.AsyncClient(base_url=fake.base_url) as http:
+            for _ in range(2):
+                r = await http.post("/v1/sessions/s1/events", json=_note("n1"))
+                assert r.status_code == 202, r.text
+        nursery.cancel_scope.cancel()
+    assert real == len(fake.items["s1"]) == 1
