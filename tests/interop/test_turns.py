@@ -171,3 +171,14 @@ async def test_omnigent_s_own_client_sdk_streams_the_whole_turn(stack, server_lo
     assert result["ended_early"] is None, result
     assert result["text"] == "w0 w1 w2 w3 w4"
     assert "response.completed" in result["types"]
+
+
+async def test_a_directory_format_agent_runs_unchanged(client: Client, stack) -> None:
+    """omnigent's directory bundle (``spec_version: 1``, ``executor.type: omnigent`` with the
+    harness under ``executor.config``) runs on corral as the server hands it over."""
+    session = await client.session("team")
+    stream = await client.open_stream(session)
+    start, end = await client.turn(stream, "hello team")
+    assert stream.text(start, end) == "echo: hello team"
+    body = stack.llm.requests("echo")[-1]
+    assert body["instructions"].startswith("You lead a team.")
