@@ -8,7 +8,6 @@ with its own zmq context, and serves until SIGTERM.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import logging
@@ -22,22 +21,12 @@ import msgspec
 import trio
 
 from .. import logs
+from .._lifeline import die_with_parent
 from ..bus import open_peer
 from ..config import BusSettings, LivenessSettings
 from ._actor import Actor, ActorContext
 
 log = logging.getLogger("corral.actors.entry")
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL us when the parent dies; exit now if it already has."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(70)
-
 
 def load_target(target: str) -> type[Actor]:
     """Import ``module:Class``."""

@@ -72,11 +72,12 @@ CONTROL_PLANE_START_S = 30.0
 CONTROL_PLANE_PROBE_S = 2.0
 CONTROL_PLANE_PROBE_WINDOW_S = 20.0
 #: How the control plane child starts. It arranges to die with the host first (the same
-#: ``PR_SET_PDEATHSIG`` every actor sets in ``_entry``), then runs ``python -m corral.server``
-#: unchanged: the server stays a separate program that knows nothing of the host.
+#: ``PR_SET_PDEATHSIG`` every actor sets, :mod:`corral._lifeline`), then runs
+#: ``python -m corral.server`` unchanged: the server stays a separate program that knows
+#: nothing of the host.
 _SERVER_BOOT = (
     "import runpy, sys; "
-    "from corral.actors._entry import die_with_parent; "
+    "from corral._lifeline import die_with_parent; "
     "die_with_parent(int(sys.argv.pop(1))); "
     "runpy.run_module('corral.server', run_name='__main__', alter_sys=True)"
 )

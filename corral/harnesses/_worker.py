@@ -617,7 +617,7 @@ async def run_worker(spec: dict[str, Any]) -> None:
 
 def main() -> None:
     """Entry point of a harness worker process."""
-    from ..actors._entry import die_with_parent
+    from .._lifeline import die_with_parent
 
     spec = json.loads(os.environ.pop("CORRAL_WORKER"))
     die_with_parent(int(spec["parent_pid"]))

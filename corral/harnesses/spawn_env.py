@@ -1,9 +1,10 @@
 """The environment a harness worker starts with, built per harness from the agent spec.
 
-Nothing of the host's environment is copied except a short allow-list (so the host's
-secrets — API keys, tunnel tokens — never reach a worker); the harness's own variables are
-``HARNESS_<NAME>_MODEL``, ``HARNESS_<NAME>_API_KEY`` and ``HARNESS_<NAME>_BASE_URL`` for
-``executor.harness: <name>`` (H-09). The model is the session's override when there is one
+Nothing of the host's environment is copied except a short allow-list
+(:mod:`corral._child_env`, so the host's secrets — API keys, tunnel tokens — never reach a
+worker); the harness's own variables are ``HARNESS_<NAME>_MODEL``,
+``HARNESS_<NAME>_API_KEY`` and ``HARNESS_<NAME>_BASE_URL`` for ``executor.harness: <name>``
+(H-09). The model is the session's override when there is one
 (D-11), else the spec's. An ``api_key`` of the form ``$VAR`` is read from the host's
 environment — the one secret the agent spec explicitly asks for.
 """
@@ -14,21 +15,8 @@ import os
 import re
 from typing import Any
 
-_ALLOWED = (
-    "PATH",
-    "HOME",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "TZ",
-    "TMPDIR",
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "TERM",
-)
+from .._child_env import base_env
+
 _VAR = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
 
 
@@ -39,12 +27,6 @@ class SpawnEnvError(ValueError):
 def env_prefix(harness: str) -> str:
     """``HARNESS_<NAME>_`` for a harness name (``openai-agents`` → ``HARNESS_OPENAI_AGENTS_``)."""
     return "HARNESS_" + re.sub(r"[^A-Za-z0-9]", "_", harness).upper() + "_"
-
-
-def base_env(host_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The allow-listed part of the host's environment."""
-    source = os.environ if host_env is None else host_env
-    return {k: source[k] for k in _ALLOWED if k in source}
 
 
 def build_spawn_env(

@@ -41,7 +41,7 @@ from typing import Any
 
 import trio
 
-from ..harnesses.spawn_env import base_env
+from .._child_env import base_env
 from .env_files import ENTRY_OBJECT, MAX_READ_BYTES, FsError, Target, open_file
 from .os_tools import in_thread
 

@@ -63,7 +63,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..harnesses.spawn_env import base_env
+from .._child_env import base_env
 from ._api import ProcessTracker, ToolContext, ToolError, ToolSpec
 from .os_env import effective_cwd, effective_cwd_sync
 from .paths import is_inside, resolve_inside

@@ -43,7 +43,7 @@ from typing import Any
 
 import trio
 
-from ..harnesses.spawn_env import base_env
+from .._child_env import base_env
 from ._api import ToolContext, ToolError, ToolSpec
 from .os_env import effective_cwd
 
