@@ -25,6 +25,8 @@ Every error corral raises on purpose derives from :class:`CorralError`, branched
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CorralError(Exception):
     """Root of every error corral raises on purpose."""
@@ -91,7 +93,9 @@ class SupervisionError(CorralError):
 class RestartIntensityExceeded(SupervisionError):
     """A child restarted more than R times in T seconds; the tree gives up."""
 
-    def __init__(self, message: str, *, child: str, last_exit: dict | None = None) -> None:
+    def __init__(
+        self, message: str, *, child: str, last_exit: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.child = child
         self.last_exit = last_exit

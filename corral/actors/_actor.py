@@ -31,25 +31,30 @@ from ..instance import Instance
 
 log = logging.getLogger("corral.actors")
 
-M = TypeVar("M", bound=Message)
 Handler = Callable[[Any, Any, Incoming], Awaitable[Message | None]]
+H = TypeVar("H", bound=Handler)
+Periodic = TypeVar("Periodic", bound=Callable[[Any], Awaitable[None]])
+
+# The marks the decorators leave on a method, read back by Actor.__init_subclass__.
+_HANDLES = "__corral_handles__"
+_EVERY = "__corral_every__"
 
 
-def handles(*types: type[Message]) -> Callable[[Handler], Handler]:
+def handles(*types: type[Message]) -> Callable[[H], H]:
     """Mark a method as the handler of the given message types."""
 
-    def mark(fn: Handler) -> Handler:
-        fn.__corral_handles__ = types  # type: ignore[attr-defined]
+    def mark(fn: H) -> H:
+        setattr(fn, _HANDLES, types)
         return fn
 
     return mark
 
 
-def every(seconds: float) -> Callable[[Callable[[Any], Awaitable[None]]], Any]:
+def every(seconds: float) -> Callable[[Periodic], Periodic]:
     """Mark a method to run periodically while the actor runs."""
 
-    def mark(fn: Callable[[Any], Awaitable[None]]) -> Any:
-        fn.__corral_every__ = seconds  # type: ignore[attr-defined]
+    def mark(fn: Periodic) -> Periodic:
+        setattr(fn, _EVERY, seconds)
         return fn
 
     return mark
@@ -83,10 +88,10 @@ class Actor:
         periodic: list[tuple[str, float]] = []
         for klass in reversed(cls.__mro__):
             for attr, value in vars(klass).items():
-                for t in getattr(value, "__corral_handles__", ()):
+                for t in getattr(value, _HANDLES, ()):
                     handlers[t] = attr
-                if hasattr(value, "__corral_every__"):
-                    periodic.append((attr, value.__corral_every__))
+                if hasattr(value, _EVERY):
+                    periodic.append((attr, getattr(value, _EVERY)))
         cls._handlers = handlers
         cls._periodic = periodic
 

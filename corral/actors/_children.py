@@ -48,7 +48,7 @@ class Child:
 
     spec: ChildSpec
     state: str = "starting"
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     last_exit: dict[str, Any] | None = None
     started_at: float = 0.0

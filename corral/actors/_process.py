@@ -20,7 +20,9 @@ from typing import Any
 import trio
 
 
-def spawn(argv: list[str], *, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
+def spawn(
+    argv: list[str], *, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     """Start a child by exec in its own process group.
 
     Runs in the calling (trio) thread on purpose: ``PR_SET_PDEATHSIG`` fires when the
@@ -36,7 +38,7 @@ def spawn(argv: list[str], *, env: dict[str, str], cwd: Path | None = None) -> s
     )
 
 
-async def wait_exit(proc: subprocess.Popen) -> int:
+async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
     """Wait (without a thread) until the process exits; return its returncode."""
     if proc.poll() is not None:
         return proc.returncode
@@ -75,7 +77,7 @@ def kill_group(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-async def terminate(proc: subprocess.Popen, timeout: float) -> int:
+async def terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
     """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL; return the returncode."""
     if proc.poll() is None:
         kill_group(proc.pid, signal.SIGTERM)

@@ -62,6 +62,7 @@ from ._messages import (
     Unpark,
     Welcome,
     new_id,
+    tag_of,
 )
 from ._socket import Socket, configure
 
@@ -99,7 +100,7 @@ class Broker:
         log_path: Path,
         settings: BusSettings,
         *,
-        ctx: zmq.Context,
+        ctx: zmq.SyncContext,
     ) -> None:
         self.endpoints = endpoints
         self.settings = settings
@@ -685,7 +686,7 @@ class Broker:
         self._error_reply(env, "too_large", error)
 
     def _error_reply(self, env: Envelope, code: str, message: str) -> None:
-        if env.sender == BROKER or env.type == ErrorReply.__struct_config__.tag:
+        if env.sender == BROKER or env.type == tag_of(ErrorReply):
             return
         self._reply(env.sender, env.id, ErrorReply(code=code, message=message))
 
@@ -697,7 +698,7 @@ class Broker:
             id=new_id(),
             sender=BROKER,
             recipient=to,
-            type=msg.__struct_config__.tag,  # type: ignore[arg-type]
+            type=tag_of(type(msg)),
             body=encode_body(msg),
             correlation_id=correlation_id,
         )

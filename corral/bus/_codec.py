@@ -44,7 +44,7 @@ class BodyDecoder:
 
     def __init__(self) -> None:
         self._tags: dict[str, type[Message]] = {}
-        self._decoder: msgspec.msgpack.Decoder | None = None
+        self._decoder: msgspec.msgpack.Decoder[Message] | None = None
 
     def knows(self, tag: str) -> bool:
         """Whether ``tag`` names a payload class imported in this process."""

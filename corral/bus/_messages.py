@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from itertools import count
-from typing import Any, Literal
+from typing import Any, Literal, dataclass_transform
 
 import msgspec
 
@@ -51,13 +51,24 @@ class Envelope(msgspec.Struct, array_like=True, frozen=True):
     wants_reply: bool = False
 
 
+# msgspec subclasses inherit ``frozen`` and ``kw_only``, but a type checker reads each class
+# statement alone (PEP 681) and would take every payload for a mutable, positional dataclass
+# under a frozen one. Re-declaring the transform with these defaults tells it what msgspec does.
+@dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(msgspec.field,))
 class Message(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
     """Base of every bus payload. Subclasses pass ``tag="area.name"``."""
 
 
 def tag_of(cls: type[Message]) -> str:
-    """The wire tag of a payload class."""
-    return cls.__struct_config__.tag  # type: ignore[return-value]
+    """The wire tag of a payload class.
+
+    Raises:
+        TypeError: ``cls`` names no tag of its own (:class:`Message` itself).
+    """
+    tag = cls.__struct_config__.tag
+    if not isinstance(tag, str):
+        raise TypeError(f"{cls.__qualname__} has no message tag")
+    return tag
 
 
 def registry() -> dict[str, type[Message]]:

@@ -65,12 +65,13 @@ from ._messages import (
     Unpark,
     new_id,
     now,
+    tag_of,
 )
 from ._socket import Socket, configure
 
 log = logging.getLogger("corral.bus.peer")
 
-_BUNDLE_TAG = Bundle.__struct_config__.tag
+_BUNDLE_TAG = tag_of(Bundle)
 
 #: Multiple of ``inbox_size`` past which stream messages are dropped while the owner waits.
 _HARD_LIMIT = 4
@@ -116,7 +117,7 @@ class Peer:
         *,
         bus: BusSettings,
         liveness: LivenessSettings,
-        ctx: zmq.Context | None = None,
+        ctx: zmq.SyncContext | None = None,
         inbox_size: int = 10_000,
     ) -> None:
         self.name = name
@@ -155,7 +156,7 @@ class Peer:
             id=new_id(),
             sender=self.name,
             recipient=to,
-            type=msg.__struct_config__.tag,  # type: ignore[arg-type]
+            type=tag_of(type(msg)),
             body=encode_body(msg),
             durability=durability,
             correlation_id=correlation_id,
@@ -659,7 +660,7 @@ async def open_peer(
     *,
     bus: BusSettings | None = None,
     liveness: LivenessSettings | None = None,
-    ctx: zmq.Context | None = None,
+    ctx: zmq.SyncContext | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[Peer]:
     """Connect a peer to the broker at ``endpoint`` for the duration of the block."""

@@ -22,6 +22,7 @@ checkpoint per batch, which is what lets the broker keep up with raw blocking py
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import trio
 import zmq
@@ -38,13 +39,13 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
-def _send_frames(sock: zmq.Socket, frames: Sequence[bytes]) -> None:
+def _send_frames(sock: zmq.SyncSocket, frames: Sequence[bytes]) -> None:
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         _send(sock, frame, _NOBLOCK if i == last else _NOBLOCK_MORE, True, False)
 
 
-def _recv_frames(sock: zmq.Socket) -> Frames:
+def _recv_frames(sock: zmq.SyncSocket) -> Frames:
     part = _recv(sock, _NOBLOCK, False, False)
     frames = [part.bytes]
     while part.more:
@@ -53,7 +54,7 @@ def _recv_frames(sock: zmq.Socket) -> Frames:
     return frames
 
 
-def configure(sock: zmq.Socket, *, hwm: int, linger_ms: int) -> None:
+def configure(sock: zmq.SyncSocket, *, hwm: int, linger_ms: int) -> None:
     """Set the options every corral socket must have explicitly.
 
     ``ROUTER_MANDATORY`` turns a send to a missing peer into ``EHOSTUNREACH`` and a send to a
@@ -75,15 +76,15 @@ class Socket:
         sock: a configured, non-async pyzmq socket owned by this object from now on.
     """
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.SyncSocket) -> None:
         self._sock = sock
-        self._fd: int = sock.getsockopt(zmq.FD)
+        self._fd = sock.fileno()  # ZMQ_FD
         self._lot = trio.lowlevel.ParkingLot()
         self._fd_wait: trio.CancelScope | None = None
         self._closed = False
 
     @property
-    def zmq_socket(self) -> zmq.Socket:
+    def zmq_socket(self) -> zmq.SyncSocket:
         """The underlying pyzmq socket (for options; do not send or receive on it)."""
         return self._sock
 
@@ -99,7 +100,8 @@ class Socket:
         while True:
             if self._closed:
                 raise BusClosed("socket closed")
-            if self._sock.getsockopt(zmq.EVENTS) & flag:
+            # pyzmq types getsockopt for every option at once; ZMQ_EVENTS is an int.
+            if cast(int, self._sock.getsockopt(zmq.EVENTS)) & flag:
                 return
             if self._fd_wait is None:
                 with trio.CancelScope() as scope:
