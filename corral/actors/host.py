@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +43,13 @@ from .._exceptions import (
     ConfigError,
     CorralError,
     HostAlreadyRunning,
-    ProtocolError,
     RestartIntensityExceeded,
     SupervisionError,
 )
-from ..bus import BodyDecoder, Broker, InspectRequest, decode_envelope, open_peer
+from ..bus import Broker, InspectRequest, open_peer
 from ..config import ActorSettings, Config, RunnerSettings, actor_plan
-from ..harnesses.protocol import HARNESS_ACTOR, ElicitationParked
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
-from ..tools.protocol import ToolCall, elicitation_id_for
 from ._children import ChildSpec, ChildSupervisor
 from ._control import serve_control
 from ._process import alive, start_time, sweep
@@ -83,6 +81,10 @@ _SERVER_BOOT = (
 )
 
 
+#: The broker's parked entries → the rows of ``corral elicitations``.
+ElicitationView = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
 class ControlPlaneUnavailable(SupervisionError):
     """The embedded control plane did not come up before its deadline."""
 
@@ -108,6 +110,9 @@ class Host:
         state_dir: where the host keeps its state.
         config_path: the file ``config`` came from; the control plane reads it too.
         runner: the one runner ``corral up --server`` serves, besides any ``[[runners]]``.
+        elicitations: which of the broker's parked entries are elicitations, and how each
+            shows in ``corral elicitations`` (the supervisor knows no actor's messages; the
+            CLI passes :func:`corral.actors.elicitations.elicitation_rows`).
     """
 
     def __init__(
@@ -117,8 +122,10 @@ class Host:
         *,
         config_path: Path | None = None,
         runner: RunnerSettings | None = None,
+        elicitations: ElicitationView = lambda parked: [],
     ) -> None:
         self.config = config
+        self._elicitations = elicitations
         self.config_path = config_path.absolute() if config_path is not None else None
         self.runner = runner
         self.instance = Instance(state_dir)
@@ -312,7 +319,8 @@ class Host:
             options["workspace"] = self.config.workspace
         if name == "dispatch":
             plan = {actor for actor, _, _ in actor_plan(self.config)}
-            options.setdefault("harness_actor", HARNESS_ACTOR in plan)
+            # The built-in harness actor (config.BUILTIN_ACTORS), by name like the others.
+            options.setdefault("harness_actor", "harness" in plan)
         return {
             "name": name,
             "target": target,
@@ -592,32 +600,7 @@ class Host:
 
     async def _op_elicitations(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.broker is not None
-        rows = []
-        decoder = BodyDecoder()
-        for row in self.broker.parked():
-            try:
-                env = decode_envelope(row["frame"])
-                msg = decoder.decode(env)
-            except ProtocolError:
-                continue
-            if isinstance(msg, ToolCall):
-                rows.append(_policy_elicitation(msg, row, env.created_at))
-                continue
-            if not isinstance(msg, ElicitationParked):
-                continue
-            rows.append(
-                {
-                    "elicitation_id": msg.elicitation_id,
-                    "session_id": msg.session_id,
-                    "turn_id": msg.turn_id,
-                    "owner": f"{msg.owner}#{msg.incarnation}",
-                    "state": row["state"],
-                    "reason": row["reason"],
-                    "created_at": env.created_at,
-                    "params": msg.params,
-                }
-            )
-        return {"elicitations": rows}
+        return {"elicitations": self._elicitations(self.broker.parked())}
 
     async def _op_inspect(self, request: dict[str, Any]) -> dict[str, Any]:
         reply = await self._peer.call(str(request["actor"]), InspectRequest(), timeout=5)
@@ -638,17 +621,3 @@ def _import_protocols(targets: list[str]) -> None:
             importlib.import_module(target.partition(":")[0])
         except Exception as exc:
             log.warning("cannot import %s in the host: %s", target, exc)
-
-
-def _policy_elicitation(call: ToolCall, row: dict[str, Any], created_at: float) -> dict[str, Any]:
-    """A tool call the policy actor parked on an ASK, as ``corral elicitations`` shows it."""
-    return {
-        "elicitation_id": elicitation_id_for(call.session_id, call.call_id),
-        "session_id": call.session_id,
-        "turn_id": call.turn_id,
-        "owner": "policy",
-        "state": row["state"],
-        "reason": row["reason"],
-        "created_at": created_at,
-        "params": {"tool": {"name": call.name, "call_id": call.call_id}},
-    }

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from .. import logs
 from .._exceptions import ConfigError, CorralError
+from ..actors.elicitations import elicitation_rows
 from ..actors.host import Host
 from ..config import Config, RunnerSettings, check_runners, load_config, resolve_state_dir
 from ..server_client import runner_id_for_token
@@ -132,6 +133,7 @@ def up_command(
         resolve_state_dir(str(state_dir) if state_dir else None, config),
         config_path=config_path,
         runner=runner,
+        elicitations=elicitation_rows,
     )
     try:
         trio.run(host.run)
