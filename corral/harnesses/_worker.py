@@ -8,7 +8,7 @@ context, dies with its parent (the harness actor), and serves inputs:
   then whatever the worker kind does through its :class:`TurnContext`, then exactly one of
   ``response.completed`` / ``response.failed`` / ``response.cancelled``;
 * :class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict` resolve what the turn
-  waits for; :class:`Inject` offers a mid-turn message; :class:`Interrupt` cancels the turn.
+  waits for; :class:`Interrupt` cancels the turn.
 
 Deltas go to the turn's ``reply_to`` as stream messages, in batches; terminal events and
 elicitation requests go durably, so a restarting dispatch still gets them. Lifecycle events
@@ -40,8 +40,6 @@ from .protocol import (
     Approval,
     ElicitationParked,
     ElicitationRequest,
-    Inject,
-    InjectionConsumed,
     InputAccepted,
     Interrupt,
     Output,
@@ -131,7 +129,6 @@ class TurnContext:
         self.reported_failure: tuple[str, str] | None = None
         self._seq = 0
         self._waits: dict[str, tuple[trio.Event, list[Any]]] = {}
-        self.injections_send, self.injections = trio.open_memory_channel[Inject](64)
 
     @property
     def model(self) -> str | None:
@@ -374,10 +371,6 @@ class TurnContext:
         """Send every queued event now (before something that may stop the process)."""
         await self.worker.flush_outputs()
 
-    async def consumed(self, injection: Inject) -> None:
-        """Tell the runner an injected message was taken into this turn (D-30)."""
-        await self.emit(InjectionConsumed(injection_id=injection.injection_id))
-
     def response(self, status: str) -> dict[str, Any]:
         """The ``response`` object of lifecycle events."""
         return {
@@ -488,14 +481,6 @@ class Worker:
                 status=404,
                 error={"code": "not_found", "message": f"nothing outstanding for {key!r}"},
             )
-        if isinstance(msg, Inject):
-            if turn is None or turn.turn_id != msg.turn_id:
-                return InputAccepted(status=409, error={"code": "no_turn"})
-            try:
-                turn.injections_send.send_nowait(msg)
-            except trio.WouldBlock:
-                return InputAccepted(status=409, error={"code": "injections_full"})
-            return InputAccepted(status=204)
         return InputAccepted(status=422, error={"code": "unsupported", "type": incoming.env.type})
 
     async def _run_turn(self, turn: TurnContext) -> None:

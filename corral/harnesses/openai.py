@@ -300,31 +300,18 @@ class _AgentLoop:
 
     async def run(self) -> None:
         max_steps = self.settings.max_steps
-        for step_no in range(1, max_steps + 1):
-            await self._take_injections()
+        for _ in range(max_steps):
             step = await self._call_model()
             self._add_usage(step.usage)
             # No assistant message item for step.text: the server persists the streamed
             # deltas as the assistant message, and would store an item a second time (§E.1).
             outputs = [(call, await self._run_tool(call)) for call in step.tool_calls]
             self.conversation.add_step(step, outputs)
-            if not step.tool_calls and not (step_no < max_steps and await self._take_injections()):
+            if not step.tool_calls:
                 return
         raise TurnFailed(
             "max_steps", f"the model was still calling tools after {max_steps} steps (max_steps)"
         )
-
-    async def _take_injections(self) -> bool:
-        """Move every waiting mid-turn message into the conversation (§iv.7)."""
-        taken = False
-        while True:
-            try:
-                injection = self.turn.injections.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                return taken
-            self.conversation.add_user(injection.message.get("content") or "")
-            await self.turn.consumed(injection)
-            taken = True
 
     async def _run_tool(self, call: _ToolCall) -> str:
         try:
@@ -770,9 +757,6 @@ class _ResponsesConversation:
         self.tools = [_responses_tool(t) for t in tools if isinstance(t, dict)]
         self.input = [_responses_item(i) for i in history]
 
-    def add_user(self, content: Any) -> None:
-        self.input.append(_responses_item({"type": "message", "role": "user", "content": content}))
-
     def add_step(self, step: _Step, outputs: list[tuple[_ToolCall, str]]) -> None:
         items = step.items
         if not items:  # a provider that sent no output items: rebuild them
@@ -905,9 +889,6 @@ class _ChatConversation:
             self.messages.append(
                 {"role": "tool", "tool_call_id": item.get("call_id") or "", "content": output}
             )
-
-    def add_user(self, content: Any) -> None:
-        self.messages.append({"role": "user", "content": _chat_content(content)})
 
     def add_step(self, step: _Step, outputs: list[tuple[_ToolCall, str]]) -> None:
         message: dict[str, Any] = {"role": "assistant", "content": step.text or None}

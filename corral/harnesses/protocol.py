@@ -6,8 +6,8 @@ that protocol streams (``{"type": "response.output_text.delta", "delta": "..."}`
 ``turn_id`` and a ``sequence_number``), so dispatch can publish them on the session stream
 as they are.
 
-Inputs (dispatch → harness actor → worker): :class:`TurnStart`, :class:`Inject`,
-:class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict`, :class:`Interrupt`.
+Inputs (dispatch → harness actor → worker): :class:`TurnStart`, :class:`ToolResult`,
+:class:`Approval`, :class:`PolicyVerdict`, :class:`Interrupt`.
 
 Outputs (worker → the turn's ``reply_to``): every :class:`Output` subclass. The harness actor
 itself emits ``response.failed`` with code ``harness_crashed`` (or ``harness_restarted``) for
@@ -48,15 +48,6 @@ class TurnStart(Message, tag="harness.turn"):
     model_override: str | None = None
     harness_override: str | None = None
     reply_to: str = "dispatch"
-
-
-class Inject(Message, tag="harness.inject"):
-    """A message that arrived during the turn, offered to the worker mid-turn (§iv.7)."""
-
-    session_id: str
-    turn_id: str
-    injection_id: str
-    message: dict[str, Any]
 
 
 class ToolResult(Message, tag="harness.tool_result"):
@@ -184,10 +175,6 @@ class PolicyDenied(Output, tag="response.policy_denied"):
     conversation_id: str
     reason: str = ""
     phase: str = ""
-
-
-class InjectionConsumed(Output, tag="injection.consumed"):
-    injection_id: str
 
 
 class ResponseHeartbeat(Output, tag="response.heartbeat"):

@@ -20,7 +20,6 @@ from corral.harnesses._worker import TurnContext, TurnFailed, Verdict
 from corral.harnesses.openai import OpenAIHarness, resolve_settings
 from corral.harnesses.protocol import (
     ElicitationRequest,
-    Inject,
     PolicyDenied,
     PolicyEvaluationRequested,
     PolicyVerdict,
@@ -70,7 +69,6 @@ class FakeTurn:
         self.start = SimpleNamespace(model_override=None, harness=None, harness_override=None)
         self.events: list[tuple[Any, ...]] = []
         self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-        self.injections_send, self.injections = trio.open_memory_channel[Inject](16)
         self.on_text: Any = None
         #: What the PHASE_LLM_REQUEST gate does: None lets the turn go on, else it raises.
         self.llm_gate: TurnFailed | None = None
@@ -102,9 +100,6 @@ class FakeTurn:
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         self.events.append(("call_tool", name, arguments))
         return f"output of {name}"
-
-    async def consumed(self, injection: Inject) -> None:
-        self.events.append(("consumed", injection.injection_id))
 
     async def check_llm_request(self, data: dict[str, Any]) -> None:
         self.events.append(("llm_request", data))
@@ -326,41 +321,6 @@ async def test_tool_calls_stop_at_max_steps(server) -> None:
     assert exc.code == "max_steps"
     assert exc.message == "the model was still calling tools after 2 steps (max_steps)"
     assert len(server.requests) == 2
-
-
-async def test_a_message_injected_mid_turn_is_answered_in_the_same_turn(server) -> None:
-    server.queue(
-        Reply(frames=responses_events(SERVED, ["first"])),
-        Reply(frames=responses_events(SERVED, ["second"])),
-    )
-    turn = FakeTurn(spec_for(server))
-    injected = {
-        "type": "message",
-        "role": "user",
-        "content": [{"type": "input_text", "text": "also"}],
-    }
-    inject = Inject(session_id="s", turn_id="t", injection_id="inj_1", message=injected)
-
-    sent: list[Inject] = []
-
-    def inject_once() -> None:  # while the first answer streams
-        if not sent:
-            sent.append(inject)
-            turn.injections_send.send_nowait(inject)
-
-    turn.on_text = inject_once
-
-    await run(turn)
-
-    assert turn.kinds("consumed") == [("consumed", "inj_1")]
-    assert turn.text_out == "firstsecond"
-    second = server.requests[1].json["input"]
-    assert second[-1] == {
-        "type": "message",
-        "role": "user",
-        "content": [{"type": "input_text", "text": "also"}],
-    }
-    assert second[-2]["role"] == "assistant"
 
 
 # --- provider failures ------------------------------------------------------------------------
