@@ -50,20 +50,16 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
 import trio
 
-from .._exceptions import CorralError
-from .._jsonlines import write_atomically
-from ..bus import Incoming, Message, Outbox
-from ..config import RunnerSettings
-from ..harnesses.protocol import (
+from ..._jsonlines import write_atomically
+from ...bus import Incoming, Message, Outbox
+from ...harnesses.protocol import (
     HARNESS_ACTOR,
-    Approval,
     ElicitationRequest,
     ElicitationResolved,
     InputAccepted,
@@ -79,360 +75,56 @@ from ..harnesses.protocol import (
     ToolResult,
     TurnStart,
 )
-from ..routes import (
+from ...routes import (
     HttpChunk,
     HttpRequest,
     HttpResponse,
     SessionEvent,
-    SessionEvents,
     empty_response,
     json_response,
     sse_frame,
 )
-from ..server_client import pick_server
-from ..tools.protocol import (
-    POLICY_ACTOR,
+from ...server_client import pick_server
+from ...tools.protocol import (
     PolicyEvaluate,
     PublishEvents,
     ToolCall,
     ToolOutcome,
     TurnEnded,
 )
-from ..tools.registry import tool_schemas
-from . import _history as history
-from ._actor import Actor, ActorContext, every, handles
-from .journal import JournalAppend, JournalEvent
+from ...tools.registry import tool_schemas
+from .. import _history as history
+from .._actor import Actor, ActorContext, every, handles
+from ..journal import JournalAppend, JournalEvent
+from ._events import (
+    ApprovalEvent,
+    BadEvent,
+    CostApprovalPopupEvent,
+    InterruptEvent,
+    MessageEvent,
+    StopSessionEvent,
+    flatten_approval,
+    parse_event,
+)
+from ._fanout import _event_batches
+from ._options import DispatchOptions
+from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, _accepted, _error, _from_harness
+from ._session import Session, SessionRecord
+from ._turn import _ELICITATION, Turn
 
 log = logging.getLogger("corral.actors.dispatch")
 
-#: Session events per durable :class:`~corral.routes.SessionEvents` message, and about how
-#: many bytes of them (well under the bus's default 4 MiB message limit).
-_EVENT_BATCH = 512
-_EVENT_BATCH_BYTES = 1024 * 1024
 #: How long journal events gather before they go out as one append per run: a flood of
 #: deltas otherwise costs one append (a bus message, a journal write) per delta.
 _JOURNAL_WINDOW_S = 0.02
 #: Stream sequence numbers of a dispatch incarnation start at ``epoch << _EPOCH_SHIFT``.
 _EPOCH_SHIFT = 32
-GENERIC_DETAIL = "Request failed on the runner; see runner logs for details."
 SPEC_FAILED_IN_STREAM = "Failed to resolve the agent spec for this turn."
 #: Events the session stream never carries (PROTOCOL_FACTS.md §ii.6).
 _NOT_ON_STREAM = {"response.created", "policy_evaluation.requested"}
-#: D-03's answer on a host without a harness actor (the original names its missing part).
-NO_HARNESS_DETAIL = (
-    "Runner /v1/sessions/{}/events needs a HarnessProcessManager: this host runs no harness "
-    "actor ([actors.harness] enabled = false)."
-)
-#: Prefix of a harness elicitation's key in ``Turn.waiting`` (tool calls use their call id).
-_ELICITATION = "elicitation:"
 #: How long a turn of a new session waits for the turn of a deleted one of the same id to
 #: end on its worker.
 _DRAIN_TIMEOUT_S = 15.0
-
-
-class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """``[actors.dispatch.options]``."""
-
-    #: A server for sessions of any runner (tests; hosts pass ``runners`` instead).
-    server_url: str | None = None
-    token: str | None = None
-    #: The host's runners (ids resolved): a session talks to the server of its runner.
-    runners: list[RunnerSettings] = []
-    default_harness: str = "scripted"
-    #: False when this host runs no harness actor: the events route answers 501 (D-03).
-    #: The host sets it from its plan.
-    harness_actor: bool = True
-    #: The agent spec of sessions when no server is configured (the "null server client").
-    default_spec: dict[str, Any] = {}
-    subscribers: list[str] = msgspec.field(default_factory=lambda: ["gateway"])
-    #: The actor that gates tool calls (None: tool calls answer "not available").
-    policy: str | None = POLICY_ACTOR
-    #: Deadline of ``POST .../mcp/execute`` through policy and tools.
-    tool_timeout_s: float = 900.0
-    #: The actor owning sessions' terminals, asked to close them when a session is deleted
-    #: (None: nothing to close).
-    tools: str | None = "tools"
-    journal: str | None = "journal"
-    turn_timeout_s: float = 3600.0
-    turn_idle_timeout_s: float = 900.0
-
-
-# --- session events (the bodies of POST .../events) ------------------------------------------
-
-
-class _Event(msgspec.Struct, tag_field="type", kw_only=True):
-    pass
-
-
-class MessageEvent(_Event, tag="message"):
-    role: str = "user"
-    content: Any = None
-    model: str | None = None
-    agent_id: str | None = None
-    harness: str | None = None
-    instructions: str | None = None
-    connection_params: dict[str, Any] | None = None
-    persisted_item_id: str | None = None
-    harness_override: str | None = None
-    model_override: str | None = None
-    tools: list[dict[str, Any]] | None = None
-
-
-class ApprovalEvent(_Event, tag="approval"):
-    data: dict[str, Any] | None = None
-    elicitation_id: str | None = None
-    action: str | None = None
-    content: dict[str, Any] | None = None
-
-
-class InterruptEvent(_Event, tag="interrupt"):
-    pass
-
-
-class StopSessionEvent(_Event, tag="stop_session"):
-    pass
-
-
-class CompactEvent(_Event, tag="compact"):
-    pass
-
-
-# Control events the 0.19 server forwards (PROTOCOL_0_19.md §C.3). omnigent's runner acts on
-# them only for native terminal harnesses, which corral has none of; for every other harness
-# it answers 204 and so does corral. Fields are typed as the server sends them, so a wrong
-# type is a 422 like any other malformed event.
-
-
-class CostApprovalPopupEvent(_Event, tag="cost_approval_popup"):
-    """An ASK the server parked in ``policies/evaluate``, for a native terminal's modal."""
-
-    elicitation_id: str | None = None
-    message: str | None = None
-    policy_name: str | None = None
-
-
-class PolicyBlockedNoticeEvent(_Event, tag="policy_blocked_notice"):
-    message: str | None = None
-    policy_name: str | None = None
-
-
-class ClearEvent(_Event, tag="clear"):
-    pass
-
-
-class EffortChangeEvent(_Event, tag="effort_change"):
-    effort: str | None = None
-    rollback_on_refusal: bool | None = None
-
-
-class ModelChangeEvent(_Event, tag="model_change"):
-    model: str | None = None
-    effort: str | None = None
-    rollback_on_refusal: bool | None = None
-
-
-class PermissionModeChangeEvent(_Event, tag="permission_mode_change"):
-    permission_mode: str | None = None
-
-
-class PlanModeChangeEvent(_Event, tag="plan_mode_change"):
-    enabled: bool | None = None
-
-
-class CodexApprovalModeChangeEvent(_Event, tag="codex_approval_mode_change"):
-    approval_mode: str | None = None
-
-
-class BtwDismissEvent(_Event, tag="btw_dismiss"):
-    pass
-
-
-class ExternalSessionStatusEvent(_Event, tag="external_session_status"):
-    """A native forwarder's status report; corral runs no forwarder, so nothing to record."""
-
-    data: dict[str, Any] | None = None
-
-
-SessionEventBody = (
-    MessageEvent
-    | ApprovalEvent
-    | InterruptEvent
-    | StopSessionEvent
-    | CompactEvent
-    | CostApprovalPopupEvent
-    | PolicyBlockedNoticeEvent
-    | ClearEvent
-    | EffortChangeEvent
-    | ModelChangeEvent
-    | PermissionModeChangeEvent
-    | PlanModeChangeEvent
-    | CodexApprovalModeChangeEvent
-    | BtwDismissEvent
-    | ExternalSessionStatusEvent
-)
-_event_decoder = msgspec.json.Decoder(SessionEventBody)
-
-
-class BadEvent(CorralError):
-    """A session event that is malformed or of an unknown type (answered 4xx)."""
-
-    def __init__(self, status: int, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-
-
-def parse_event(body: bytes) -> SessionEventBody:
-    """Decode one session event strictly.
-
-    Raises:
-        BadEvent: 400 for a body that is not a JSON object, 422 for an unknown type or
-            wrong field types.
-    """
-    try:
-        raw = json.loads(body)
-    except ValueError:
-        raise BadEvent(400, "invalid_request", "the event body is not JSON") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
-        raise BadEvent(400, "invalid_request", "an event is a JSON object with a string type")
-    try:
-        return _event_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise BadEvent(422, "invalid_event", str(exc)) from None
-
-
-def flatten_approval(event: ApprovalEvent, session_id: str) -> Approval:
-    """The nested ``{type: approval, data: {...}}`` envelope, flat for the harness (E-01..E-03)."""
-    data = dict(event.data or {})
-    elicitation_id = data.get("elicitation_id", event.elicitation_id)
-    action = data.get("action", event.action)
-    content = data.get("content", event.content)
-    if not isinstance(elicitation_id, str) or action not in ("accept", "decline", "cancel"):
-        raise BadEvent(422, "invalid_event", "an approval needs elicitation_id and action")
-    if content is None:
-        return Approval(session_id=session_id, elicitation_id=elicitation_id, action=action)
-    return Approval(
-        session_id=session_id, elicitation_id=elicitation_id, action=action, content=content
-    )
-
-
-# --- state -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Turn:
-    """The active turn of a session."""
-
-    turn_id: str
-    started: float = field(default_factory=time.monotonic)
-    last_event: float = field(default_factory=time.monotonic)
-    text: list[str] = field(default_factory=list)
-    stream_to: tuple[str, str] | None = None  # (reply_to, request_id) of a ?stream=true POST
-    spec_resolved: bool = True
-    #: Tool calls still waiting on their outcome (a turn waiting on a tool or a human's
-    #: verdict is not silent), and those whose outcome was taken (a second copy is dropped).
-    #: The calls sent to policy are in the session record (``SessionRecord.tool_calls``).
-    waiting: set[str] = field(default_factory=set)
-    answered: set[str] = field(default_factory=set)
-    #: An ``interrupt`` or ``stop_session`` asked it to stop (in the record too): its
-    #: ``response.cancelled`` ends it the way §E.4 records an interruption.
-    interrupted: bool = False
-
-    @classmethod
-    def resume(cls, record: SessionRecord) -> Turn:
-        """The active turn of a session recovered after a restart.
-
-        Its worker goes on streaming, so the turn must know what it had in flight: calls sent
-        to policy and not answered still wait (a human may be deciding one: the idle watchdog
-        must spare the turn), answered ones stay answered (a redelivered outcome is not sent
-        to the worker twice), and the record still lists the calls, so the turn's end sends
-        policy a TurnEnded for what it parked. The spec is fetched again before the next
-        tool call: a restart forgets it, and a call without it would run outside the agent's
-        working directory and rules.
-        """
-        assert record.turn_id is not None
-        answered = set(record.answered)
-        # Its age carries over (turn_timeout_s counts from the real start), and so does the
-        # caller of a ``?stream=true`` turn, whose response is still open at the gateway.
-        age = max(0.0, time.time() - record.turn_started_at) if record.turn_started_at else 0.0
-        return cls(
-            record.turn_id,
-            started=time.monotonic() - age,
-            stream_to=(record.stream_to[0], record.stream_to[1]) if record.stream_to else None,
-            spec_resolved=False,
-            waiting=(set(record.tool_calls) - answered)
-            | {_ELICITATION + e for e in record.elicitations},
-            answered=answered,
-            interrupted=record.interrupted,
-        )
-
-
-class SessionRecord(msgspec.Struct, kw_only=True):
-    """What survives a dispatch restart (one line of ``sessions.log``)."""
-
-    id: str
-    agent_id: str | None = None
-    runner_id: str | None = None
-    sub_agent_name: str | None = None
-    harness_override: str | None = None
-    model_override: str | None = None
-    created_at: float = 0.0
-    turn_id: str | None = None
-    #: Wall-clock start of the active turn, and the (reply_to, request_id) of its
-    #: ``?stream=true`` POST, if any.
-    turn_started_at: float = 0.0
-    stream_to: list[str] | None = None
-    #: Ids of the active turn's tool calls sent to policy (written before each is sent), and
-    #: of those whose outcome went to the worker (written after): what the turn has in flight
-    #: after a restart (``Turn.resume``). One write per call and per outcome; none per delta.
-    tool_calls: list[str] = []
-    answered: list[str] = []
-    #: Elicitations the active turn's harness opened and no verdict has closed: the turn
-    #: waits on a human. Written when each opens and closes (rare; none per delta).
-    elicitations: list[str] = []
-    #: The active turn was asked to stop (``Turn.interrupted``); written when asked.
-    interrupted: bool = False
-    #: The ``cancel_…`` response id of an interrupt note not yet posted to the server: posted
-    #: again after a restart, and added to a history rehydrated before it was posted.
-    note_pending: str | None = None
-    buffer: list[dict[str, Any]] = []
-    seq: int = 0
-    status: str = "idle"
-    #: From the session-init v2 envelope (PROTOCOL_0_19.md §B.1), kept as the server sent
-    #: them. corral takes provider settings from the agent spec only, so ``inference_config``
-    #: is stored, warned about, and never claimed verified.
-    recovery_id: str | None = None
-    resume_interrupted_turn: bool = False
-    inference_config: dict[str, Any] | None = None
-    #: A tombstone: the session was deleted (``DELETE /v1/sessions/{id}``); it is forgotten
-    #: when the log is read, so a restart cannot bring it back.
-    deleted: bool = False
-
-    def begin_turn(self, turn_id: str, stream_to: list[str] | None) -> None:
-        """Record a turn that starts now (``stream_to``: its ``?stream=true`` caller)."""
-        self.turn_id, self.turn_started_at, self.stream_to = turn_id, time.time(), stream_to
-
-    def end_turn(self) -> None:
-        """Forget everything of the active turn."""
-        self.turn_id, self.turn_started_at, self.stream_to = None, 0.0, None
-        self.tool_calls, self.answered, self.elicitations = [], [], []
-        self.interrupted = False
-
-
-@dataclass
-class Session:
-    """A session as dispatch holds it."""
-
-    record: SessionRecord
-    spec: dict[str, Any] | None = None
-    history: list[dict[str, Any]] | None = None
-    turn: Turn | None = None
-    #: The ``inference_config`` warning was logged (once per session and incarnation).
-    warned_inference: bool = False
-
-    @property
-    def id(self) -> str:
-        return self.record.id
 
 
 class DispatchActor(Actor):
@@ -468,7 +160,7 @@ class DispatchActor(Actor):
         self.nursery.start_soon(self.outbox.run)
         self.nursery.start_soon(self._journal_loop)
         self.nursery.start_soon(self._events_loop)
-        from ..server_client import ServerClient
+        from ...server_client import ServerClient
 
         if self.options.server_url:
             self.server = ServerClient(self.options.server_url, token=self.options.token)
@@ -970,7 +662,7 @@ class DispatchActor(Actor):
         server = self._server(session)
         if server is None:
             return dict(self.options.default_spec)
-        from ..spec import spec_to_dict
+        from ...spec import spec_to_dict
 
         if not (agent_id or session.record.agent_id):
             # The first-message race (D-09): the server's snapshot knows the agent.
@@ -1445,36 +1137,10 @@ class DispatchActor(Actor):
                 await self._fail(session, turn, error)
 
 
-def _event_batches(events: list[SessionEvent]) -> list[SessionEvents]:
-    """Publish-ordered events cut into messages of at most ``_EVENT_BATCH`` events and about
-    ``_EVENT_BATCH_BYTES`` (an event larger than that travels alone)."""
-    batches: list[SessionEvents] = []
-    start = size = 0
-    for i, event in enumerate(events):
-        if i > start and (
-            i - start >= _EVENT_BATCH or size + len(event.event) > _EVENT_BATCH_BYTES
-        ):
-            batches.append(SessionEvents(events=events[start:i]))
-            start, size = i, 0
-        size += len(event.event)
-    if start < len(events):
-        batches.append(SessionEvents(events=events[start:]))
-    return batches
-
-
 def _spec_harness(spec: dict[str, Any]) -> str | None:
     executor = spec.get("executor") or {}
     harness = executor.get("harness") or (executor.get("config") or {}).get("harness")
     return str(harness) if harness else None
-
-
-def _accepted() -> HttpResponse:
-    return json_response(202, {"status": "accepted", "detail": "Turn started."})
-
-
-def _error(status: int, code: str, message: str) -> HttpResponse:
-    """The 0.19 error body (PROTOCOL_0_19.md §H.2): the server reads ``error.message``."""
-    return json_response(status, {"error": {"code": code, "message": message}})
 
 
 def _init_v2(record: SessionRecord, init: dict[str, Any], snapshot: dict[str, Any]) -> None:
@@ -1493,12 +1159,3 @@ def runner_tools(spec: dict[str, Any]) -> list[dict[str, Any]]:
         {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
         for tool in tool_schemas(spec)
     ]
-
-
-def _from_harness(reply: Message | None) -> HttpResponse:
-    """The harness's answer to a control event, passed through (H-01, H-02)."""
-    if not isinstance(reply, InputAccepted):
-        return _error(502, "harness_forward_failed", GENERIC_DETAIL)
-    if reply.status in (204, 304) or reply.error is None:
-        return empty_response(reply.status)
-    return json_response(reply.status, {"error": reply.error})

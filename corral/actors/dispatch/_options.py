@@ -1,0 +1,37 @@
+"""The dispatch actor's options (``[actors.dispatch.options]`` in corral.toml)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ...config import RunnerSettings
+from ...tools.protocol import POLICY_ACTOR
+
+
+class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[actors.dispatch.options]``."""
+
+    #: A server for sessions of any runner (tests; hosts pass ``runners`` instead).
+    server_url: str | None = None
+    token: str | None = None
+    #: The host's runners (ids resolved): a session talks to the server of its runner.
+    runners: list[RunnerSettings] = []
+    default_harness: str = "scripted"
+    #: False when this host runs no harness actor: the events route answers 501 (D-03).
+    #: The host sets it from its plan.
+    harness_actor: bool = True
+    #: The agent spec of sessions when no server is configured (the "null server client").
+    default_spec: dict[str, Any] = {}
+    subscribers: list[str] = msgspec.field(default_factory=lambda: ["gateway"])
+    #: The actor that gates tool calls (None: tool calls answer "not available").
+    policy: str | None = POLICY_ACTOR
+    #: Deadline of ``POST .../mcp/execute`` through policy and tools.
+    tool_timeout_s: float = 900.0
+    #: The actor owning sessions' terminals, asked to close them when a session is deleted
+    #: (None: nothing to close).
+    tools: str | None = "tools"
+    journal: str | None = "journal"
+    turn_timeout_s: float = 3600.0
+    turn_idle_timeout_s: float = 900.0

@@ -1,0 +1,80 @@
+"""A session as dispatch holds it: the durable `SessionRecord` and the live `Session`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    from ._turn import Turn
+
+
+class SessionRecord(msgspec.Struct, kw_only=True):
+    """What survives a dispatch restart (one line of ``sessions.log``)."""
+
+    id: str
+    agent_id: str | None = None
+    runner_id: str | None = None
+    sub_agent_name: str | None = None
+    harness_override: str | None = None
+    model_override: str | None = None
+    created_at: float = 0.0
+    turn_id: str | None = None
+    #: Wall-clock start of the active turn, and the (reply_to, request_id) of its
+    #: ``?stream=true`` POST, if any.
+    turn_started_at: float = 0.0
+    stream_to: list[str] | None = None
+    #: Ids of the active turn's tool calls sent to policy (written before each is sent), and
+    #: of those whose outcome went to the worker (written after): what the turn has in flight
+    #: after a restart (``Turn.resume``). One write per call and per outcome; none per delta.
+    tool_calls: list[str] = []
+    answered: list[str] = []
+    #: Elicitations the active turn's harness opened and no verdict has closed: the turn
+    #: waits on a human. Written when each opens and closes (rare; none per delta).
+    elicitations: list[str] = []
+    #: The active turn was asked to stop (``Turn.interrupted``); written when asked.
+    interrupted: bool = False
+    #: The ``cancel_…`` response id of an interrupt note not yet posted to the server: posted
+    #: again after a restart, and added to a history rehydrated before it was posted.
+    note_pending: str | None = None
+    buffer: list[dict[str, Any]] = []
+    seq: int = 0
+    status: str = "idle"
+    #: From the session-init v2 envelope (PROTOCOL_0_19.md §B.1), kept as the server sent
+    #: them. corral takes provider settings from the agent spec only, so ``inference_config``
+    #: is stored, warned about, and never claimed verified.
+    recovery_id: str | None = None
+    resume_interrupted_turn: bool = False
+    inference_config: dict[str, Any] | None = None
+    #: A tombstone: the session was deleted (``DELETE /v1/sessions/{id}``); it is forgotten
+    #: when the log is read, so a restart cannot bring it back.
+    deleted: bool = False
+
+    def begin_turn(self, turn_id: str, stream_to: list[str] | None) -> None:
+        """Record a turn that starts now (``stream_to``: its ``?stream=true`` caller)."""
+        self.turn_id, self.turn_started_at, self.stream_to = turn_id, time.time(), stream_to
+
+    def end_turn(self) -> None:
+        """Forget everything of the active turn."""
+        self.turn_id, self.turn_started_at, self.stream_to = None, 0.0, None
+        self.tool_calls, self.answered, self.elicitations = [], [], []
+        self.interrupted = False
+
+
+@dataclass
+class Session:
+    """A session as dispatch holds it."""
+
+    record: SessionRecord
+    spec: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None
+    turn: Turn | None = None
+    #: The ``inference_config`` warning was logged (once per session and incarnation).
+    warned_inference: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.record.id
