@@ -17,7 +17,6 @@ waits for it), Heartbeat, Ack, Nack, Reject, Park, Unpark, ListParked.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import deque
@@ -33,21 +32,10 @@ import zmq
 from .._exceptions import BusClosed, ProtocolError
 from ..config import BusSettings
 from ._codec import BodyDecoder, decode_envelope, encode_body, encode_envelope
-from ._log import (
-    Acked,
-    Attempted,
-    DeadLettered,
-    LogRecord,
-    MailboxLog,
-    Parked,
-    Put,
-    Unparked,
-    frame_record,
-)
-from ._mailbox import DeadLetter, Entry, Mailbox
+from ._durable import DurableStore
+from ._mailbox import Mailbox
 from ._messages import (
     BROKER,
-    Accepted,
     Ack,
     Envelope,
     ErrorReply,
@@ -67,8 +55,6 @@ from ._messages import (
 from ._socket import Socket, configure
 
 log = logging.getLogger("corral.bus.broker")
-
-_DEAD_FRAME_KEEP = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -105,34 +91,25 @@ class Broker:
         self.endpoints = endpoints
         self.settings = settings
         self._ctx = ctx
-        self._log = MailboxLog(log_path)
+        self._store = DurableStore(log_path, settings, reply=self._reply)
         self._socket: Socket | None = None
         self._bodies = BodyDecoder()
         self._peers: dict[str, PeerState] = {}
-        self._mailboxes: dict[str, Mailbox] = {}
-        self._known: set[str] = set()
         #: Stream messages for actors being started, held until each says hello.
         self._held: dict[str, deque[tuple[Envelope, bytes]]] = {}
-        self._dead: deque[DeadLetter] = deque(maxlen=settings.max_dead_letters)
-        self._resolved: deque[tuple[Entry, str, str | None, float]] = deque(maxlen=1000)
-        self._pending: list[tuple[bytes, Entry | None]] = []
-        self._commit_wanted = trio.Event()
         self._flush_wanted = trio.Event()
         self._blocked: set[str] = set()
-        self._io_limiter = trio.CapacityLimiter(1)
-        self._live_bytes = 0
         #: Called with a peer's name when it says hello (the supervisor marks it running).
         self.on_hello: Callable[[str, int], None] | None = None
         #: Gives the last exit of an actor, for dead-letter errors.
         self.exit_reason: Callable[[str], str | None] = lambda name: None
-        self.stats = {"routed": 0, "durable": 0, "commits": 0, "compactions": 0}
+        self._stats = {"routed": 0, "durable": 0}
 
     # --- lifecycle -------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Recover the log, bind, and serve until cancelled."""
-        records = await trio.to_thread.run_sync(self._log.open, limiter=self._io_limiter)
-        self._recover(records)
+        await self._store.open()
         sock = self._ctx.socket(zmq.ROUTER)
         configure(sock, hwm=self.settings.hwm, linger_ms=self.settings.linger_ms)
         sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes * 4)
@@ -141,75 +118,30 @@ class Broker:
         self._socket = Socket(sock)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._commit_loop)
+                nursery.start_soon(self._store.commit_loop)
                 nursery.start_soon(self._flush_loop)
                 task_status.started()
                 await self._receive_loop()
         finally:
             self._socket.close(self.settings.linger_ms)
             with trio.CancelScope(shield=True):
-                await self._commit_once()
-            self._log.close()
-
-    def _recover(self, records: list[LogRecord]) -> None:
-        entries: dict[str, Entry] = {}
-        for record in records:
-            if isinstance(record, Put):
-                try:
-                    env = decode_envelope(record.frame)
-                except ProtocolError:
-                    continue
-                entries[record.id] = _entry_of(env, record.frame)
-            elif isinstance(record, Acked):
-                for mid in record.ids:
-                    entries.pop(mid, None)
-            elif isinstance(record, Attempted):
-                if record.id in entries:
-                    entries[record.id].attempt = record.attempt
-            elif isinstance(record, DeadLettered):
-                entries.pop(record.id, None)
-                self._dead.append(
-                    DeadLetter(
-                        record.id,
-                        record.actor,
-                        record.type,
-                        record.attempts,
-                        record.error,
-                        record.at,
-                    )
-                )
-                self.mailbox(record.actor).dead_letters += 1
-            elif isinstance(record, Parked):
-                if record.id in entries:
-                    entries[record.id].owner = record.owner
-            elif isinstance(record, Unparked):
-                entry = entries.pop(record.id, None)
-                if entry is not None:
-                    self._remember_resolved(entry, record.state, record.reason)
-        for entry in entries.values():
-            box = self.mailbox(entry.recipient)
-            self._known.add(entry.recipient)
-            if entry.owner is not None:
-                box.parked[entry.id] = entry
-            else:
-                box.queued.append(entry)
-            self._live_bytes += len(entry.frame)
-        if entries:
-            log.info("recovered %d durable messages from %s", len(entries), self._log.path)
+                await self._store.commit_once()
+            self._store.close()
 
     # --- registry and inspection -----------------------------------------------------------
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: messages routed and made durable, commits, compactions."""
+        return {**self._stats, **self._store.stats}
+
     def register(self, name: str) -> None:
         """Declare an actor name: durable messages to it are kept even while it is down."""
-        self._known.add(name)
-        self.mailbox(name)
+        self._store.register(name)
 
     def mailbox(self, name: str) -> Mailbox:
         """The mailbox of ``name`` (created empty if needed)."""
-        box = self._mailboxes.get(name)
-        if box is None:
-            box = self._mailboxes[name] = Mailbox(name)
-        return box
+        return self._store.mailbox(name)
 
     def last_seen(self, name: str) -> float | None:
         """Monotonic time of the last traffic from ``name``, or None if never seen."""
@@ -218,12 +150,19 @@ class Broker:
 
     def mailboxes(self, actor: str | None = None, *, peek: int = 0) -> list[dict[str, Any]]:
         """Rows for ``corral mailboxes``."""
-        names = [actor] if actor else sorted(self._mailboxes)
-        return [self._mailboxes[n].statistics(peek=peek) for n in names if n in self._mailboxes]
+        return self._store.mailboxes(actor, peek=peek)
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """Rows for ``corral dead-letters``, oldest first."""
-        return [d.to_json() for d in self._dead]
+        return self._store.dead_letters()
+
+    def parked(self) -> list[dict[str, Any]]:
+        """Every parked entry and the recently resolved ones, for ``corral elicitations``.
+
+        Each row: ``id``, ``owner``, ``type``, ``state`` (parked/resolved/cancelled),
+        ``reason``, ``age_s`` and ``frame`` (the envelope, for the caller to decode).
+        """
+        return self._store.parked()
 
     def starting(self, name: str) -> None:
         """The supervisor is spawning ``name`` (first start or restart): hold stream
@@ -246,7 +185,7 @@ class Broker:
         if peer is not None:
             peer.connected = False
             peer.incarnation = None
-        box = self._mailboxes.get(name)
+        box = self._store.boxes.get(name)
         if box is not None:
             self._requeue(box, incarnation=None)
 
@@ -307,43 +246,29 @@ class Broker:
         if isinstance(msg, Heartbeat):
             return
         if isinstance(msg, Ack):
-            box = self._mailboxes.get(peer.name)
-            if box is None:
-                return
-            done = []
-            for mid in msg.ids:
-                entry = box.in_flight.pop(mid, None)
-                if entry is not None:
-                    done.append(mid)
-                    self._live_bytes -= len(entry.frame)
-            if done:
-                self._append(Acked(ids=done))
+            box = self._store.ack(peer.name, msg.ids)
+            if box is not None:
                 self._pump(box)
         elif isinstance(msg, Hello):
             self._on_hello(peer, msg)
             if env.wants_reply:
                 self._reply(peer.name, env.id, Welcome())
         elif isinstance(msg, Nack):
-            self._on_nack(peer, msg)
+            box = self._store.nack(peer.name, msg)
+            if box is not None:
+                self._pump(box)
         elif isinstance(msg, Reject):
-            self._on_reject(peer, msg)
+            box = self._store.reject(peer.name, msg)
+            if box is not None:
+                self._pump(box)
         elif isinstance(msg, Park):
-            self._on_park(peer, msg)
+            box = self._store.park(peer.name, msg.id)
+            if box is not None:
+                self._pump(box)
         elif isinstance(msg, Unpark):
-            self._on_unpark(peer, env, msg)
+            self._store.unpark(peer.name, msg)
         elif isinstance(msg, ListParked):
-            box = self.mailbox(peer.name)
-            now = time.monotonic()
-            entries = [
-                {
-                    "id": e.id,
-                    "owner": e.owner,
-                    "type": e.type,
-                    "frame": e.frame,
-                    "age_s": now - e.enqueued,
-                }
-                for e in box.parked.values()
-            ]
+            entries = self._store.parked_entries(peer.name)
             self._reply(peer.name, env.id, ParkedEntries(entries=entries))
         else:
             self._dead_letter_env(env, b"", f"the broker does not handle {env.type!r}")
@@ -353,8 +278,8 @@ class Broker:
         peer.pid = msg.pid
         peer.incarnation = msg.incarnation
         peer.connected = True
-        self._known.add(peer.name)
-        box = self.mailbox(peer.name)
+        self._store.known.add(peer.name)
+        box = self._store.mailbox(peer.name)
         if restarted or box.in_flight:
             self._requeue(box, incarnation=msg.incarnation)
         log.debug("hello from %s pid=%d restarted=%s", peer.name, msg.pid, restarted)
@@ -364,65 +289,6 @@ class Broker:
             self.on_hello(peer.name, msg.pid)
         self._pump(box)
 
-    def _on_park(self, peer: PeerState, msg: Park) -> None:
-        box = self._mailboxes.get(peer.name)
-        entry = box.in_flight.pop(msg.id, None) if box else None
-        if box is None or entry is None:
-            log.warning("%s asked to park %s, which it does not hold", peer.name, msg.id)
-            return
-        entry.owner = peer.name
-        box.parked[entry.id] = entry
-        self._append(Parked(id=entry.id, owner=peer.name))
-        self._pump(box)
-
-    def _on_unpark(self, peer: PeerState, env: Envelope, msg: Unpark) -> None:
-        box = self._mailboxes.get(peer.name)
-        entry = box.parked.pop(msg.id, None) if box else None
-        if entry is None:
-            return
-        self._live_bytes -= len(entry.frame)
-        self._append(Unparked(id=msg.id, state=msg.state, reason=msg.reason))
-        self._remember_resolved(entry, msg.state, msg.reason)
-
-    def _remember_resolved(self, entry: Entry, state: str, reason: str | None) -> None:
-        self._resolved.append((entry, state, reason, time.time()))
-
-    def parked(self) -> list[dict[str, Any]]:
-        """Every parked entry and the recently resolved ones, for ``corral elicitations``.
-
-        Each row: ``id``, ``owner``, ``type``, ``state`` (parked/resolved/cancelled),
-        ``reason``, ``age_s`` and ``frame`` (the envelope, for the caller to decode).
-        """
-        now = time.monotonic()
-        rows = [
-            {
-                "id": e.id,
-                "owner": e.owner,
-                "type": e.type,
-                "state": state,
-                "reason": reason,
-                "frame": e.frame,
-                "age_s": None,
-                "resolved_at": at,
-            }
-            for e, state, reason, at in self._resolved
-        ]
-        for box in self._mailboxes.values():
-            rows.extend(
-                {
-                    "id": e.id,
-                    "owner": e.owner,
-                    "type": e.type,
-                    "state": "parked",
-                    "reason": None,
-                    "frame": e.frame,
-                    "age_s": now - e.enqueued,
-                    "resolved_at": None,
-                }
-                for e in box.parked.values()
-            )
-        return rows
-
     def _requeue(self, box: Mailbox, *, incarnation: str | None) -> None:
         # Actors handle messages in delivery order, so only the oldest unacked one can have
         # been in the handler when the recipient died; the rest merely sat in its inbox.
@@ -431,42 +297,11 @@ class Broker:
         stale = box.requeue_from(incarnation)
         box.redelivered += len(stale)
         if stale:
-            self._retry_or_bury(box, stale[0], self._restart_error(box.name))
+            self._store.retry_or_bury(box, stale[0], self._restart_error(box.name))
 
     def _restart_error(self, name: str) -> str:
         reason = self.exit_reason(name)
         return f"recipient {name!r} stopped while handling it" + (f" ({reason})" if reason else "")
-
-    def _retry_or_bury(self, box: Mailbox, entry: Entry, error: str) -> None:
-        """Count a failed delivery; past ``max_attempts`` the entry is dead-lettered."""
-        if entry.attempt >= self.settings.max_attempts:
-            with contextlib.suppress(ValueError):
-                box.queued.remove(entry)
-            self._bury(entry, f"{error}; gave up after {entry.attempt} attempts")
-            return
-        entry.attempt += 1
-        self._append(Attempted(id=entry.id, attempt=entry.attempt))
-
-    def _on_nack(self, peer: PeerState, msg: Nack) -> None:
-        box = self._mailboxes.get(peer.name)
-        entry = box.in_flight.pop(msg.id, None) if box else None
-        if box is None or entry is None:
-            return
-        entry.delivered_to = None
-        box.queued.appendleft(entry)
-        box.redelivered += 1
-        self._retry_or_bury(box, entry, msg.error)
-        self._pump(box)
-
-    def _on_reject(self, peer: PeerState, msg: Reject) -> None:
-        box = self._mailboxes.get(peer.name)
-        entry = box.in_flight.pop(msg.id, None) if box else None
-        if entry is not None:
-            self._bury(entry, msg.error)
-            if box is not None:
-                self._pump(box)
-        else:
-            self._record_dead(msg.id, peer.name, "?", 1, msg.error, b"")
 
     # --- routing ---------------------------------------------------------------------------
 
@@ -488,10 +323,10 @@ class Broker:
         if not self._send(peer, frame):
             why = "is overloaded" if peer.connected else "has gone away"
             self._error_reply(env, "unreachable", f"peer {env.recipient!r} {why}")
-        self.stats["routed"] += 1
+        self._stats["routed"] += 1
 
     def _on_durable(self, env: Envelope, frame: bytes) -> None:
-        if env.recipient not in self._known:
+        if env.recipient not in self._store.known:
             self._error_reply(env, "unreachable", f"no actor named {env.recipient!r}")
             return
         try:
@@ -499,20 +334,9 @@ class Broker:
         except ProtocolError as exc:
             self._dead_letter_env(env, frame, str(exc))
             return
-        entry = _entry_of(env, frame)
-        self._pending.append(
-            (frame_record(Put(id=env.id, recipient=env.recipient, frame=frame)), entry)
-        )
-        self._commit_wanted.set()
-        # Delivered while its commit runs; only the sender's Accepted waits for the fsync.
-        # The Put precedes anything the recipient's answer (an Ack, a Park, its own
-        # durable sends) can add to the log, so a log that holds the effect holds the
-        # cause. A crash before the commit loses a message its sender was never told was
-        # durable — the recipient may have seen it, hence recipients dedup by id or seq.
-        box = self.mailbox(env.recipient)
-        box.queued.append(entry)
-        self._live_bytes += len(frame)
-        self.stats["durable"] += 1
+        # Delivered at once, while its commit runs (see DurableStore.put).
+        box = self._store.put(env, frame)
+        self._stats["durable"] += 1
         self._pump(box)
 
     def _send(self, peer: PeerState, frame: bytes) -> bool:
@@ -579,7 +403,7 @@ class Broker:
                         self._fail_backlog(peer)
                     if not peer.backlog:
                         self._blocked.discard(name)
-                        box = self._mailboxes.get(name)
+                        box = self._store.boxes.get(name)
                         if box is not None:
                             self._pump(box)
 
@@ -589,88 +413,15 @@ class Broker:
         if lost:
             log.warning("peer %s went away with %d stream messages unsent", peer.name, lost)
 
-    # --- durability ------------------------------------------------------------------------
-
-    def _append(self, record: LogRecord) -> None:
-        self._pending.append((frame_record(record), None))
-        self._commit_wanted.set()
-
-    async def _commit_loop(self) -> None:
-        window = self.settings.group_commit_window_ms / 1000
-        while True:
-            await self._commit_wanted.wait()
-            if window:
-                await trio.sleep(window)
-            await self._commit_once()
-
-    async def _commit_once(self) -> None:
-        self._commit_wanted = trio.Event()
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        data = b"".join(chunk for chunk, _ in batch)
-        await trio.to_thread.run_sync(self._write_sync, data, limiter=self._io_limiter)
-        self.stats["commits"] += 1
-        accepted: dict[str, list[str]] = {}
-        for _, entry in batch:
-            if entry is not None:
-                accepted.setdefault(entry.sender, []).append(entry.id)
-        # One acknowledgement per sender per commit: a send per message would cost more
-        # than the commit itself.
-        for sender, ids in accepted.items():
-            self._reply(sender, None, Accepted(ids=ids))
-        if (
-            self._log.size > self.settings.compact_min_bytes
-            and self._log.size > 4 * self._live_bytes
-        ):
-            await self._compact()
-
-    def _write_sync(self, data: bytes) -> None:
-        self._log.write(data)
-        self._log.sync()
-
-    async def _compact(self) -> None:
-        records: list[LogRecord] = []
-        live = 0
-        for box in self._mailboxes.values():
-            for entry in box.entries():
-                records.append(Put(id=entry.id, recipient=entry.recipient, frame=entry.frame))
-                if entry.attempt > 1:
-                    records.append(Attempted(id=entry.id, attempt=entry.attempt))
-                if entry.owner is not None:
-                    records.append(Parked(id=entry.id, owner=entry.owner))
-                live += len(entry.frame)
-        records.extend(
-            DeadLettered(d.id, d.actor, d.type, d.attempts, d.error, d.at) for d in self._dead
-        )
-        before = self._log.size
-        await trio.to_thread.run_sync(self._log.rewrite, records, limiter=self._io_limiter)
-        self._live_bytes = live
-        self.stats["compactions"] += 1
-        log.info("compacted mailbox log %d → %d bytes", before, self._log.size)
-
     # --- errors and dead letters -----------------------------------------------------------
 
-    def _bury(self, entry: Entry, error: str) -> None:
-        self._live_bytes -= len(entry.frame)
-        self._record_dead(entry.id, entry.recipient, entry.type, entry.attempt, error, entry.frame)
-        if entry.wants_reply:
-            self._reply(entry.sender, entry.id, ErrorReply(code="dead_letter", message=error))
-
-    def _record_dead(
-        self, mid: str, actor: str, mtype: str, attempts: int, error: str, frame: bytes
-    ) -> None:
-        at = time.time()
-        self._dead.append(DeadLetter(mid, actor, mtype, attempts, error, at))
-        self.mailbox(actor).dead_letters += 1
-        self._append(DeadLettered(mid, actor, mtype, attempts, error, at, frame[:_DEAD_FRAME_KEEP]))
-        log.warning("dead letter %s for %s (%s): %s", mid, actor, mtype, error)
-
     def _dead_letter_raw(self, sender: str, frame: bytes, error: str) -> None:
-        self._record_dead(new_id(), sender, "<malformed>", 1, f"from {sender!r}: {error}", frame)
+        self._store.record_dead(
+            new_id(), sender, "<malformed>", 1, f"from {sender!r}: {error}", frame
+        )
 
     def _dead_letter_env(self, env: Envelope, frame: bytes, error: str) -> None:
-        self._record_dead(env.id, env.recipient, env.type, env.attempt, error, frame)
+        self._store.record_dead(env.id, env.recipient, env.type, env.attempt, error, frame)
         self._error_reply(env, "protocol_error", error)
 
     def _refuse_oversized(self, sender: str, frame: bytes) -> None:
@@ -682,7 +433,7 @@ class Broker:
         except ProtocolError:
             self._dead_letter_raw(sender, frame, error)
             return
-        self._record_dead(env.id, env.recipient, env.type, env.attempt, error, frame)
+        self._store.record_dead(env.id, env.recipient, env.type, env.attempt, error, frame)
         self._error_reply(env, "too_large", error)
 
     def _error_reply(self, env: Envelope, code: str, message: str) -> None:
@@ -703,19 +454,6 @@ class Broker:
             correlation_id=correlation_id,
         )
         self._send(peer, encode_envelope(env))
-
-
-def _entry_of(env: Envelope, frame: bytes) -> Entry:
-    return Entry(
-        id=env.id,
-        recipient=env.recipient,
-        sender=env.sender,
-        type=env.type,
-        session_id=env.session_id,
-        frame=frame,
-        wants_reply=env.wants_reply,
-        attempt=env.attempt,
-    )
 
 
 def _with_attempt(frame: bytes, attempt: int) -> bytes:

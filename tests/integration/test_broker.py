@@ -10,9 +10,9 @@ import pytest
 import trio
 import zmq
 
-from corral.actors.echo import EchoPing, EchoRecord
 from corral.bus import Broker, Peer, open_peer
 from corral.config import BusSettings
+from tests._echo import EchoPing, EchoRecord
 
 
 async def _start(nursery: trio.Nursery, tmp: Path, **settings: object) -> Broker:
@@ -199,7 +199,7 @@ async def test_a_peer_started_before_its_broker_still_starts(tmp_path: Path) -> 
 async def test_a_call_to_an_actor_still_starting_waits_for_its_hello(tmp_path: Path) -> None:
     """Actors start together: a stream call to one whose process has not said hello yet is
     held by the broker and delivered, in order, when it does."""
-    from corral.actors.echo import EchoPong
+    from tests._echo import EchoPong
 
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path)
@@ -298,7 +298,7 @@ async def test_a_full_inbox_stops_reading_unless_its_owner_awaits_a_reply(
     tmp_path: Path,
 ) -> None:
     """A flood past the inbox's bound waits in the broker (backpressure, nothing lost)."""
-    from corral.actors.echo import EchoCount
+    from tests._echo import EchoCount
 
     async with trio.open_nursery() as nursery, _small_inbox(nursery, tmp_path) as (client, worker):
         await client.cast_many("worker", [EchoCount(n=i) for i in range(5000)])
@@ -322,7 +322,7 @@ async def test_a_full_inbox_never_stalls_an_owner_awaiting_a_reply(tmp_path: Pat
     times its bound it drops stream messages (a caller is told at once), never durable ones,
     and accounts for every message."""
     from corral import Unreachable
-    from corral.actors.echo import EchoCount, EchoPong
+    from tests._echo import EchoCount, EchoPong
 
     async with trio.open_nursery() as nursery, _small_inbox(nursery, tmp_path) as (client, worker):
         answered = trio.Event()
@@ -365,13 +365,13 @@ async def test_durable_message_reaches_its_recipient_while_its_commit_runs(
     release = threading.Event()
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path)
-        write = broker._write_sync
+        write = broker._store._write_sync
 
         def slow_write(data: bytes) -> None:
             release.wait(10)
             write(data)
 
-        broker._write_sync = slow_write  # type: ignore[method-assign]
+        broker._store._write_sync = slow_write  # type: ignore[method-assign]
         endpoint = f"ipc://{tmp_path}/bus.sock"
         async with (
             open_peer("client", endpoint) as client,
@@ -396,7 +396,7 @@ async def test_durable_message_reaches_its_recipient_while_its_commit_runs(
                     await event.wait()
                 while broker.mailboxes("worker")[0]["in_flight"] != 1:
                     await trio.sleep(0.01)
-                while broker._pending:
+                while broker._store._pending:
                     await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     async with trio.open_nursery() as nursery:
