@@ -29,7 +29,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,8 @@ from typing import Any
 
 import httpx
 import trio
+
+from tests.conftest import wait_until
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -59,18 +60,6 @@ def free_port() -> int:
 def runner_id_for(token: str) -> str:
     """The id the server binds to a tunnel token (PROTOCOL_0_19.md §A.1)."""
     return "runner_token_" + hashlib.sha256(f"omnigent-runner:{token}".encode()).hexdigest()[:32]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll another process's state (there is no event to wait on across processes)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 class FakeLLM:
@@ -152,7 +141,7 @@ class OmnigentServer:
         self.proc = subprocess.Popen(
             args, env=self.env(), stdout=self._out, stderr=self._out, start_new_session=True
         )
-        wait_for(self._ready, 90, f"omnigent server on {self.url} ({self.root / 'server.out'})")
+        wait_until(self._ready, 90, f"omnigent server on {self.url} ({self.root / 'server.out'})")
         return self
 
     def _ready(self) -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HostProcess, processes_of
+from tests.conftest import HostProcess, processes_of, wait_until
 
 from ._stack import (
     REPO,
@@ -35,7 +35,6 @@ from ._stack import (
     open_client,
     runner_id_for,
     runner_online,
-    wait_for,
 )
 
 NO_PYTHON_312 = 3
@@ -72,7 +71,7 @@ class Stack:
 
     def start_corral(self) -> None:
         self.host.start()
-        wait_for(
+        wait_until(
             lambda: runner_online(self.server.url, self.runner_id), 30, "corral's runner online"
         )
 

@@ -1,30 +1,18 @@
 """Restarts of the real server and of corral's gateway, mid-session (PROTOCOL_0_19.md §K, #13).
 
-This module owns its stack: it stops and starts the server.
+It stops and starts the server: the ``stack`` fixture is per module, so no other module's
+tests see it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
+from tests.conftest import wait_until
 
-from ._stack import LogWatch, is_status, open_client, runner_online, wait_for
-from .conftest import Stack, build_stack, teardown_stack
-
-
-@pytest.fixture(scope="module")
-def stack(omnigent_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = build_stack(tmp_path_factory.mktemp("restarts"), omnigent_venv)
-    try:
-        s.server.start()
-        s.start_corral()
-        yield s
-    finally:
-        teardown_stack(s)
+from ._stack import LogWatch, is_status, open_client, runner_online
+from .conftest import Stack
 
 
 def _restart_server(stack: Stack) -> None:
@@ -40,7 +28,7 @@ async def test_after_a_server_restart_the_runner_is_back_and_serves(stack: Stack
         await client.turn(stream, "before")
         stream.close()
     _restart_server(stack)
-    wait_for(lambda: runner_online(stack.server.url, stack.runner_id), 30, "runner back")
+    wait_until(lambda: runner_online(stack.server.url, stack.runner_id), 30, "runner back")
     # From here on: the server's own shutdown warnings (deregistering the runner) are its
     # business; what it logs about corral after the restart is not.
     watch = LogWatch(stack.server)
@@ -66,7 +54,7 @@ async def test_a_gateway_kill9_mid_turn_loses_no_delta(stack: Stack) -> None:
         await stream.wait(lambda e: e.get("delta") == "s5 ", after=start)
         killed = _gateway_pid(stack)
         os.kill(killed, signal.SIGKILL)
-        wait_for(lambda: _gateway_pid(stack) not in (0, killed), 20, "a new gateway")
+        wait_until(lambda: _gateway_pid(stack) not in (0, killed), 20, "a new gateway")
         end, _ = await stream.wait(is_status("idle", "failed"), after=start, timeout=60)
         assert stream.text(start, end).split() == [f"s{i}" for i in range(40)]
         items = await client.wait_items(session, 2)
