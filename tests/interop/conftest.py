@@ -1,7 +1,8 @@
 """Fixtures of the interop suite: the real omnigent server per module, corral as its runner.
 
-The server starts once per module (it takes 6 to 12 s), with every agent of ``agents/`` loaded,
-and one corral host is bound to it. Each test gets a client of the server's public API and a
+The server starts once per run (it takes 6 to 12 s), with every agent of ``agents/`` loaded,
+and one corral host is bound to it; a module that stops or kills them (``test_restarts``)
+brings its own. Each test gets a client of the server's public API and a
 watch on the server's log: a test fails when the server logged a problem caused by corral
 while it ran (see ``_stack.py``), even if everything the test asserted held.
 
@@ -100,15 +101,29 @@ def teardown_stack(stack: Stack) -> None:
     stack.llm.stop()
 
 
-@pytest.fixture(scope="module")
-def stack(omnigent_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = build_stack(tmp_path_factory.mktemp("interop"), omnigent_venv)
+@contextlib.contextmanager
+def running_stack(venv: Path, root: Path) -> Iterator[Stack]:
+    """A started stack under ``root``, torn down (every process of it) on the way out."""
+    s = build_stack(root, venv)
     try:
         s.server.start()
         s.start_corral()
         yield s
     finally:
         teardown_stack(s)
+
+
+@pytest.fixture(scope="session")
+def shared_stack(omnigent_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(omnigent_venv, tmp_path_factory.mktemp("interop")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def stack(shared_stack: Stack) -> Stack:
+    """The stack a module's tests use: one for the whole run (each test makes its own
+    sessions), unless a module that stops or kills its parts brings its own."""
+    return shared_stack
 
 
 @pytest.fixture

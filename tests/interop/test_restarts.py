@@ -1,18 +1,27 @@
 """Restarts of the real server and of corral's gateway, mid-session (PROTOCOL_0_19.md §K, #13).
 
-It stops and starts the server: the ``stack`` fixture is per module, so no other module's
-tests see it.
+It stops and starts the server, so it has a stack of its own.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import wait_until
 
 from ._stack import LogWatch, is_status, open_client, runner_online
-from .conftest import Stack
+from .conftest import Stack, running_stack
+
+
+@pytest.fixture(scope="module")
+def stack(omnigent_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(omnigent_venv, tmp_path_factory.mktemp("restarts")) as s:
+        yield s
 
 
 def _restart_server(stack: Stack) -> None:
