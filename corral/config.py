@@ -141,7 +141,6 @@ class Config(_Section):
 #: Actors the host runs by default, in start order, and where they live.
 BUILTIN_ACTORS: dict[str, str] = {
     "journal": "corral.actors.journal:JournalActor",
-    "echo": "corral.actors.echo:EchoActor",
     "harness": "corral.actors.harness:HarnessActor",
     "tools": "corral.actors.tools:ToolsActor",
     "policy": "corral.actors.policy:PolicyActor",

@@ -146,13 +146,27 @@ interval_s = 0.2
 liveness = 3
 """
 
+#: The test-only echo actor (``tests/_echo.py``), which no production host runs. The hosts
+#: of a test module that sets ``RUNS_ECHO = True`` run it as well.
+ECHO_ACTOR = """
+[actors.echo]
+target = "tests._echo:EchoActor"
+"""
+
 
 @pytest.fixture
-def host_factory(tmp_path: Path) -> Iterator[Callable[..., HostProcess]]:
+def host_factory(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., HostProcess]]:
     hosts: list[HostProcess] = []
+    module_echo = getattr(request.module, "RUNS_ECHO", False)
 
-    def make(config: str = FAST_LIVENESS, name: str = "state") -> HostProcess:
+    def make(
+        config: str = FAST_LIVENESS, name: str = "state", *, echo: bool | None = None
+    ) -> HostProcess:
         config += os.environ.get("CORRAL_TEST_EXTRA_CONFIG", "")
+        if module_echo if echo is None else echo:
+            config += ECHO_ACTOR
         if "[server]" not in config:
             # Tests of the host and its actors drive them directly (a stand-in gateway, a
             # fake tunnel server): no embedded control plane unless a test asks for one.

@@ -19,9 +19,9 @@ from pathlib import Path
 import trio
 import zmq
 
-from ..actors.echo import EchoCount, EchoPing
 from ..bus import Broker, open_peer
 from ..config import BusSettings
+from ._messages import Count, Ping
 
 
 def push(endpoint: str, n: int, size: int) -> None:
@@ -63,7 +63,7 @@ async def stream(endpoint: str, n: int, batch: int) -> None:
         await trio.to_thread.run_sync(sys.stdin.readline)
         for start in range(0, n, batch):
             await peer.cast_many(
-                "bench-rx", [EchoCount(n=i) for i in range(start, min(n, start + batch))]
+                "bench-rx", [Count(n=i) for i in range(start, min(n, start + batch))]
             )
         await _wait_stdin_closed()
 
@@ -73,7 +73,7 @@ async def paced(endpoint: str, n: int, interval_ms: float) -> None:
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
         for i in range(n):
-            await peer.cast("bench-rx", EchoCount(n=i))
+            await peer.cast("bench-rx", Count(n=i))
             await trio.sleep(interval_ms / 1000)
         await _wait_stdin_closed()
 
@@ -85,7 +85,7 @@ async def durable(endpoint: str, n: int, tasks: int, batch: int) -> None:
 
         async def sender(count: int) -> None:
             for start in range(0, count, batch):
-                msgs = [EchoCount(n=i) for i in range(start, min(count, start + batch))]
+                msgs = [Count(n=i) for i in range(start, min(count, start + batch))]
                 await peer.cast_many("bench-rx", msgs, durable=True, timeout=60)
 
         async with trio.open_nursery() as nursery:
@@ -100,7 +100,7 @@ async def echo(endpoint: str) -> None:
 
         async def serve() -> None:
             async for incoming in peer.inbox:
-                if isinstance(incoming.msg, EchoPing):
+                if isinstance(incoming.msg, Ping):
                     await peer.reply(incoming, incoming.msg)
 
         nursery.start_soon(serve)

@@ -20,10 +20,10 @@ from typing import Any
 import trio
 import zmq
 
-from ..actors.echo import EchoCount, EchoPing
 from ..bus import encode_body, encode_envelope, open_peer
 from ..bus._messages import Envelope
 from ._common import figure, percentile, start_role
+from ._messages import Count, Ping
 
 ROLES = "corral.bench._bus_roles"
 
@@ -55,8 +55,8 @@ def _message_size() -> int:
         id="1234-abcdef-1a2b",
         sender="bench-tx",
         recipient="bench-rx",
-        type="echo.count",
-        body=encode_body(EchoCount(n=12345)),
+        type="bench.count",
+        body=encode_body(Count(n=12345)),
         created_at=time.time(),
     )
     return len(encode_envelope(env))
@@ -114,14 +114,14 @@ async def _round_trips(endpoint: str, n: int) -> list[float]:
         with trio.fail_after(60):
             while True:
                 try:
-                    await peer.call("bench-echo", EchoPing(text="warm"), timeout=1)
+                    await peer.call("bench-echo", Ping(text="warm"), timeout=1)
                     break
                 except Exception:
                     await trio.sleep(0.05)
         for _ in range(200):
-            await peer.call("bench-echo", EchoPing(text="warm"))
+            await peer.call("bench-echo", Ping(text="warm"))
         times = []
-        msg = EchoPing(text="x")
+        msg = Ping(text="x")
         for _ in range(n):
             t = time.perf_counter()
             await peer.call("bench-echo", msg)

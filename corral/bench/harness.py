@@ -19,13 +19,13 @@ from typing import Any
 
 import trio
 
-from ..actors import echo as _echo  # noqa: F401 - the raw baseline sends echo.count
 from ..actors._control import request
 from ..bus import open_peer
 from ..config import LivenessSettings
 from ..harnesses.protocol import HARNESS_ACTOR, Output, TurnStart, is_terminal
 from ..instance import Instance
 from ._common import figure, percentile, raw_stream_rate, running_host
+from ._messages import BENCH_ACTOR
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 
@@ -153,7 +153,7 @@ async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
     """Run the harness benchmark and return the CLI.md result document."""
-    with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n") as inst:
+    with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n" + BENCH_ACTOR) as inst:
         return trio.run(_measure, inst, bool(params.get("quick")))
 
 

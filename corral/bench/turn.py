@@ -20,7 +20,6 @@ from typing import Any
 import msgspec
 import trio
 
-from ..actors import echo as _echo  # noqa: F401 - the raw baseline sends echo.count
 from ..bus import open_peer
 from ..config import LivenessSettings
 from ..instance import Instance
@@ -34,6 +33,7 @@ from ._common import (
     raw_stream_rate,
     running_host,
 )
+from ._messages import BENCH_ACTOR
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 CONFIG = """
@@ -67,7 +67,7 @@ _decode_kind = msgspec.json.Decoder(_Kind).decode
 def _config(deltas: int) -> str:
     """No server: every session runs the default spec: a flood of ``deltas`` deltas, then a
     paced turn of 500 deltas 2 ms apart."""
-    return CONFIG + (
+    return CONFIG + BENCH_ACTOR + (
         "[actors.dispatch.options.default_spec.executor]\n"
         'harness = "scripted"\n'
         f'script = {{turns = [[{{text = "x", repeat = {deltas}}}], '

@@ -7,12 +7,12 @@ from pathlib import Path
 import trio
 import zmq
 
-from corral.actors.echo import EchoCount, EchoRecord
 from corral.bus import Broker, Bundle, open_peer
 from corral.bus._codec import encode_body, encode_envelope
 from corral.bus._messages import Envelope, new_id
 from corral.bus._peer import BUNDLE_MAX
 from corral.config import BusSettings
+from tests._echo import EchoCount, EchoRecord
 
 
 async def _broker(nursery: trio.Nursery, tmp: Path) -> Broker:

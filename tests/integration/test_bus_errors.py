@@ -12,7 +12,6 @@ import trio
 import zmq
 
 from corral import CallTimeout, MessageTooLarge, ProtocolError, Unreachable
-from corral.actors.echo import EchoPing, EchoPong, EchoSleep
 from corral.bus import (
     Envelope,
     ErrorReply,
@@ -25,7 +24,11 @@ from corral.bus import (
     open_peer,
 )
 from corral.config import BusSettings, LivenessSettings
+from tests._echo import EchoPing, EchoPong, EchoSleep
 from tests.conftest import FAST_LIVENESS, HostProcess
+
+#: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it.
+RUNS_ECHO = True
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 

@@ -8,10 +8,13 @@ from pathlib import Path
 import trio
 
 from corral import __version__
-from corral.actors.echo import EchoRecord, EchoSleep
 from corral.bus import open_peer
-from corral.config import LivenessSettings
+from corral.config import BUILTIN_ACTORS, LivenessSettings
+from tests._echo import EchoRecord, EchoSleep
 from tests.conftest import HostProcess, corral
+
+#: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it.
+RUNS_ECHO = True
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 
@@ -31,12 +34,24 @@ def test_status_json(host: HostProcess) -> None:
     assert data["host"]["version"] == __version__
     assert data["host"]["uptime_s"] > 0
     names = [a["name"] for a in data["actors"]]
-    assert names[:2] == ["journal", "echo"]
-    echo = data["actors"][1]
+    # The built-ins in start order, then the configured extras: here the test-only echo.
+    assert names == [*BUILTIN_ACTORS, "echo"]
+    echo = data["actors"][-1]
     assert echo["state"] == "running"
     assert echo["restarts"] == 0
     assert echo["last_exit"] is None
     assert isinstance(echo["pid"], int) and echo["uptime_s"] >= 0
+
+
+def test_a_default_host_runs_no_echo_actor(host_factory) -> None:
+    h = host_factory(echo=False).start()
+    try:
+        out = corral("status", "--json", "--state-dir", str(h.state_dir))
+        assert out.returncode == 0, out.stderr
+        assert [a["name"] for a in json.loads(out.stdout)["actors"]] == list(BUILTIN_ACTORS)
+        assert "echo" not in BUILTIN_ACTORS
+    finally:
+        h.stop()
 
 
 def test_status_table_for_humans(host: HostProcess) -> None:

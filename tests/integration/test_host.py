@@ -9,10 +9,13 @@ import time
 import trio
 
 from corral.actors._process import start_time
-from corral.actors.echo import EchoCrash, EchoPing, EchoPong, EchoRecord, EchoSleep
 from corral.bus import Dedup, open_peer
 from corral.config import LivenessSettings
+from tests._echo import EchoCrash, EchoPing, EchoPong, EchoRecord, EchoSleep
 from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, processes_of, wait_until
+
+#: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it.
+RUNS_ECHO = True
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 

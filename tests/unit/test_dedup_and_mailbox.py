@@ -64,8 +64,8 @@ def test_requeue_takes_back_only_other_incarnations_in_order() -> None:
 async def test_outbox_keeps_order_with_concurrent_flushers() -> None:
     import trio
 
-    from corral.actors.echo import EchoCount
     from corral.bus import Outbox
+    from tests._echo import EchoCount
 
     class SlowPeer:
         def __init__(self) -> None:

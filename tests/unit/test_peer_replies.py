@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from corral.actors.echo import EchoPong
 from corral.bus import Message
 from corral.bus._codec import encode_body, encode_envelope
 from corral.bus._messages import BROKER, Accepted, Envelope, new_id
 from corral.bus._peer import Peer, _Waiter
 from corral.config import BusSettings, LivenessSettings
+from tests._echo import EchoPong
 
 
 def _frame(sender: str, msg: Message, correlation_id: str | None = None) -> bytes:

@@ -1,4 +1,7 @@
-"""The echo actor: a small, real actor for tests, benchmarks and smoke checks.
+"""The echo actor: a small, real actor for tests, which no production host runs.
+
+A test host runs it with ``[actors.echo] target = "tests._echo:EchoActor"`` (what
+``tests.conftest`` adds for a module that sets ``RUNS_ECHO = True``).
 
 Handles:
     EchoPing    → EchoPong with the same text (request/reply, stream)
@@ -15,8 +18,8 @@ from typing import Any
 
 import trio
 
-from ..bus import Dedup, Incoming, Message
-from ._actor import Actor, ActorContext, handles
+from corral.actors._actor import Actor, ActorContext, handles
+from corral.bus import Dedup, Incoming, Message
 
 
 class EchoPing(Message, tag="echo.ping"):
