@@ -1,0 +1,105 @@
+"""The database file: its tables, how a connection is opened, and one transaction.
+
+Every SQL function of the store runs inside :func:`_in_transaction` on a connection made
+by :func:`_connect`; ``_encode``/``_decode`` are the JSON codec of the stored columns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    agent_yaml TEXT NOT NULL,
+    runner_id TEXT,
+    status TEXT NOT NULL,
+    title TEXT,
+    labels TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    last_event_id INTEGER NOT NULL DEFAULT 0,
+    draft TEXT
+);
+CREATE TABLE IF NOT EXISTS items (
+    pos INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    session_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS items_by_session ON items (session_id, pos);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS elicitations (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    source TEXT NOT NULL,
+    params TEXT NOT NULL,
+    tool TEXT,
+    arguments TEXT,
+    state TEXT NOT NULL,
+    action TEXT,
+    content TEXT,
+    created_at REAL NOT NULL,
+    resolved_at REAL
+);
+CREATE INDEX IF NOT EXISTS elicitations_by_session ON elicitations (session_id, state);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    done_at REAL,
+    result_status INTEGER,
+    result TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_by_session ON outbox (session_id, state, id);
+"""
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.decode
+T = TypeVar("T")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    con.execute("PRAGMA journal_mode = WAL")
+    con.execute("PRAGMA synchronous = FULL")  # per transaction: see Store._write
+    return con
+
+
+def _in_transaction(
+    con: sqlite3.Connection,
+    begin: str,
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    sync: str | None,
+) -> T:
+    if sync is not None:
+        con.execute(sync)  # a connection setting; it cannot change inside a transaction
+    con.execute(begin)
+    try:
+        result = fn(con, *args)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return result

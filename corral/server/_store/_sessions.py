@@ -1,0 +1,192 @@
+"""The SQL of sessions and what hangs off one: its items and its events (run in threads)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+from .._conversation import (
+    UnknownSession,
+    insert_item,
+)
+from ._elicitations import _ELICITATION_COLUMNS, _elicitation_row
+from ._outbox import _add_outbox
+from ._rows import SessionRow, UnknownCursor
+from ._schema import _decode, _encode
+
+_SESSION_COLUMNS = (
+    "id, agent, agent_id, agent_yaml, runner_id, status, title, labels, created_at, "
+    "updated_at, last_event_id"
+)
+
+
+def _session_row(row: tuple[Any, ...]) -> SessionRow:
+    return SessionRow(
+        id=row[0],
+        agent=row[1],
+        agent_id=row[2],
+        agent_yaml=row[3],
+        runner_id=row[4],
+        status=row[5],
+        title=row[6],
+        labels=_decode(row[7]),
+        created_at=row[8],
+        updated_at=row[9],
+        last_event_id=row[10],
+    )
+
+
+def _create_session(con: sqlite3.Connection, row: SessionRow) -> None:
+    con.execute(
+        f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            row.id,
+            row.agent,
+            row.agent_id,
+            row.agent_yaml,
+            row.runner_id,
+            row.status,
+            row.title,
+            _encode(row.labels).decode(),
+            row.created_at,
+            row.updated_at,
+            row.last_event_id,
+        ),
+    )
+
+
+def _get_session(con: sqlite3.Connection, session_id: str) -> SessionRow | None:
+    row = con.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+    ).fetchone()
+    return None if row is None else _session_row(row)
+
+
+def _list_sessions(con: sqlite3.Connection, limit: int) -> list[SessionRow]:
+    rows = con.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return [_session_row(r) for r in rows]
+
+
+def _sessions_for_runner(con: sqlite3.Connection, runner_id: str) -> list[str]:
+    rows = con.execute(
+        """
+        SELECT s.id FROM sessions s
+        WHERE s.runner_id = ?
+        ORDER BY EXISTS (SELECT 1 FROM outbox o WHERE o.session_id = s.id
+                         AND o.state = 'pending') DESC,
+                 s.updated_at DESC
+        """,
+        (runner_id,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _snapshot_extras(con: sqlite3.Connection, session_id: str) -> tuple[list[dict[str, Any]], int]:
+    rows = con.execute(
+        f"SELECT {_ELICITATION_COLUMNS} FROM elicitations WHERE session_id = ? "
+        "AND state = 'pending' ORDER BY created_at, id",
+        (session_id,),
+    ).fetchall()
+    count = con.execute("SELECT COUNT(*) FROM items WHERE session_id = ?", (session_id,)).fetchone()
+    return [_elicitation_row(r).public() for r in rows], count[0]
+
+
+def _patch_session(
+    con: sqlite3.Connection, session_id: str, labels: dict[str, Any] | None, title: str | None
+) -> SessionRow | None:
+    session = _get_session(con, session_id)
+    if session is None:
+        return None
+    if labels is not None:
+        session.labels = {**session.labels, **labels}
+    if title is not None:
+        session.title = title
+    session.updated_at = time.time()
+    con.execute(
+        "UPDATE sessions SET labels = ?, title = ?, updated_at = ? WHERE id = ?",
+        (_encode(session.labels).decode(), session.title, session.updated_at, session_id),
+    )
+    return session
+
+
+def _touch(con: sqlite3.Connection, session_id: str) -> None:
+    cursor = con.execute(
+        "UPDATE sessions SET updated_at = ? WHERE id = ?", (time.time(), session_id)
+    )
+    if cursor.rowcount == 0:
+        raise UnknownSession(session_id)
+
+
+def _add_user_message(
+    con: sqlite3.Connection,
+    session_id: str,
+    content: list[dict[str, Any]],
+    forward: dict[str, Any],
+) -> tuple[dict[str, Any], int]:
+    _touch(con, session_id)
+    item = insert_item(con, session_id, {"type": "message", "role": "user", "content": content})
+    body = {**forward, "persisted_item_id": item["id"]}
+    entry = _add_outbox(con, session_id, "message", body)
+    return item, entry
+
+
+def _add_item(con: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+    _touch(con, session_id)
+    source_id = fields.get("source_id")
+    if isinstance(source_id, str):
+        row = con.execute(
+            "SELECT data FROM items WHERE session_id = ? AND json_extract(data, '$.source_id') = ?",
+            (session_id, source_id),
+        ).fetchone()
+        if row is not None:
+            return _decode(row[0])
+    return insert_item(con, session_id, fields)
+
+
+def _delete_session(con: sqlite3.Connection, session_id: str) -> bool:
+    for table in ("items", "events", "elicitations", "outbox"):
+        con.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+    return con.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
+
+
+def _list_items(
+    con: sqlite3.Connection, session_id: str, limit: int, order: str, after: str | None
+) -> dict[str, Any]:
+    ascending = order == "asc"
+    bound = None
+    if after is not None:
+        row = con.execute(
+            "SELECT pos FROM items WHERE id = ? AND session_id = ?", (after, session_id)
+        ).fetchone()
+        if row is None:
+            raise UnknownCursor(after)
+        bound = row[0]
+    sql = "SELECT data FROM items WHERE session_id = ?"
+    params: list[Any] = [session_id]
+    if bound is not None:
+        sql += " AND pos > ?" if ascending else " AND pos < ?"
+        params.append(bound)
+    sql += " ORDER BY pos " + ("ASC" if ascending else "DESC") + " LIMIT ?"
+    params.append(limit + 1)
+    rows = con.execute(sql, params).fetchall()
+    page = [_decode(r[0]) for r in rows[:limit]]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(rows) > limit,
+    }
+
+
+def _events_after(
+    con: sqlite3.Connection, session_id: str, after: int, limit: int
+) -> list[tuple[int, str, str]]:
+    return con.execute(
+        "SELECT seq, type, data FROM events WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (session_id, after, limit),
+    ).fetchall()
