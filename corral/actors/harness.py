@@ -94,18 +94,33 @@ class ParkedElicitation:
     msg: ElicitationParked
 
 
+class HarnessOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[actors.harness.options]``."""
+
+    #: A worker with no turn for this long is stopped (0: never).
+    idle_timeout_s: float = 1800.0
+    #: How long a new worker gets to answer its first turn.
+    start_timeout_s: float = 15.0
+    #: A worker silent this long is dead (default: the bus's liveness window).
+    worker_liveness_s: float | None = None
+    #: The first pause before a crash-looping harness is spawned again (it doubles).
+    crash_backoff_s: float = 0.5
+    #: More harness kinds: name → ``module:Class`` (H-05).
+    harnesses: dict[str, str] = {}
+
+
 class HarnessActor(Actor):
     """Supervises harness workers and owns the life of every turn."""
 
     def __init__(self, ctx: ActorContext, peer: Any) -> None:
         super().__init__(ctx, peer)
-        opts = ctx.options
-        self.idle_timeout_s = float(opts.get("idle_timeout_s", 1800))
-        self.start_timeout_s = float(opts.get("start_timeout_s", 15))
+        opts = msgspec.convert(ctx.options, HarnessOptions)
+        self.idle_timeout_s = opts.idle_timeout_s
+        self.start_timeout_s = opts.start_timeout_s
         live = peer.liveness
-        self.liveness_s = float(opts.get("worker_liveness_s", live.interval_s * live.liveness))
-        self.crash_backoff_s = float(opts.get("crash_backoff_s", 0.5))
-        self.extra_harnesses: dict[str, str] = dict(opts.get("harnesses", {}))
+        self.liveness_s = opts.worker_liveness_s or live.interval_s * live.liveness
+        self.crash_backoff_s = opts.crash_backoff_s
+        self.extra_harnesses: dict[str, str] = dict(opts.harnesses)
         self.run_dir = ctx.data_dir / "workers"
         self.started_turns = Dedup(ctx.data_dir / "started-turns")
         self.children = ChildSupervisor(
