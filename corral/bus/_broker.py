@@ -6,10 +6,11 @@ is validated before it is made durable.
 
 Stream messages go straight through; if the recipient is unknown or gone the sender gets an
 :class:`~corral.bus.ErrorReply` (``unreachable``) — never a silent drop. Durable messages
-are appended to the :mod:`mailbox log <corral.bus._log>` and fsynced by a group commit
-before the sender's send is acknowledged (:class:`~corral.bus.Accepted`); they stay in the
-recipient's mailbox until it acks them, are redelivered to a restarted recipient, and are
-dead-lettered after ``max_attempts`` deliveries.
+are kept by the :class:`~corral.bus._durable.DurableStore` (mailboxes, the group-committed
+log, dead letters) until their recipient acks them. The broker delivers them up to the
+in-flight window and takes them back from a recipient that restarted; past
+``max_attempts`` deliveries the store dead-letters them. The broker owns the socket: the
+store answers senders only through :meth:`Broker._reply`.
 
 Handles (from peers, addressed to ``broker``): Hello (answered with Welcome when the peer
 waits for it), Heartbeat, Ack, Nack, Reject, Park, Unpark, ListParked.
@@ -55,6 +56,8 @@ from ._messages import (
 from ._socket import Socket, configure
 
 log = logging.getLogger("corral.bus.broker")
+
+_ERROR_TAG = tag_of(ErrorReply)
 
 
 @dataclass(slots=True)
@@ -437,7 +440,7 @@ class Broker:
         self._error_reply(env, "too_large", error)
 
     def _error_reply(self, env: Envelope, code: str, message: str) -> None:
-        if env.sender == BROKER or env.type == tag_of(ErrorReply):
+        if env.sender == BROKER or env.type == _ERROR_TAG:
             return
         self._reply(env.sender, env.id, ErrorReply(code=code, message=message))
 
