@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -22,6 +22,7 @@ Positive = Annotated[float, msgspec.Meta(gt=0)]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 RestartType = Literal["permanent", "transient", "temporary"]
+S = TypeVar("S", bound=msgspec.Struct)
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -148,6 +149,18 @@ BUILTIN_ACTORS: dict[str, str] = {
     "gateway": "corral.actors.gateway:GatewayActor",
 }
 
+#: Each built-in actor's options Struct (``[actors.<name>.options]``), which the host decodes
+#: at ``corral up`` before it starts anything, so that a typo exits 2 naming the key instead
+#: of crash-looping the actor. Named, not imported: the floor imports nothing from above.
+BUILTIN_OPTIONS: dict[str, str] = {
+    "journal": "corral.actors.journal:JournalOptions",
+    "harness": "corral.actors.harness:HarnessOptions",
+    "tools": "corral.actors.tools:ToolsOptions",
+    "policy": "corral.actors.policy:PolicyOptions",
+    "dispatch": "corral.actors.dispatch:DispatchOptions",
+    "gateway": "corral.actors.gateway:GatewayOptions",
+}
+
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
@@ -209,6 +222,27 @@ def check_runners(runners: list[RunnerSettings]) -> None:
                 key=f"runners[{i}].{'id' if runner.id else 'token'}",
             )
         seen[identity] = i
+
+
+def check_options(name: str, options: dict[str, Any], schema: type[S]) -> S:
+    """Decode actor ``name``'s ``[actors.<name>.options]`` with its options Struct.
+
+    Raises:
+        ConfigError: naming the key (``actors.dispatch.options.turn_timout_s``), in the words
+            of every other config error.
+    """
+    try:
+        return msgspec.convert(options, schema)
+    except msgspec.ValidationError as exc:
+        # msgspec names the path from the options table (``$``, ``$.runners[0]``).
+        where = f"$.actors.{name}.options"
+        text = str(exc)
+        text = (
+            text.replace("at `$", f"at `{where}")
+            if " - at `$" in text
+            else f"{text} - at `{where}`"
+        )
+        raise ConfigError(f"invalid config: {text}", key=_key_of(text)) from None
 
 
 def _key_of(text: str) -> str | None:

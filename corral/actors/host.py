@@ -47,7 +47,15 @@ from .._exceptions import (
     SupervisionError,
 )
 from ..bus import Broker, InspectRequest, open_peer
-from ..config import ActorSettings, Config, RunnerSettings, actor_plan
+from ..config import (
+    BUILTIN_ACTORS,
+    BUILTIN_OPTIONS,
+    ActorSettings,
+    Config,
+    RunnerSettings,
+    actor_plan,
+    check_options,
+)
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
 from ._children import ChildSpec, ChildSupervisor
@@ -155,8 +163,10 @@ class Host:
             RestartIntensityExceeded: an actor (or the control plane) crash-looped; everything
                 was stopped.
             ControlPlaneUnavailable: the embedded control plane never came up.
-            ConfigError: two runners resolved to the same id.
+            ConfigError: a built-in actor's options do not decode (before anything starts),
+                or two runners resolved to the same id.
         """
+        check_actor_options(self.config)
         inst = self.instance
         inst.prepare()
         self._claim()
@@ -609,6 +619,24 @@ class Host:
     async def _op_stop(self, request: dict[str, Any]) -> dict[str, Any]:
         self._stop.set()
         return {"stopping": True}
+
+
+def check_actor_options(config: Config) -> None:
+    """Decode the options of every built-in actor the host will run with its options Struct.
+
+    The host does it before it starts anything, so that a typo in ``[actors.<name>.options]``
+    stops ``corral up`` with the key named instead of crash-looping the actor. An actor whose
+    ``target`` replaces the built-in class is left to check its own options.
+
+    Raises:
+        ConfigError: naming the first bad key (``actors.dispatch.options.turn_timout_s``).
+    """
+    for name, target, settings in actor_plan(config):
+        schema = BUILTIN_OPTIONS.get(name)
+        if schema is None or target != BUILTIN_ACTORS[name]:
+            continue
+        module, _, attr = schema.partition(":")
+        check_options(name, settings.options, getattr(importlib.import_module(module), attr))
 
 
 def _import_protocols(targets: list[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from corral import __version__
@@ -107,6 +108,41 @@ def test_invalid_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     out = corral("up", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
     assert out.returncode == 2
     assert "unknown field `hwn`" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("actor", "typo"),
+    [
+        ("journal", "fsnyc"),
+        ("harness", "idle_timout_s"),
+        ("tools", "timout_s"),
+        ("policy", "ask_timout_s"),
+        ("dispatch", "turn_timout_s"),
+        ("gateway", "heartbeat"),
+    ],
+)
+def test_a_typo_in_an_actors_options_exits_2_naming_the_key_before_anything_starts(
+    tmp_path: Path, actor: str, typo: str
+) -> None:
+    """``corral up`` decodes every built-in actor's options itself: no crash-looping child."""
+    cfg = tmp_path / "corral.toml"
+    cfg.write_text(f"[actors.{actor}.options]\n{typo} = 5\n")
+    state = tmp_path / "s"
+    out = corral("up", "--config", str(cfg), "--state-dir", str(state))
+    error = " ".join(out.stderr.split())  # as one line, however the terminal wrapped it
+    assert out.returncode == 2, out.stderr
+    assert f"invalid config: Object contains unknown field `{typo}`" in error
+    assert f"- at `$.actors.{actor}.options`" in error
+    assert not state.exists(), "nothing was started, not even the state dir"
+
+
+def test_a_bad_option_value_names_its_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "corral.toml"
+    cfg.write_text("[actors.dispatch.options]\nturn_timeout_s = 'soon'\n")
+    out = corral("up", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
+    assert out.returncode == 2, out.stderr
+    error = " ".join(out.stderr.split())
+    assert "Expected `float`, got `str` - at `$.actors.dispatch.options.turn_timeout_s`" in error
 
 
 def test_control_socket_is_private(host: HostProcess) -> None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from corral import ConfigError
 from corral.config import (
     BUILTIN_ACTORS,
+    BUILTIN_OPTIONS,
     Config,
     actor_plan,
+    check_options,
     load_config,
     parse_config,
     resolve_state_dir,
@@ -69,3 +73,41 @@ def test_state_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert resolve_state_dir(None) == tmp_path / "env"
     monkeypatch.delenv("CORRAL_STATE_DIR")
     assert resolve_state_dir(None, Config(state_dir=str(tmp_path / "cfg"))) == tmp_path / "cfg"
+
+
+def test_every_builtin_actor_names_its_options_struct() -> None:
+    assert BUILTIN_OPTIONS.keys() == BUILTIN_ACTORS.keys()
+    for name, where in BUILTIN_OPTIONS.items():
+        module, _, attr = where.partition(":")
+        schema = getattr(importlib.import_module(module), attr)
+        assert issubclass(schema, msgspec.Struct) and schema.__struct_config__.forbid_unknown_fields
+        assert check_options(name, {}, schema) == schema(), "every option has a default"
+
+
+@pytest.mark.parametrize(
+    ("options", "message", "key"),
+    [
+        (
+            {"turn_timout_s": 5},
+            "Object contains unknown field `turn_timout_s` - at `$.actors.dispatch.options`",
+            "actors.dispatch.options.turn_timout_s",
+        ),
+        (
+            {"turn_timeout_s": "soon"},
+            "Expected `float`, got `str` - at `$.actors.dispatch.options.turn_timeout_s`",
+            "actors.dispatch.options.turn_timeout_s",
+        ),
+        (
+            {"runners": [{"id": "r"}]},
+            "Object missing required field `server` - at `$.actors.dispatch.options.runners[0]`",
+            "actors.dispatch.options.runners[0].server",
+        ),
+    ],
+)
+def test_actor_options_errors_name_the_key(options: dict, message: str, key: str) -> None:
+    from corral.actors.dispatch import DispatchOptions
+
+    with pytest.raises(ConfigError) as info:
+        check_options("dispatch", options, DispatchOptions)
+    assert str(info.value) == f"invalid config: {message}"
+    assert info.value.key == key
