@@ -626,17 +626,23 @@ def check_actor_options(config: Config) -> None:
 
     The host does it before it starts anything, so that a typo in ``[actors.<name>.options]``
     stops ``corral up`` with the key named instead of crash-looping the actor. An actor whose
-    ``target`` replaces the built-in class is left to check its own options.
+    ``target`` replaces the built-in class is left to check its own options, and so is one
+    whose module does not import here (its child reports that, as ``_import_protocols`` says).
 
     Raises:
         ConfigError: naming the first bad key (``actors.dispatch.options.turn_timout_s``).
     """
     for name, target, settings in actor_plan(config):
-        schema = BUILTIN_OPTIONS.get(name)
-        if schema is None or target != BUILTIN_ACTORS[name]:
+        where = BUILTIN_OPTIONS.get(name)
+        if where is None or target != BUILTIN_ACTORS[name]:
             continue
-        module, _, attr = schema.partition(":")
-        check_options(name, settings.options, getattr(importlib.import_module(module), attr))
+        module, _, attr = where.partition(":")
+        try:
+            schema = getattr(importlib.import_module(module), attr)
+        except Exception as exc:
+            log.warning("cannot import %s in the host: %s", where, exc)
+            continue
+        check_options(name, settings.options, schema)
 
 
 def _import_protocols(targets: list[str]) -> None:
