@@ -1,41 +1,14 @@
-"""tmux-backed terminals: ``sys_terminal_launch|send|read|list|close`` (T-12..T-16).
+"""The :class:`Terminals` manager: the launched terminals of every conversation of a tools actor.
 
-An agent spec's ``terminals:`` block names the terminals an agent may open and the command
-each runs. The model launches one under a *session key* (``{"terminal": "zsh", "session":
-"s1"}``; the key defaults to ``main``), types into it, reads its screen and closes it. Each
-launched terminal is a tmux session; clients see it as a session resource
-``terminal_<terminal>_<session>`` (PROTOCOL_FACTS §ii.5) and may attach to it through the
-``tmux_socket``/``tmux_target`` in its metadata.
-
-Design notes:
-
-* **One tmux server per (conversation, terminal)**, on a socket named by a digest of the
-  pair, so conversations never see each other's terminals and the tmux session name can be
-  the session key itself (``tmux_target`` is ``s1``, as in the reference runner). Unix
-  socket paths are limited to about 100 bytes: the sockets live in the manager's directory
-  when that is short enough, else in a private ``0700`` directory under ``/tmp`` named after
-  it.
-* **No shell, ever.** Every tmux call is an argv list run by :func:`trio.run_process` under
-  a deadline. The terminal's command is handed to tmux as several arguments (so tmux does
-  not call ``sh -c`` with it) behind ``/bin/sh -c 'exec "$0" "$@"'``, which execs it as
-  given; model text reaches the terminal through ``send-keys -l``, literally.
-* **Stale servers.** tmux servers daemonise, so a tools actor that crashed leaves them
-  running. :meth:`Terminals.run` kills every server of an earlier incarnation at start (and
-  reports their resources as deleted); a graceful stop calls :meth:`Terminals.aclose`.
-* ``remain-on-exit`` is on: when the command exits, its last screen stays readable and the
-  resource says ``running: false`` until the terminal is closed or launched again.
+It launches, types into, reads, lists and closes terminals, kills an earlier incarnation's
+servers at start and publishes ``session.terminal.activity`` when a screen changes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
-import os
 import re
-import shlex
-import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,19 +16,23 @@ from typing import Any
 
 import trio
 
-from .._child_env import base_env
-from ._api import ToolContext, ToolError, ToolSpec
-from .os_env import effective_cwd
+from ..._child_env import base_env
+from .._api import ToolContext, ToolError
+from ..os_env import effective_cwd
+from ._resources import TerminalInstance, deleted_event, resource_id, resource_view
+from ._spec import TerminalDef, _check_session, _check_terminal, _declared, parse_terminals
+from ._tmux import _TMUX_CONF, TmuxServers, _Pane, _private_dir, _socket_dir_for
 
 log = logging.getLogger("corral.tools.terminals")
+
 
 #: Publishes one event on a session's stream: ``(session_id, event)``.
 SessionPublish = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 #: The web-attach transport a terminal reports when its spec entry names none (T-14).
 DEFAULT_TRANSPORT = "control"
-#: The session key used when the model gives none.
-DEFAULT_SESSION = "main"
+
+
 #: Lines of scrollback ``sys_terminal_read`` returns by default, and at most.
 DEFAULT_READ_LINES = 200
 MAX_READ_LINES = 5000
@@ -63,212 +40,12 @@ MAX_READ_LINES = 5000
 #: the kernel's 128 KiB limit).
 MAX_SEND_CHARS = 65_536
 
-# Longest socket path we hand tmux; sun_path holds 108 bytes including the NUL.
-_MAX_SOCKET_PATH = 100
-_TERMINAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# tmux forbids "." and ":" in session names; the key is the tmux session name.
-_SESSION_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
 _KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+_-]{0,31}$")
-_TRANSPORT = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
 # Execs "$0" "$@" exactly as given: the shell sees no string from the spec or the model.
 _EXEC = ("/bin/sh", "-c", 'exec "$0" "$@"')
-# Read by each tmux server at start (static: nothing from a spec goes in here).
-_TMUX_CONF = """\
-set-option -g remain-on-exit on
-set-option -g history-limit 5000
-set-option -g status off
-"""
-_PANE_FORMAT = "\t".join(
-    [
-        "#{session_name}",
-        "#{pane_dead}",
-        "#{window_activity}",
-        "#{history_size}",
-        "#{cursor_x}",
-        "#{cursor_y}",
-    ]
-)
-_NO_SERVER = ("no server running", "error connecting", "No such file or directory")
-
-
-# ---------------------------------------------------------------------------------------------
-# The spec's terminals block
-
-
-@dataclass(frozen=True, slots=True)
-class TerminalDef:
-    """One terminal an agent spec declares.
-
-    ``argv`` is the command and its arguments; ``env`` is added to the terminal's
-    environment and ``env_unset`` removed from it (after ``env``); ``cwd`` is relative to the
-    workspace unless absolute; ``transport`` is the web-attach transport it reports.
-    """
-
-    name: str
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    env_unset: tuple[str, ...] = ()
-    cwd: str | None = None
-    transport: str | None = None
-
-
-def _bad(path: str, problem: str) -> ToolError:
-    return ToolError(f"invalid terminals block in the agent spec: {path} {problem}")
-
-
-def _str_list(value: Any, path: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _bad(path, "must be a list of strings")
-    return list(value)
-
-
-def _parse_def(name: Any, body: Any, path: str) -> TerminalDef:
-    if not isinstance(name, str) or not _TERMINAL_NAME.match(name):
-        raise _bad(path, "needs a name of letters, digits, '_', '.' or '-' (at most 64)")
-    if body is None or isinstance(body, str | list):
-        body = {"command": body}
-    if not isinstance(body, dict):
-        raise _bad(path, "must be a command string or a mapping with 'command'")
-    command = body.get("command")
-    if command is None:
-        argv = [name]
-    elif isinstance(command, str):
-        try:
-            argv = shlex.split(command)
-        except ValueError as exc:
-            raise _bad(f"{path}.command", f"does not parse: {exc}") from None
-    else:
-        argv = _str_list(command, f"{path}.command")
-    argv += _str_list(body.get("args", []), f"{path}.args")
-    if not argv or not argv[0]:
-        raise _bad(f"{path}.command", "is empty")
-    env = body.get("env") or {}
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str | int | float)
-        for k, v in env.items()
-    ):
-        raise _bad(f"{path}.env", "must map variable names to strings")
-    unset = _str_list(body.get("env_unset", []), f"{path}.env_unset")
-    if not all(_ENV_NAME.match(k) for k in unset):
-        raise _bad(f"{path}.env_unset", "must list variable names")
-    cwd = body.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or not cwd):
-        raise _bad(f"{path}.cwd", "must be a non-empty string")
-    transport = body.get("transport", body.get("terminal_transport"))
-    if transport is not None and (
-        not isinstance(transport, str) or not _TRANSPORT.match(transport)
-    ):
-        raise _bad(f"{path}.transport", "must be a transport name such as 'control'")
-    return TerminalDef(
-        name=name,
-        argv=tuple(argv),
-        env=tuple((k, str(v)) for k, v in env.items()),
-        env_unset=tuple(unset),
-        cwd=cwd,
-        transport=transport,
-    )
-
-
-def parse_terminals(block: Any) -> dict[str, TerminalDef]:
-    """The terminals an agent spec's ``terminals:`` block declares, by name.
-
-    Accepted shapes (unknown keys of an entry are ignored)::
-
-        terminals: {zsh: {command: zsh}, py: "python3 -q", bash: null}
-        terminals: [{name: zsh, command: zsh, args: [-l]}, "bash"]
-
-    ``command`` is a string (split like a shell would, but never run by one) or an argv
-    list; a missing command means the terminal's own name. Entries may also give ``args``,
-    ``env``, ``env_unset``, ``cwd`` and ``transport``.
-
-    Raises:
-        ToolError: naming the first bad entry, e.g. ``terminals[1].args must be a list of
-            strings``; also for a name declared twice.
-    """
-    if block is None:
-        return {}
-    entries: list[tuple[Any, Any, str]]
-    if isinstance(block, dict):
-        entries = [(name, body, f"terminals.{name}") for name, body in block.items()]
-    elif isinstance(block, list):
-        entries = []
-        for i, entry in enumerate(block):
-            if isinstance(entry, str):
-                entries.append((entry, {"command": entry}, f"terminals[{i}]"))
-            elif isinstance(entry, dict):
-                body = {k: v for k, v in entry.items() if k != "name"}
-                entries.append((entry.get("name"), body, f"terminals[{i}]"))
-            else:
-                raise _bad(f"terminals[{i}]", "must be a command string or a mapping with 'name'")
-    else:
-        raise _bad("terminals", "must be a list or a mapping")
-    out: dict[str, TerminalDef] = {}
-    for name, body, path in entries:
-        tdef = _parse_def(name, body, path)
-        if tdef.name in out:
-            raise _bad(path, f"declares terminal {tdef.name!r} a second time")
-        out[tdef.name] = tdef
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Resources
-
-
-def resource_id(terminal: str, session: str) -> str:
-    """The session-resource id of a terminal: ``terminal_<terminal>_<session>``."""
-    return f"terminal_{terminal}_{session}"
-
-
-@dataclass(frozen=True, slots=True)
-class TerminalInstance:
-    """A launched terminal as tmux reports it now (the result of one lookup)."""
-
-    conversation_id: str
-    terminal: str
-    session: str
-    socket_path: Path
-    tmux_target: str
-    #: Whether its command is still running (False once it exited; the screen stays).
-    running: bool
-    #: The effective web-attach transport (the spec's, else the manager's default).
-    transport: str
-
-
-def resource_view(instance: TerminalInstance) -> dict[str, Any]:
-    """The ``session.resource`` object of a terminal, as REST lists and events carry it."""
-    t, s = instance.terminal, instance.session
-    return {
-        "id": resource_id(t, s),
-        "object": "session.resource",
-        "type": "terminal",
-        "session_id": instance.conversation_id,
-        "name": f"{t}:{s}",
-        "metadata": {
-            "terminal_name": t,
-            "session_key": s,
-            "running": instance.running,
-            "tmux_socket": str(instance.socket_path),
-            "tmux_target": instance.tmux_target,
-            "terminal_transport": instance.transport,
-        },
-        "environment": f"env_terminal_{t}_{s}",
-    }
-
-
-def deleted_event(conversation_id: str, terminal: str, session: str) -> dict[str, Any]:
-    """The ``session.resource.deleted`` event of a closed terminal (T-16)."""
-    return {
-        "type": "session.resource.deleted",
-        "resource_id": resource_id(terminal, session),
-        "resource_type": "terminal",
-        "session_id": conversation_id,
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# The manager
 
 
 @dataclass(slots=True)
@@ -282,31 +59,7 @@ class _Launched:
     fingerprint: tuple[str, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Pane:
-    dead: bool
-    fingerprint: tuple[str, ...]
-
-
-def _private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise PermissionError(f"{path} is not a directory owned by this user")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
-def _socket_dir_for(base_dir: Path) -> Path:
-    probe = base_dir / ("0" * 16 + ".sock")
-    if len(os.fsencode(probe)) <= _MAX_SOCKET_PATH:
-        return base_dir
-    digest = hashlib.sha256(os.fsencode(base_dir.resolve())).hexdigest()[:12]
-    return Path("/tmp") / f"corral-tmux-{os.geteuid()}-{digest}"
-
-
-class Terminals:
+class Terminals(TmuxServers):
     """The tmux terminals of every conversation of one tools actor.
 
     Construct one per tools actor and run it in the actor's nursery::
@@ -699,67 +452,6 @@ class Terminals:
             raise ToolError(f"terminal {tdef.name}: working directory {cwd} does not exist")
         return cwd
 
-    async def _tmux(self, socket: Path, *args: str, check: bool = True) -> str:
-        out, err, code = await self._tmux_raw(socket, *args)
-        if check and code != 0:
-            raise ToolError(f"tmux {args[0]} failed: {err.strip() or f'exit status {code}'}")
-        return out
-
-    async def _tmux_raw(self, socket: Path, *args: str) -> tuple[str, str, int]:
-        argv = [self._tmux_bin, "-f", str(self._conf), "-S", str(socket), *args]
-        with trio.move_on_after(self.call_timeout_s):
-            proc = await trio.run_process(
-                argv, capture_stdout=True, capture_stderr=True, check=False, env=self._env
-            )
-            return (
-                proc.stdout.decode(errors="replace"),
-                proc.stderr.decode(errors="replace"),
-                proc.returncode,
-            )
-        raise ToolError(f"tmux {args[0]} did not answer within {self.call_timeout_s:g}s")
-
-    async def _panes(self, socket: Path) -> dict[str, _Pane]:
-        """Every tmux session on ``socket`` with its pane state; {} when no server runs."""
-        if not socket.exists():
-            return {}
-        out, err, code = await self._tmux_raw(socket, "list-panes", "-a", "-F", _PANE_FORMAT)
-        if code != 0:
-            if any(marker in err for marker in _NO_SERVER):
-                return {}
-            raise ToolError(f"tmux list-panes failed: {err.strip() or f'exit status {code}'}")
-        panes: dict[str, _Pane] = {}
-        for line in out.splitlines():
-            fields = line.split("\t")
-            if len(fields) != 6:
-                continue
-            # One pane per session: we never split; the first pane is the terminal.
-            panes.setdefault(fields[0], _Pane(dead=fields[1] == "1", fingerprint=tuple(fields[1:])))
-        return panes
-
-    async def _kill_server(self, socket: Path) -> None:
-        if socket.exists():
-            try:
-                await self._tmux_raw(socket, "kill-server")
-            except ToolError as exc:
-                # Keep the files: the next start-up's cleanup finds the server by them.
-                log.warning("could not kill tmux server %s: %s", socket, exc)
-                return
-        async with self._dir_lock:
-            await trio.to_thread.run_sync(_remove_socket_files, socket, self.base_dir)
-
-    async def _write_meta(self, socket: Path, conversation_id: str, terminal: str) -> None:
-        # Lets a later incarnation say which conversation a stale server belonged to.
-        meta = socket.with_suffix(".json")
-        data = json.dumps({"conversation_id": conversation_id, "terminal": terminal})
-        await trio.to_thread.run_sync(meta.write_text, data)
-
-    def _read_meta(self, socket: Path) -> tuple[str, str] | None:
-        try:
-            data = json.loads(socket.with_suffix(".json").read_text())
-            return str(data["conversation_id"]), str(data["terminal"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     async def _poll_activity(self) -> None:
         by_socket: dict[Path, list[_Launched]] = {}
         for launched in list(self._launched.values()):
@@ -788,187 +480,3 @@ class Terminals:
                 except Exception:
                     # The watcher outlives one bad publish; the next change tries again.
                     log.exception("could not publish terminal activity")
-
-
-def _remove_socket_files(socket: Path, base_dir: Path) -> None:
-    # tmux leaves its socket file behind when the server exits.
-    socket.unlink(missing_ok=True)
-    socket.with_suffix(".json").unlink(missing_ok=True)
-    if socket.parent != base_dir:
-        # The /tmp fallback goes with its last server (rmdir fails while others remain).
-        with contextlib.suppress(OSError):
-            socket.parent.rmdir()
-
-
-def _check_terminal(terminal: str) -> None:
-    if not _TERMINAL_NAME.match(terminal):
-        raise ToolError(f"{terminal!r} is not a terminal name")
-
-
-def _check_session(session: str) -> None:
-    if not _SESSION_KEY.match(session):
-        raise ToolError(
-            f"session {session!r} must be 1-64 letters, digits, '_' or '-', starting with a "
-            "letter or digit"
-        )
-
-
-def _declared(spec: dict[str, Any], terminal: str) -> TerminalDef:
-    declared = parse_terminals(spec.get("terminals"))
-    tdef = declared.get(terminal)
-    if tdef is None:
-        known = ", ".join(sorted(declared)) or "none"
-        raise ToolError(
-            f"unknown terminal {terminal!r}: this agent's spec declares these terminals: {known}"
-        )
-    return tdef
-
-
-# ---------------------------------------------------------------------------------------------
-# The tools
-
-
-def _manager(ctx: ToolContext) -> Terminals:
-    # ``ctx.terminals`` is the field; ``extra["terminals"]`` is accepted as well.
-    manager = ctx.terminals if ctx.terminals is not None else ctx.extra.get("terminals")
-    if not isinstance(manager, Terminals):
-        raise ToolError("terminals are not available in this runner")
-    return manager
-
-
-def _names(args: dict[str, Any]) -> tuple[str, str]:
-    terminal = args.get("terminal")
-    if not isinstance(terminal, str) or not terminal:
-        raise ToolError('"terminal" is required: the name of a terminal from the agent spec')
-    session = args.get("session")
-    if session is None or session == "":
-        session = DEFAULT_SESSION
-    if not isinstance(session, str):
-        raise ToolError('"session" must be a string')
-    return terminal, session
-
-
-async def _launch(ctx: ToolContext, args: dict[str, Any]) -> str:
-    terminal, session = _names(args)
-    return json.dumps(await _manager(ctx).launch(ctx, terminal, session))
-
-
-async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
-    terminal, session = _names(args)
-    text = args.get("text") or ""
-    keys = args.get("keys") or []
-    if isinstance(keys, str):
-        keys = [keys]
-    if not isinstance(text, str) or not isinstance(keys, list):
-        raise ToolError('"text" must be a string and "keys" a list of key names')
-    enter = args.get("enter")
-    if enter is None:
-        enter = bool(text) and not keys
-    if not text and not keys and not enter:
-        raise ToolError('nothing to send: give "text", "keys" or "enter": true')
-    await _manager(ctx).send(
-        ctx.session_id, terminal, session, text=text, keys=keys, enter=bool(enter)
-    )
-    return json.dumps({"terminal": terminal, "session": session, "status": "sent"})
-
-
-async def _read(ctx: ToolContext, args: dict[str, Any]) -> str:
-    terminal, session = _names(args)
-    lines = args.get("lines", DEFAULT_READ_LINES)
-    if isinstance(lines, bool) or not isinstance(lines, int) or not 1 <= lines <= MAX_READ_LINES:
-        raise ToolError(f'"lines" must be a whole number from 1 to {MAX_READ_LINES}')
-    out = await _manager(ctx).read(
-        ctx.session_id, terminal, session, lines=lines, max_chars=ctx.max_output_chars
-    )
-    return json.dumps(out, ensure_ascii=False)
-
-
-async def _list(ctx: ToolContext, args: dict[str, Any]) -> str:
-    del args
-    return json.dumps(await _manager(ctx).list_terminals(ctx))
-
-
-async def _close(ctx: ToolContext, args: dict[str, Any]) -> str:
-    terminal, session = _names(args)
-    _check_terminal(terminal)
-    _check_session(session)
-    closed = await _manager(ctx).close(ctx.session_id, terminal, session)
-    if closed:
-        await ctx.publish(deleted_event(ctx.session_id, terminal, session))
-    status = "closed" if closed else "not_running"
-    return json.dumps({"terminal": terminal, "session": session, "status": status})
-
-
-_TARGET = {
-    "terminal": {"type": "string", "description": "A terminal name from the agent spec."},
-    "session": {
-        "type": "string",
-        "description": (
-            f"Which instance of it (letters, digits, '_', '-'); default {DEFAULT_SESSION!r}."
-        ),
-    },
-}
-
-TOOLS: list[ToolSpec] = [
-    ToolSpec(
-        name="sys_terminal_launch",
-        description=(
-            "Start a terminal declared in the agent spec, in the workspace. Launching one that "
-            "runs already does nothing (status 'already_running')."
-        ),
-        parameters={"type": "object", "properties": _TARGET, "required": ["terminal"]},
-        run=_launch,
-        family="terminal",
-    ),
-    ToolSpec(
-        name="sys_terminal_send",
-        description=(
-            "Type into a terminal: 'text' is typed literally, then 'keys' are pressed (tmux key "
-            "names such as 'Enter', 'C-c', 'Up', 'Tab'), then Enter if 'enter' is true "
-            "(default: true when only text is given)."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                **_TARGET,
-                "text": {"type": "string"},
-                "keys": {"type": "array", "items": {"type": "string"}},
-                "enter": {"type": "boolean"},
-            },
-            "required": ["terminal"],
-        },
-        run=_send,
-        family="terminal",
-    ),
-    ToolSpec(
-        name="sys_terminal_read",
-        description=(
-            "Read a terminal's screen and recent scrollback ('lines', default "
-            f"{DEFAULT_READ_LINES}). Works after its command exited too ('running': false)."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                **_TARGET,
-                "lines": {"type": "integer", "minimum": 1, "maximum": MAX_READ_LINES},
-            },
-            "required": ["terminal"],
-        },
-        run=_read,
-        family="terminal",
-    ),
-    ToolSpec(
-        name="sys_terminal_list",
-        description="List the terminals the agent spec declares and the ones running now.",
-        parameters={"type": "object", "properties": {}},
-        run=_list,
-        family="terminal",
-    ),
-    ToolSpec(
-        name="sys_terminal_close",
-        description="Close a terminal and end its command.",
-        parameters={"type": "object", "properties": _TARGET, "required": ["terminal"]},
-        run=_close,
-        family="terminal",
-    ),
-]
