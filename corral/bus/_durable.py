@@ -41,7 +41,16 @@ from ._log import (
     frame_record,
 )
 from ._mailbox import DeadLetter, Entry, Mailbox
-from ._messages import Accepted, Envelope, ErrorReply, Message, Nack, Reject, Unpark
+from ._messages import (
+    Accepted,
+    Envelope,
+    ErrorReply,
+    Message,
+    Nack,
+    ParkedEntry,
+    Reject,
+    Unpark,
+)
 
 log = logging.getLogger("corral.bus.broker")
 
@@ -192,18 +201,12 @@ class DurableStore:
             )
         return rows
 
-    def parked_entries(self, name: str) -> list[dict[str, Any]]:
+    def parked_entries(self, name: str) -> list[ParkedEntry]:
         """The parked entries of ``name``, for its :class:`~corral.bus.ListParked`."""
         box = self.mailbox(name)
         now = time.monotonic()
         return [
-            {
-                "id": e.id,
-                "owner": e.owner,
-                "type": e.type,
-                "frame": e.frame,
-                "age_s": now - e.enqueued,
-            }
+            ParkedEntry(id=e.id, owner=e.owner, type=e.type, frame=e.frame, age_s=now - e.enqueued)
             for e in box.parked.values()
         ]
 

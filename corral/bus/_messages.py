@@ -155,11 +155,22 @@ class ListParked(Message, tag="bus.list_parked"):
     """Ask the broker for the sender's parked entries (to rebuild state after a restart)."""
 
 
-class ParkedEntries(Message, tag="bus.parked_entries"):
-    """Parked entries: each has ``id``, ``owner``, ``type``, ``frame`` (the envelope) and
-    ``age_s``."""
+class ParkedEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One parked durable message, as :class:`ParkedEntries` lists it."""
 
-    entries: list[dict[str, Any]]
+    id: str
+    owner: str | None
+    type: str
+    #: The message's encoded envelope.
+    frame: bytes
+    #: Seconds since it entered the mailbox.
+    age_s: float
+
+
+class ParkedEntries(Message, tag="bus.parked_entries"):
+    """The sender's parked entries, answering :class:`ListParked`."""
+
+    entries: list[ParkedEntry]
 
 
 class Accepted(Message, tag="bus.accepted"):

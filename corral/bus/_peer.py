@@ -426,8 +426,8 @@ class Peer:
         assert isinstance(reply, ParkedEntries)
         out = []
         for row in reply.entries:
-            env = decode_envelope(row["frame"])
-            out.append((Incoming(env, self._bodies.decode(env)), float(row["age_s"])))
+            env = decode_envelope(row.frame)
+            out.append((Incoming(env, self._bodies.decode(env)), row.age_s))
         return out
 
     async def _ack_loop(self) -> None:
