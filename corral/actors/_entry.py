@@ -28,6 +28,7 @@ from ._actor import Actor, ActorContext
 
 log = logging.getLogger("corral.actors.entry")
 
+
 def load_target(target: str) -> type[Actor]:
     """Import ``module:Class``."""
     module_name, _, attr = target.partition(":")

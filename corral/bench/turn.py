@@ -36,7 +36,8 @@ from ._common import (
 from ._messages import BENCH_ACTOR
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
-CONFIG = """
+CONFIG = (
+    """
 [liveness]
 interval_s = 0.5
 liveness = 4
@@ -51,6 +52,8 @@ subscribers = ["bench-gw"]
 [actors.journal.options]
 fsync = "interval"
 """
+    + BENCH_ACTOR
+)
 
 
 class _Kind(msgspec.Struct):
@@ -67,7 +70,7 @@ _decode_kind = msgspec.json.Decoder(_Kind).decode
 def _config(deltas: int) -> str:
     """No server: every session runs the default spec: a flood of ``deltas`` deltas, then a
     paced turn of 500 deltas 2 ms apart."""
-    return CONFIG + BENCH_ACTOR + (
+    return CONFIG + (
         "[actors.dispatch.options.default_spec.executor]\n"
         'harness = "scripted"\n'
         f'script = {{turns = [[{{text = "x", repeat = {deltas}}}], '
