@@ -46,9 +46,9 @@ RULES: dict[str, tuple[frozenset[str], str]] = {
         for part in FLOOR
     },
     "harnesses": (
-        FLOOR,
-        "a worker is a process of its own: it talks to the host over the bus, never through "
-        "an actor's code",
+        FLOOR - {"journal", "runners", "server_client", "routes", "instance"},
+        "a worker is a process of its own: it talks to the host as a bus peer, never through "
+        "an actor's code, the journal or the server",
     ),
     "tools": (
         FLOOR,
@@ -56,9 +56,9 @@ RULES: dict[str, tuple[frozenset[str], str]] = {
         "environment) lives on the floor",
     ),
     "server": (
-        FLOOR,
+        FLOOR - {"bus", "journal", "routes", "runners", "instance", "_lifeline", "_child_env"},
         "the embedded control plane is a separate program in spirit: it reaches the host "
-        "only through the tunnel and HTTP, as a foreign server would",
+        "only through the tunnel and HTTP, as a foreign server would (no bus, no journal)",
     ),
     "actors": (
         FLOOR | {"harnesses", "tools"},
