@@ -3,9 +3,8 @@
 The actor and what it handles are described in :mod:`corral.actors.dispatch._actor`.
 """
 
-from ._actor import SPEC_FAILED_IN_STREAM as SPEC_FAILED_IN_STREAM
 from ._actor import DispatchActor as DispatchActor
-from ._actor import runner_tools as runner_tools
+from ._calls import SPEC_FAILED_IN_STREAM as SPEC_FAILED_IN_STREAM
 from ._events import ApprovalEvent as ApprovalEvent
 from ._events import BadEvent as BadEvent
 from ._events import BtwDismissEvent as BtwDismissEvent
@@ -31,3 +30,4 @@ from ._routes import NO_HARNESS_DETAIL as NO_HARNESS_DETAIL
 from ._session import Session as Session
 from ._session import SessionRecord as SessionRecord
 from ._turn import Turn as Turn
+from ._turns import runner_tools as runner_tools

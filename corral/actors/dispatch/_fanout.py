@@ -1,16 +1,202 @@
-"""Session events cut into durable batches for the subscribers."""
+"""Event fan-out: every published session event to the subscribers, the journal and a
+streaming caller, in publish order, without a handler ever waiting on a peer.
+
+One event goes three ways:
+
+* **Subscribers** (the gateway): durably, in :class:`~corral.routes.SessionEvents` batches,
+  so that events published while the gateway restarts wait in its mailbox. Batched by
+  acceptance: while one round waits for its group commit, the events published meanwhile
+  gather and go out together (one commit, one ack, one buffer write per message); a lone
+  event finds the loop idle and goes at once. A round's messages are all in flight at once
+  (the broker keeps their order): their acceptance can queue behind a flood of incoming
+  deltas, and one round trip per message would cap the rate at one batch per round trip.
+* **The journal**: one run per turn. Events gather for :data:`_JOURNAL_WINDOW_S` and go out
+  as one stream append per run (a delta per append would make the journal the bottleneck of
+  every turn); a run's last append (its terminal edge) skips the window and goes durably,
+  after every earlier append of its run.
+* **A ``?stream=true`` caller**: SSE :class:`~corral.routes.HttpChunk` frames through the
+  outbox, closed by an empty ``end`` chunk when the turn ends.
+
+:meth:`Fanout.publish` only queues: a handler awaiting a peer's acceptance would stall while
+the peer is not reading (a flood past its inbox and overflow), and the handler is what
+drains it. The two loops (:meth:`Fanout.run_events`, :meth:`Fanout.run_journal`) send.
+"""
 
 from __future__ import annotations
 
-from ...routes import SessionEvent, SessionEvents
+import contextlib
+import logging
+from typing import Any
+
+import msgspec
+import trio
+
+from ...bus import Outbox, Peer
+from ...harnesses.protocol import Output
+from ...routes import HttpChunk, SessionEvent, SessionEvents, sse_frame
+from ..journal import JournalAppend, JournalEvent
+from ._session import SessionRecord
+
+log = logging.getLogger("corral.actors.dispatch")
 
 #: Session events per durable :class:`~corral.routes.SessionEvents` message, and about how
 #: many bytes of them (well under the bus's default 4 MiB message limit).
 _EVENT_BATCH = 512
 _EVENT_BATCH_BYTES = 1024 * 1024
+#: How long journal events gather before they go out as one append per run: a flood of
+#: deltas otherwise costs one append (a bus message, a journal write) per delta.
+_JOURNAL_WINDOW_S = 0.02
 
 
-def _event_batches(events: list[SessionEvent]) -> list[SessionEvents]:
+class Fanout:
+    """The publishing side of dispatch: queues per subscriber and per journal run."""
+
+    def __init__(self, peer: Peer, *, subscribers: list[str], journal: str | None) -> None:
+        self.peer = peer
+        self.outbox = Outbox(peer)
+        self.subscribers = subscribers
+        self.journal = journal
+        self._journal: dict[tuple[str, str], list[JournalEvent]] = {}
+        #: Runs' last appends, oldest first, for the journal loop to send durably.
+        self._journal_final: list[JournalAppend] = []
+        self._events: dict[str, list[SessionEvent]] = {}
+        self._events_ready = trio.Event()
+        self._journal_ready = trio.Event()
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run the outbox and both sending loops in ``nursery``."""
+        nursery.start_soon(self.outbox.run)
+        nursery.start_soon(self.run_journal)
+        nursery.start_soon(self.run_events)
+
+    def publish(
+        self,
+        record: SessionRecord,
+        event: dict[str, Any] | Output,
+        *,
+        run_id: str | None = None,
+        terminal: bool = False,
+        origin_at: float = 0.0,
+        upstream: bool = True,
+    ) -> None:
+        """Number ``event`` in the session's stream and queue it for the subscribers (unless
+        not ``upstream``) and the journal run ``run_id`` (the active turn's by default);
+        ``terminal`` marks the run's last event."""
+        # Output events encode to exactly their protocol JSON; no dict in between.
+        kind = event["type"] if isinstance(event, dict) else event.__struct_config__.tag
+        record.seq += 1
+        data = msgspec.json.encode(event)
+        for name in self.subscribers if upstream else ():
+            self._events.setdefault(name, []).append(
+                SessionEvent(
+                    session_id=record.id,
+                    seq=record.seq,
+                    event=data,
+                    runner_id=record.runner_id,
+                    origin_at=origin_at,
+                )
+            )
+        self._events_ready.set()
+        run = run_id or record.turn_id
+        if not (self.journal and run):
+            return
+        pending = self._journal.setdefault((record.id, run), [])
+        pending.append(JournalEvent(event=kind, payload=event))
+        if not terminal:
+            self._journal_ready.set()
+            return
+        # The run's last append carries what is still pending, durably; the journal loop
+        # sends it.
+        del self._journal[(record.id, run)]
+        self._journal_final.append(JournalAppend(session_id=record.id, run_id=run, events=pending))
+        self._journal_ready.set()
+
+    def to_stream(self, stream_to: tuple[str, str] | None, msg: Output) -> None:
+        """Queue ``msg`` as an SSE frame for the ``?stream=true`` caller, if there is one."""
+        if stream_to is None:
+            return
+        frame = sse_frame(msg.__struct_config__.tag, msgspec.json.encode(msg))
+        self.outbox.put_nowait(stream_to[0], HttpChunk(request_id=stream_to[1], data=frame))
+
+    async def end_stream(self, stream_to: tuple[str, str]) -> None:
+        """Close a ``?stream=true`` response, after every frame queued for it."""
+        await self.outbox.flush()
+        await self.peer.cast(stream_to[0], HttpChunk(request_id=stream_to[1], end=True))
+
+    async def run_events(self) -> None:
+        """Send published events to each subscriber, durably, in batches (see the module)."""
+        while True:
+            await self._events_ready.wait()
+            self._events_ready = trio.Event()
+            pending, self._events = self._events, {}
+            for name, events in pending.items():
+                try:
+                    await self.peer.cast_many(name, event_batches(events), durable=True, timeout=60)
+                except Exception as exc:
+                    log.warning(
+                        "%d session events for %s may not have been delivered: %s",
+                        len(events),
+                        name,
+                        exc,
+                    )
+
+    async def run_journal(self) -> None:
+        """Flush journal events after a short window, so that an append carries many; send
+        runs' last appends durably, each after every earlier append of its run.
+
+        The window costs nothing a client sees: the stream does not wait for the journal. A
+        run's last append skips it.
+        """
+        while True:
+            await self._journal_ready.wait()
+            if not self._journal_final:
+                await trio.sleep(_JOURNAL_WINDOW_S)
+            self._journal_ready = trio.Event()
+            self._flush_journal()
+            if not self._journal_final:
+                continue
+            # The run's stream appends go first: a durable one sent meanwhile could overtake
+            # them (the journal orders appends only within a durability class).
+            await self.outbox.flush()
+            while self._journal_final:
+                # Shielded, and taken off the list only once answered: a stop in the middle
+                # neither loses the append nor leaves aclose() to send it twice.
+                with trio.CancelScope(shield=True):
+                    await self._append_final(self._journal_final[0])
+                self._journal_final.pop(0)
+
+    async def aclose(self) -> None:
+        """On an orderly stop: send whatever is still queued, giving each peer 2 s."""
+        self._flush_journal()
+        await self.outbox.flush()
+        while self._journal_final:
+            await self._append_final(self._journal_final.pop(0), timeout=2)
+        for name, events in self._events.items():
+            with contextlib.suppress(Exception):
+                await self.peer.cast_many(name, event_batches(events), durable=True, timeout=2)
+
+    def _flush_journal(self) -> None:
+        """Queue one append per run for everything pending."""
+        pending, self._journal = self._journal, {}
+        for (session_id, run), events in pending.items():
+            self.outbox.put_nowait(
+                self.journal or "journal",
+                JournalAppend(session_id=session_id, run_id=run, events=events),
+                session_id=session_id,
+            )
+
+    async def _append_final(self, append: JournalAppend, timeout: float | None = None) -> None:
+        """Send a run's last append durably (a failure is logged: the stream goes on)."""
+        journal = self.journal or "journal"
+        try:
+            await self.peer.cast(
+                journal, append, durable=True, session_id=append.session_id, timeout=timeout
+            )
+        except Exception as exc:
+            log.warning("journal append failed: %s", exc)
+
+
+def event_batches(events: list[SessionEvent]) -> list[SessionEvents]:
     """Publish-ordered events cut into messages of at most ``_EVENT_BATCH`` events and about
     ``_EVENT_BATCH_BYTES`` (an event larger than that travels alone)."""
     batches: list[SessionEvents] = []

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._turn import Phase
+
 if TYPE_CHECKING:
     from ._turn import Turn
 
@@ -78,3 +80,8 @@ class Session:
     @property
     def id(self) -> str:
         return self.record.id
+
+    @property
+    def phase(self) -> Phase:
+        """Where its turn stands (:mod:`._turn`)."""
+        return Phase.IDLE if self.turn is None else self.turn.phase

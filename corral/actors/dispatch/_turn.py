@@ -1,14 +1,158 @@
-"""The active turn of a session."""
+"""The turn state machine: a session's phases, the transitions between them, how a turn ends.
+
+A session is ``idle`` (no active turn), ``running`` (one turn is active) or ``interrupted``
+(the active turn was asked to stop and its end is awaited). What moves it is a
+:class:`Trigger`; :data:`TRANSITIONS` is the whole table, and :func:`transition` refuses
+a pair that is not in it with :class:`IllegalTransition` (a terminal event or a runner failure
+of a session with no active turn: dispatch drops those before asking). A message during a
+turn does not enter it: it is buffered and runs as the next turn (PROTOCOL_0_19.md §E.3).
+
+How a turn ends is decided by two pure functions: :func:`on_terminal` (from the terminal
+event and whether the turn was interrupted: what goes upstream, whether the answer is kept,
+whether an ``[System: interrupted]`` note is left, §E.4) and :func:`after_end` (from the
+session status it ends in and whether messages are buffered: one terminal edge, or straight
+into the continuation turn with no ``idle`` in between, D-31).
+
+:class:`Turn` is the active turn's live bookkeeping (what it waits on, what was answered);
+nothing here does I/O, so all of it is tested without processes
+(``tests/unit/test_dispatch_turn_states.py``).
+"""
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
-from ._session import SessionRecord
+from ..._exceptions import CorralError
+
+if TYPE_CHECKING:
+    from ._session import SessionRecord
 
 #: Prefix of a harness elicitation's key in ``Turn.waiting`` (tool calls use their call id).
 _ELICITATION = "elicitation:"
+
+
+class Phase(enum.Enum):
+    """Where a session's turn stands."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+
+
+class Trigger(enum.Enum):
+    """What moves a session from one phase to another."""
+
+    #: A ``message`` event: it starts a turn, or is buffered behind the active one.
+    MESSAGE = "message"
+    #: ``interrupt`` or ``stop_session``: the active turn is asked to stop.
+    INTERRUPT = "interrupt"
+    #: The active turn's one terminal ``response.*`` event (from the harness actor, or the
+    #: runner's own ``failed``: the watchdog, a spec that cannot be resolved).
+    TERMINAL = "terminal"
+    #: The runner ends the active turn before a worker has it (turn setup failed).
+    SETUP_FAILED = "setup_failed"
+    #: ``DELETE /v1/sessions/{id}``: the active turn, if any, ends and the session is gone.
+    DELETE = "delete"
+
+
+TRANSITIONS: dict[tuple[Phase, Trigger], Phase] = {
+    (Phase.IDLE, Trigger.MESSAGE): Phase.RUNNING,
+    (Phase.IDLE, Trigger.INTERRUPT): Phase.IDLE,
+    (Phase.IDLE, Trigger.DELETE): Phase.IDLE,
+    (Phase.RUNNING, Trigger.MESSAGE): Phase.RUNNING,
+    (Phase.RUNNING, Trigger.INTERRUPT): Phase.INTERRUPTED,
+    (Phase.RUNNING, Trigger.TERMINAL): Phase.IDLE,
+    (Phase.RUNNING, Trigger.SETUP_FAILED): Phase.IDLE,
+    (Phase.RUNNING, Trigger.DELETE): Phase.IDLE,
+    (Phase.INTERRUPTED, Trigger.MESSAGE): Phase.INTERRUPTED,
+    (Phase.INTERRUPTED, Trigger.INTERRUPT): Phase.INTERRUPTED,
+    (Phase.INTERRUPTED, Trigger.TERMINAL): Phase.IDLE,
+    (Phase.INTERRUPTED, Trigger.SETUP_FAILED): Phase.IDLE,
+    (Phase.INTERRUPTED, Trigger.DELETE): Phase.IDLE,
+}
+
+
+class IllegalTransition(CorralError):
+    """A trigger that cannot happen in the session's phase (a terminal of no active turn)."""
+
+    def __init__(self, phase: Phase, trigger: Trigger) -> None:
+        super().__init__(f"{trigger.value} is not a transition of a session {phase.value}")
+        self.phase = phase
+        self.trigger = trigger
+
+
+def transition(phase: Phase, trigger: Trigger) -> Phase:
+    """The phase ``trigger`` moves a session in ``phase`` to.
+
+    Raises:
+        IllegalTransition: the pair is not in :data:`TRANSITIONS`.
+    """
+    try:
+        return TRANSITIONS[(phase, trigger)]
+    except KeyError:
+        raise IllegalTransition(phase, trigger) from None
+
+
+def on_message(phase: Phase) -> Literal["start", "buffer"]:
+    """A message starts a turn in an idle session and is buffered behind an active one."""
+    transition(phase, Trigger.MESSAGE)
+    return "start" if phase is Phase.IDLE else "buffer"
+
+
+Terminal = Literal["completed", "failed", "cancelled"]
+Status = Literal["idle", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """How the active turn ends, given its terminal event (:func:`on_terminal`)."""
+
+    #: The session status the turn ends in.
+    status: Status
+    #: The terminal ``response.*`` event goes to the subscribers (the server): not for an
+    #: interrupted turn's ``response.cancelled``, whose partial text the server would save as
+    #: the answer (§E.4). The journal and a ``?stream=true`` caller get it either way.
+    upstream: bool
+    #: The streamed text joins the cached history as the assistant's answer.
+    keep_answer: bool
+    #: An ``[System: interrupted]`` note is left in the history and posted to the server.
+    note: bool
+
+
+def on_terminal(phase: Phase, terminal: Terminal) -> TurnEnd:
+    """How a turn in ``phase`` ends on its ``terminal`` event.
+
+    Raises:
+        IllegalTransition: the session has no active turn.
+    """
+    transition(phase, Trigger.TERMINAL)
+    if terminal == "failed":
+        return TurnEnd(status="failed", upstream=True, keep_answer=False, note=False)
+    if terminal == "completed":
+        return TurnEnd(status="idle", upstream=True, keep_answer=True, note=False)
+    interrupted = phase is Phase.INTERRUPTED
+    return TurnEnd(status="idle", upstream=not interrupted, keep_answer=False, note=interrupted)
+
+
+class Next(enum.Enum):
+    """What follows the end of a turn (:func:`after_end`)."""
+
+    #: The terminal edge (``session.status`` idle or failed), and nothing else.
+    EDGE = "edge"
+    #: The buffered messages run as the next turn: ``running`` again, no edge in between.
+    CONTINUATION = "continuation"
+    #: The ``failed`` edge, then the buffered messages run as a new turn.
+    EDGE_THEN_TURN = "edge_then_turn"
+
+
+def after_end(status: Status, *, buffered: bool) -> Next:
+    """What follows a turn that ended in ``status`` with messages ``buffered`` or not (D-31)."""
+    if not buffered:
+        return Next.EDGE
+    return Next.CONTINUATION if status == "idle" else Next.EDGE_THEN_TURN
 
 
 @dataclass
@@ -29,6 +173,22 @@ class Turn:
     #: An ``interrupt`` or ``stop_session`` asked it to stop (in the record too): its
     #: ``response.cancelled`` ends it the way §E.4 records an interruption.
     interrupted: bool = False
+
+    @property
+    def phase(self) -> Phase:
+        """``running``, or ``interrupted`` once asked to stop."""
+        return Phase.INTERRUPTED if self.interrupted else Phase.RUNNING
+
+    def heard(self) -> None:
+        """Something of the turn arrived: the idle watchdog counts from now."""
+        self.last_event = time.monotonic()
+
+    def wait_on_elicitation(self, elicitation_id: str) -> None:
+        """The harness waits on a human: the turn is not silent until it is resolved."""
+        self.waiting.add(_ELICITATION + elicitation_id)
+
+    def elicitation_closed(self, elicitation_id: str) -> None:
+        self.waiting.discard(_ELICITATION + elicitation_id)
 
     @classmethod
     def resume(cls, record: SessionRecord) -> Turn:

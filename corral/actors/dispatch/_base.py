@@ -1,0 +1,95 @@
+"""The state every part of the dispatch actor shares, and the helpers they all use.
+
+:class:`~._actor.DispatchActor` is built as a chain of parts, each a class in a module of
+its own, each adding one job to the one below it::
+
+    DispatchBase   (_base)    the sessions, the store, the fan-out; saving, the peers
+    TurnFlow       (_turns)   the life of a turn
+    ToolCalls      (_calls)   tool calls through policy and back
+    SessionRoutes  (_http)    the session routes
+    DispatchActor  (_actor)   lifecycle, the message handlers, the watchdog
+
+A part calls only what is below it in the chain, so each reads (and type-checks) alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import msgspec
+import trio
+
+from ...bus import Message
+from ...harnesses.protocol import HARNESS_ACTOR
+from ...server_client import pick_server
+from ...tools.protocol import PolicyEvaluate, ToolCall, TurnEnded
+from .._actor import Actor, ActorContext
+from ._fanout import Fanout
+from ._options import DispatchOptions
+from ._session import Session, SessionRecord
+from ._store import EPOCH_SHIFT, SessionStore
+
+log = logging.getLogger("corral.actors.dispatch")
+
+
+class DispatchBase(Actor):
+    """The sessions of this host and what every part of dispatch does with them."""
+
+    def __init__(self, ctx: ActorContext, peer: Any) -> None:
+        super().__init__(ctx, peer)
+        self.options = msgspec.convert(ctx.options, DispatchOptions)
+        self.sessions: dict[str, Session] = {}
+        self.store = SessionStore(ctx.data_dir)
+        self.fanout = Fanout(
+            peer, subscribers=self.options.subscribers, journal=self.options.journal
+        )
+        self.server: Any = None
+        self.servers: dict[str, Any] = {}
+        self.epoch = 0
+        #: Deleted sessions whose interrupted turn has not ended on its worker yet: the turn
+        #: id, and an event set when its terminal arrives.
+        self._draining: dict[str, tuple[str, trio.Event]] = {}
+        #: The last stream sequence of each session deleted in this incarnation.
+        self._deleted_seq: dict[str, int] = {}
+        self.stats = {"turns": 0, "buffered": 0, "failed": 0, "watchdog": 0}
+
+    def _session(self, session_id: str, runner_id: str | None) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            # Numbered past a deleted session of the same id: the gateway drops events whose
+            # sequence it has seen for the id.
+            seq = max(self.epoch << EPOCH_SHIFT, self._deleted_seq.pop(session_id, 0))
+            session = self.sessions[session_id] = Session(
+                SessionRecord(id=session_id, created_at=time.time(), runner_id=runner_id, seq=seq)
+            )
+        return session
+
+    async def _save(self, session: Session) -> None:
+        if self.sessions.get(session.id) is not session:
+            return  # deleted (or replaced) meanwhile: a late save must not bring it back
+        await self.store.append(session.record)
+
+    async def _elicitation_closed(self, session: Session, elicitation_id: str) -> None:
+        if elicitation_id in session.record.elicitations:
+            session.record.elicitations.remove(elicitation_id)
+            await self._save(session)
+
+    async def _to_harness(self, msg: Message, *, durable: bool = False) -> Message | None:
+        try:
+            return await self.peer.call(HARNESS_ACTOR, msg, durable=durable, timeout=15)
+        except Exception as exc:
+            log.warning("the harness actor did not answer %s: %s", type(msg).__name__, exc)
+            return None
+
+    async def _to_policy(self, msg: ToolCall | PolicyEvaluate | TurnEnded) -> None:
+        """A durable cast to the policy actor. Called from the session's queue, never from a
+        handler: awaiting the broker's acceptance in a handler stalls once the inbox is full
+        (the handler is what drains it)."""
+        assert self.options.policy is not None
+        await self.peer.cast(self.options.policy, msg, durable=True, session_id=msg.session_id)
+
+    def _server(self, session: Session) -> Any:
+        """The server client of the session's runner (None: no server, the spec default)."""
+        return pick_server(self.server, self.servers, session.record.runner_id)

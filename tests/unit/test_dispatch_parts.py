@@ -1,0 +1,152 @@
+"""Dispatch's parts without a host: the route table, the session store, event batches, the
+``Handles`` table against the handlers, and the history's media fetched per session."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import msgspec
+import pytest
+import trio
+
+from corral.actors.dispatch import DispatchActor
+from corral.actors.dispatch import _actor as actor_module
+from corral.actors.dispatch._fanout import event_batches
+from corral.actors.dispatch._routes import ROUTES, match
+from corral.actors.dispatch._session import Session, SessionRecord
+from corral.actors.dispatch._store import SessionStore
+from corral.actors.dispatch._turns import TurnFlow
+from corral.harnesses.protocol import Output
+from corral.routes import SessionEvent
+from corral.server_client import ServerClient
+from tests.fake_server import FakeOmnigentServer
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "handler", "params"),
+    [
+        ("POST", "/v1/sessions", "create_session", {}),
+        ("POST", "/v1/sessions/", "create_session", {}),
+        ("GET", "/v1/sessions/s1", "get_session", {"session_id": "s1"}),
+        ("DELETE", "/v1/sessions/s1", "delete_session", {"session_id": "s1"}),
+        ("POST", "/v1/sessions/s1/events", "post_event", {"session_id": "s1"}),
+        ("POST", "/v1/sessions/s1/mcp/execute", "mcp_execute", {"session_id": "s1"}),
+    ],
+)
+def test_d01_the_route_table(method: str, path: str, handler: str, params: dict) -> None:
+    found = match(ROUTES, method, path)
+    assert found is not None
+    assert (found[0].handler, found[1]) == (handler, params)
+    assert callable(getattr(DispatchActor, handler))
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/sessions"),
+        ("PUT", "/v1/sessions/s1"),
+        ("GET", "/v1/sessions/s1/events"),
+        ("POST", "/v1/sessions/s1/mcp"),
+        ("POST", "/v2/sessions/s1/events"),
+        ("POST", "/v1/agents"),
+    ],
+)
+def test_no_route_is_none(method: str, path: str) -> None:
+    assert match(ROUTES, method, path) is None
+
+
+async def test_the_store_keeps_the_last_line_and_forgets_tombstoned_sessions(
+    tmp_path: Path,
+) -> None:
+    store = SessionStore(tmp_path)
+    assert await store.load() == []
+    assert (await store.next_epoch(), await store.next_epoch()) == (1, 2)
+    await store.append(SessionRecord(id="a", seq=1))
+    await store.append(SessionRecord(id="b", seq=1))
+    await store.append(SessionRecord(id="a", seq=5))
+    await store.tombstone("b")
+    with store.path.open("ab") as f:
+        f.write(b'{"id":"c","se')  # a torn last line
+    assert [(r.id, r.seq) for r in await store.load()] == [("a", 5)]
+    assert len(store.path.read_bytes().splitlines()) == 5, "small logs are not rewritten"
+
+
+async def test_a_large_log_is_rewritten_to_its_live_records(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    big = SessionRecord(id="a", buffer=[{"content": "x" * 1024 * 1024}])
+    for _ in range(5):
+        await store.append(big)
+    await store.append(SessionRecord(id="a"))
+    await store.append(SessionRecord(id="gone"))
+    await store.tombstone("gone")
+    assert [r.id for r in await store.load()] == ["a"]
+    lines = store.path.read_bytes().splitlines()
+    assert [msgspec.json.decode(line)["id"] for line in lines] == ["a"]
+
+
+def test_event_batches_cut_by_count_and_bytes() -> None:
+    def ev(seq: int, size: int) -> SessionEvent:
+        return SessionEvent(session_id="s", seq=seq, event=b"x" * size)
+
+    small = [ev(i, 10) for i in range(1100)]
+    assert [len(b.events) for b in event_batches(small)] == [512, 512, 76]
+    big = [ev(0, 600 * 1024), ev(1, 600 * 1024), ev(2, 2 * 1024 * 1024), ev(3, 10)]
+    assert [[e.seq for e in b.events] for b in event_batches(big)] == [[0], [1], [2], [3]]
+    assert event_batches([]) == []
+
+
+def _table() -> dict[str, str]:
+    """The ``Handles:`` rows of the actor's docstring: type name → reply."""
+    doc = actor_module.__doc__ or ""
+    section = doc.split("Handles:\n", 1)[1].split("\n\n", 1)[0]
+    return dict(re.findall(r"^    (\w+\*?)\s+→ (\S+)", section, flags=re.M))
+
+
+def test_the_handles_table_is_what_the_actor_handles() -> None:
+    handled = set(DispatchActor._handlers)
+    known = {c.__name__: c for t in handled for c in t.__mro__}
+    documented: set[type] = set()
+    for name in _table():
+        if name.endswith("*"):
+            base = known[name[:-1]]
+            documented |= {base, *base.__subclasses__()}
+        else:
+            documented.add(known[name])
+    # Output itself is never sent; its subclasses are.
+    documented.discard(Output)
+    assert {t.__name__ for t in documented} == {t.__name__ for t in handled}
+
+
+async def test_d27_history_media_is_fetched_from_the_session_of_the_upload() -> None:
+    """The 0.19.1 server serves an upload only at /v1/sessions/{sid}/resources/files/{fid}
+    /content (issue #13): the history rebuild asks for it there."""
+    server = FakeOmnigentServer()
+    session = server.add_session(server.add_agent("name: a\n"))
+    sid = session["id"]
+    server.add_item(
+        sid,
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_image", "file_id": "file_1", "filename": "p.png"}],
+        },
+    )
+    server.add_file("file_1", b"\x89PNG", "image/png")
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        client = ServerClient(server.base_url)
+        # The part alone: the history needs nothing of the actor but its server client.
+        actor = cast(Any, SimpleNamespace(_server=lambda _session: client))
+        try:
+            content = await TurnFlow._history(actor, Session(SessionRecord(id=sid)), [])
+        finally:
+            await client.aclose()
+        nursery.cancel_scope.cancel()
+    url = "data:image/png;base64," + base64.b64encode(b"\x89PNG").decode()
+    assert content[0]["content"][0] == {"type": "input_image", "image_url": url}
+    assert server.received("GET", rf"/v1/sessions/{sid}/resources/files/file_1/content")
+    assert not server.received("GET", r"/v1/files/.*")
