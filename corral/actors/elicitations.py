@@ -9,28 +9,35 @@ supervisor stays generic and knows no actor's messages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from .._exceptions import ProtocolError
-from ..bus import BodyDecoder, decode_envelope
+from ..bus import Message, decode_envelope, tag_of
 from ..harnesses.protocol import ElicitationParked
 from ..tools.protocol import ToolCall, elicitation_id_for
 
 
 def elicitation_rows(parked: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The elicitations among the broker's parked (and recently resolved) entries."""
+    """The elicitations among the broker's parked (and recently resolved) entries.
+
+    Each entry is decoded with the one type its tag names (no registry of every message):
+    an entry of another type, or one that does not decode, is not an elicitation.
+    """
     rows = []
-    decoder = BodyDecoder()
     for row in parked:
+        view = _VIEWS.get(row["type"])
+        if view is None:
+            continue
+        kind, show = view
         try:
             env = decode_envelope(row["frame"])
-            msg = decoder.decode(env)
-        except ProtocolError:
+            msg = msgspec.msgpack.decode(env.body, type=kind)
+        except (ProtocolError, msgspec.DecodeError):
             continue
-        if isinstance(msg, ToolCall):
-            rows.append(_policy_elicitation(msg, row, env.created_at))
-        elif isinstance(msg, ElicitationParked):
-            rows.append(_harness_elicitation(msg, row, env.created_at))
+        rows.append(show(msg, row, env.created_at))
     return rows
 
 
@@ -62,3 +69,10 @@ def _policy_elicitation(call: ToolCall, row: dict[str, Any], created_at: float) 
         "created_at": created_at,
         "params": {"tool": {"name": call.name, "call_id": call.call_id}},
     }
+
+
+#: Per message tag: the type parked under it and how it shows.
+_VIEWS: dict[str, tuple[type[Message], Callable[[Any, dict[str, Any], float], dict[str, Any]]]] = {
+    tag_of(ToolCall): (ToolCall, _policy_elicitation),
+    tag_of(ElicitationParked): (ElicitationParked, _harness_elicitation),
+}
