@@ -773,7 +773,7 @@ async def test_a_text_attachment_reaches_the_model_as_text(server, harness) -> N
 
 
 def test_a_file_that_is_not_decodable_text_passes_on_as_it_came() -> None:
-    from corral.harnesses.openai import _inline_text_files
+    from corral.harnesses.openai._conversations import _inline_text_files
 
     broken = {"type": "input_file", "filename": "x.txt", "file_data": "data:text/plain;base64,@@"}
     pdf = _file("application/pdf", b"%PDF-1.7", "x.pdf")
