@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -240,7 +240,7 @@ class Peer:
     async def cast_many(
         self,
         to: str,
-        msgs: list[Message],
+        msgs: Sequence[Message],
         *,
         durable: bool = False,
         session_id: str | None = None,
