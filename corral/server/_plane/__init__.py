@@ -21,6 +21,12 @@ in the outbox and is sent again, in order, when the session's stream is next ope
 a client was told is stored is lost, even across a restart of this server. Delivery is
 at-least-once: a tunnel that drops after the runner acted but before its answer arrived makes
 the forward go again.
+
+Modules: ``_control_plane`` (:class:`ControlPlane`: state, lifecycle, agents, sessions,
+client events and streams), and its parts: ``_binding`` (the runner link and the session
+streams), ``_runner_calls`` (what the runner asks: policies, ``/mcp``, items, event batches),
+``_outbox`` (forwards to the runner), ``_parts`` (what the parts share, declared);
+``_options`` (the protocol version, timings and limits) and ``_refusals`` (error answers).
 """
 
 from ._control_plane import ControlPlane as ControlPlane

@@ -20,6 +20,7 @@ from .._conversation import UnknownSession, fence
 from .._mcp import error_detail
 from .._tunnel import RunnerGone, RunnerLink, SseParser
 from ._options import SERVER_VERSION
+from ._parts import PlaneParts
 
 log = logging.getLogger("corral.server")
 _encode = msgspec.json.Encoder().encode
@@ -66,7 +67,7 @@ class _InitFailed(Exception):
     pass
 
 
-class RunnerBinding:
+class RunnerBinding(PlaneParts):
     """The runner link of a :class:`ControlPlane`: binding its sessions, relaying their streams."""
 
     async def run_link(self, link: RunnerLink) -> None:

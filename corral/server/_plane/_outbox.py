@@ -18,6 +18,7 @@ import trio
 from .._mcp import error_detail
 from .._tunnel import RunnerGone, RunnerLink
 from ._binding import _Binding
+from ._parts import PlaneParts
 
 log = logging.getLogger("corral.server")
 
@@ -35,7 +36,7 @@ class _Delivery:
         self.body: Any = None
 
 
-class OutboxDelivery:
+class OutboxDelivery(PlaneParts):
     """The outbox of a :class:`ControlPlane`: delivering each session's forwards, in order."""
 
     async def _await_delivery(self, session_id: str, entry_id: int) -> _Delivery | None:

@@ -15,6 +15,7 @@ from .._conversation import UnknownSession
 from .._policy import TOOL_RESULT, Decision, combine, decide, tool_name_of
 from .._store import SessionRow
 from .._tunnel import event_ack
+from ._parts import PlaneParts
 from ._refusals import Refused
 
 _encode = msgspec.json.Encoder().encode
@@ -34,7 +35,7 @@ _TUNNEL_EVENT_TYPES = frozenset(
 )
 
 
-class RunnerCalls:
+class RunnerCalls(PlaneParts):
     """The runner's calls into a :class:`ControlPlane`."""
 
     async def evaluate(
