@@ -24,6 +24,10 @@ Design notes:
   reports their resources as deleted); a graceful stop calls :meth:`Terminals.aclose`.
 * ``remain-on-exit`` is on: when the command exits, its last screen stays readable and the
   resource says ``running: false`` until the terminal is closed or launched again.
+
+Modules: ``_spec`` (the spec's ``terminals:`` block), ``_resources`` (the session-resource
+views), ``_tmux`` (tmux calls and the socket directory), ``_manager`` (:class:`Terminals`),
+``_tools`` (the five tools, ``TOOLS``).
 """
 
 from ._manager import DEFAULT_READ_LINES as DEFAULT_READ_LINES

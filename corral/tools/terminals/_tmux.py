@@ -81,7 +81,22 @@ def _remove_socket_files(socket: Path, base_dir: Path) -> None:
 
 
 class TmuxServers:
-    """The tmux calls of a :class:`Terminals` manager, one server per socket."""
+    """The tmux calls of a :class:`Terminals` manager, one server per socket.
+
+    :class:`Terminals` sets these attributes in its ``__init__``; they are declared here for
+    readers and the type checker.
+    """
+
+    #: The manager's private directory; a socket outside it lives in a /tmp fallback.
+    base_dir: Path
+    #: The tmux executable, the config file every server reads, and their environment.
+    _tmux_bin: str
+    _conf: Path
+    _env: dict[str, str]
+    #: Deadline of one tmux command.
+    call_timeout_s: float
+    #: Orders making the socket dir (launch) against removing it (last server gone).
+    _dir_lock: trio.Lock
 
     async def _tmux(self, socket: Path, *args: str, check: bool = True) -> str:
         out, err, code = await self._tmux_raw(socket, *args)
