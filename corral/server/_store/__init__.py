@@ -22,6 +22,10 @@ SQLite calls block, so every call runs in a worker thread. One connection writes
 each behind a ``CapacityLimiter(1)`` (a connection is used by one thread at a time); WAL lets
 the reader see every committed write without waiting for the writer. Worker threads are not
 abandoned on cancellation, so a transaction that started always finishes.
+
+Modules: ``_schema`` (the tables, connections, one transaction), ``_rows`` (the records and
+refusals), ``_database`` (:class:`Store`, the async face), and the SQL by table:
+``_sessions`` (sessions, items, events), ``_elicitations``, ``_outbox``.
 """
 
 from .._conversation import UnknownSession as UnknownSession

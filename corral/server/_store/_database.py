@@ -6,7 +6,6 @@ The SQL it runs is in the modules named for their tables (``_sessions``,
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +39,6 @@ from ._sessions import (
     _sessions_for_runner,
     _snapshot_extras,
 )
-
-log = logging.getLogger("corral.server.store")
 
 
 class Store:

@@ -6,9 +6,7 @@ import sqlite3
 import time
 from typing import Any
 
-from .._conversation import (
-    EventLog,
-)
+from .._conversation import EventLog
 from ._outbox import _add_outbox
 from ._rows import ElicitationRow, NotPending
 from ._schema import _decode, _encode

@@ -6,9 +6,7 @@ import sqlite3
 import time
 from typing import Any
 
-from .._conversation import (
-    append_server_events,
-)
+from .._conversation import append_server_events
 from ._rows import OutboxEntry
 from ._schema import _encode
 
