@@ -27,6 +27,10 @@ never logged and is scrubbed from provider messages before they become errors.
 
 Configuration (spec first, then worker options, then environment) is documented in
 ``docs/harnesses.md``.
+
+Modules: ``_settings`` (where settings come from), ``_harness`` (:class:`OpenAIHarness`),
+``_loop`` (the agent loop and its retries), ``_streams`` (SSE and the two APIs' events),
+``_step`` (what one model call produced), ``_conversations`` (each call's request).
 """
 
 from ._harness import OpenAIHarness as OpenAIHarness
