@@ -103,7 +103,7 @@ def alive(pid: int, started: int | None) -> bool:
     return now is not None and (started is None or now == started)
 
 
-def write_pidfile(path: Path, pid: int, **extra: Any) -> None:
+def write_pidfile(path: Path, pid: int, **extra: object) -> None:
     """Record a child for the start-up sweep of a later host."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": pid, "start_time": start_time(pid), **extra}))
