@@ -26,7 +26,8 @@ Design notes:
   resource says ``running: false`` until the terminal is closed or launched again.
 
 Modules: ``_spec`` (the spec's ``terminals:`` block), ``_resources`` (the session-resource
-views), ``_tmux`` (tmux calls and the socket directory), ``_manager`` (:class:`Terminals`),
+views), ``_tmux`` (tmux calls and the socket directory), ``_upkeep`` (stale servers at start,
+the activity watcher, the graceful stop), ``_manager`` (:class:`Terminals`: the operations),
 ``_tools`` (the five tools, ``TOOLS``).
 """
 

@@ -1,7 +1,7 @@
 """The :class:`Terminals` manager: the launched terminals of every conversation of a tools actor.
 
-It launches, types into, reads, lists and closes terminals, kills an earlier incarnation's
-servers at start and publishes ``session.terminal.activity`` when a screen changes.
+It launches, types into, reads, lists and closes terminals; what it does over time (the
+start-up cleanup, the activity watcher, the graceful stop) is its part :class:`Upkeep`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from .._api import ToolContext, ToolError
 from ..os_env import effective_cwd
 from ._resources import TerminalInstance, deleted_event, resource_id, resource_view
 from ._spec import TerminalDef, _check_session, _check_terminal, _declared, parse_terminals
-from ._tmux import _TMUX_CONF, TmuxServers, _Pane, _private_dir, _socket_dir_for
+from ._tmux import _TMUX_CONF, _Pane, _private_dir, _socket_dir_for
+from ._upkeep import Upkeep
 
 log = logging.getLogger("corral.tools.terminals")
 
@@ -59,7 +60,7 @@ class _Launched:
     fingerprint: tuple[str, ...] | None = None
 
 
-class Terminals(TmuxServers):
+class Terminals(Upkeep):
     """The tmux terminals of every conversation of one tools actor.
 
     Construct one per tools actor and run it in the actor's nursery::
@@ -111,83 +112,6 @@ class Terminals(TmuxServers):
         self._started = False
         # Orders making the socket dir (launch) against removing it (last server gone).
         self._dir_lock = trio.Lock()
-
-    # -- lifecycle ------------------------------------------------------------------------
-
-    async def start(self) -> list[tuple[str, dict[str, Any]]]:
-        """Start-up: kill the servers of an earlier incarnation (once; later calls do nothing).
-
-        Publishes their deletions through ``publish`` when there is one, and returns them as
-        ``(conversation_id, event)`` pairs either way.
-        """
-        if self._started:
-            return []
-        self._started = True
-        events = await self.cleanup_stale()
-        if self._publish is not None:
-            for conversation_id, event in events:
-                await self._publish(conversation_id, event)
-        return events
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """:meth:`start`, then watch pane activity until cancelled (use ``nursery.start``).
-
-        Tool calls should wait until it has started, or the start-up cleanup could race a
-        fresh launch (the cleanup spares servers this manager started, but not their
-        half-made state).
-        """
-        await self.start()
-        task_status.started()
-        if self._publish is None:
-            await trio.sleep_forever()
-        while True:
-            # A poll, not a synchronisation: tmux has no push notification we could wait on
-            # without keeping a control-mode client attached to every server.
-            await trio.sleep(self.activity_poll_s)
-            await self._poll_activity()
-
-    async def cleanup_stale(self) -> list[tuple[str, dict[str, Any]]]:
-        """Kill the tmux servers an earlier incarnation left behind.
-
-        Returns ``(conversation_id, session.resource.deleted event)`` for every terminal
-        they held, so clients can drop them. Servers this manager started are left alone.
-        """
-        if not self.socket_dir.exists():
-            return []
-        _private_dir(self.socket_dir)  # never trust what is in a shared /tmp
-        ours = {launched.socket for launched in self._launched.values()}
-        stems = {p.stem for p in self.socket_dir.iterdir() if p.suffix in (".sock", ".json")}
-        events: list[tuple[str, dict[str, Any]]] = []
-        for stem in sorted(stems):
-            socket = self.socket_dir / f"{stem}.sock"
-            if socket in ours:
-                continue
-            meta = self._read_meta(socket)
-            try:
-                panes = await self._panes(socket)
-            except ToolError as exc:
-                log.warning("stale tmux server %s: %s", socket, exc)
-                panes = {}
-            if meta is not None:
-                conversation_id, terminal = meta
-                events.extend(
-                    (conversation_id, deleted_event(conversation_id, terminal, session))
-                    for session in panes
-                )
-            await self._kill_server(socket)
-            log.info("killed stale tmux server %s (%d terminals)", socket, len(panes))
-        return events
-
-    async def aclose(self, *, timeout_s: float = 10.0) -> None:
-        """Close every terminal of every conversation (a graceful stop).
-
-        Shielded, with its own deadline: it is called on the way out, often from a scope
-        that is already cancelled, and a tmux server left running outlives the actor.
-        """
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + timeout_s
-            for conversation_id in {key[0] for key in self._launched}:
-                await self.close_all(conversation_id)
 
     # -- operations -----------------------------------------------------------------------
 
@@ -451,32 +375,3 @@ class Terminals(TmuxServers):
         if not await trio.to_thread.run_sync(cwd.is_dir):
             raise ToolError(f"terminal {tdef.name}: working directory {cwd} does not exist")
         return cwd
-
-    async def _poll_activity(self) -> None:
-        by_socket: dict[Path, list[_Launched]] = {}
-        for launched in list(self._launched.values()):
-            by_socket.setdefault(launched.socket, []).append(launched)
-        for socket, items in by_socket.items():
-            try:
-                panes = await self._panes(socket)
-            except ToolError as exc:
-                log.warning("activity watcher: %s", exc)
-                continue
-            for launched in items:
-                pane = panes.get(launched.session)
-                if pane is None or pane.fingerprint == launched.fingerprint:
-                    continue
-                first_look = launched.fingerprint is None
-                launched.fingerprint = pane.fingerprint
-                if first_look or self._publish is None:
-                    continue
-                event = {
-                    "type": "session.terminal.activity",
-                    "session_id": launched.conversation_id,
-                    "terminal_id": resource_id(launched.terminal, launched.session),
-                }
-                try:
-                    await self._publish(launched.conversation_id, event)
-                except Exception:
-                    # The watcher outlives one bad publish; the next change tries again.
-                    log.exception("could not publish terminal activity")
