@@ -22,8 +22,8 @@ import msgspec
 import pytest
 import trio
 
-from corral.actors._history import INTERRUPT_NOTE
 from corral.actors.dispatch import SessionRecord
+from corral.actors.dispatch._history import INTERRUPT_NOTE
 from corral.actors.journal import JournalRead
 from corral.routes import HttpRequest
 from tests.conftest import FAST_LIVENESS, HostProcess

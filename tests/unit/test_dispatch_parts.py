@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,3 +151,18 @@ async def test_d27_history_media_is_fetched_from_the_session_of_the_upload() -> 
     assert content[0]["content"][0] == {"type": "input_image", "image_url": url}
     assert server.received("GET", rf"/v1/sessions/{sid}/resources/files/file_1/content")
     assert not server.received("GET", r"/v1/files/.*")
+
+
+def test_every_part_says_what_it_holds_and_the_public_names_stay() -> None:
+    import importlib
+    import pkgutil
+
+    import corral.actors.dispatch as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"corral.actors.dispatch.{info.name}")
+        assert (module.__doc__ or "").strip(), info.name
+        assert len(inspect.getsource(module).splitlines()) < 400, info.name
+    for name in ("DispatchActor", "DispatchOptions", "SessionRecord", "Turn", "parse_event"):
+        assert hasattr(package, name), name
+    assert package.runner_tools({}) and package.BadEvent and package.MessageEvent

@@ -7,7 +7,6 @@ import base64
 import msgspec
 import pytest
 
-from corral.actors import _history as history
 from corral.actors.dispatch import (
     ApprovalEvent,
     BadEvent,
@@ -17,6 +16,7 @@ from corral.actors.dispatch import (
     flatten_approval,
     parse_event,
 )
+from corral.actors.dispatch import _history as history
 
 
 def test_d02_message_event_fields_are_all_optional_but_type() -> None:

@@ -31,6 +31,7 @@ The actor is a chain of parts (see ``_base``), with helpers of their own:
     _events     the typed union of session events, parsed strictly
     _turn       the turn state machine, pure: phases, transitions, how a turn ends
     _turns      the life of a turn: start or buffer, end, continuation, interrupt note
+    _history    the history a harness sees: rehydration, dedup, media (pure, plus a fetch)
     _calls      tool calls: a worker's through policy and back, and ``mcp/execute``
     _fanout     events to the subscribers (durable batches), the journal, a streaming caller
     _store      ``sessions.log``: fsynced records, tombstones, compaction, the epoch

@@ -33,7 +33,7 @@ from ...harnesses.protocol import (
 from ...routes import HttpRequest, HttpResponse, json_response
 from ...tools.protocol import TurnEnded
 from ...tools.registry import tool_schemas
-from .. import _history as history
+from . import _history as history
 from ._base import DispatchBase
 from ._events import MessageEvent
 from ._routes import GENERIC_DETAIL, accepted, error
@@ -134,7 +134,7 @@ class TurnFlow(DispatchBase):
         response: HttpResponse | None = accepted() if not continuation else None
         if stream is not None:
             turn.stream_to = (stream.reply_to, stream.request_id)
-            response = HttpResponse(status=200, headers=_STREAM_HEADERS, streaming=True)
+            response = HttpResponse(status=200, headers=list(_STREAM_HEADERS), streaming=True)
         start = TurnStart(
             session_id=session.id,
             turn_id=turn.turn_id,
