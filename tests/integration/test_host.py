@@ -35,15 +35,18 @@ async def test_kill9_actor_with_durable_messages_in_flight_loses_nothing(host: H
     keys = [f"k{i}" for i in range(200)]
     echo_pid = host.actor("echo")["pid"]
     async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
-        # Hold the actor busy so that the records queue up in its mailbox and in flight.
-        await peer.cast("echo", EchoSleep(seconds=0.5), durable=True)
+        # Hold the actor busy so that the records queue up in its mailbox and in flight, and
+        # long enough that 200 fsynced casts on a loaded machine are in before the kill (at
+        # 0.5 s they were not, now and then: nothing was in flight). The sleep is redelivered
+        # to the new incarnation too, which holds it that long once more.
+        await peer.cast("echo", EchoSleep(seconds=4), durable=True)
         for key in keys:
             await peer.cast("echo", EchoRecord(key=key), durable=True)
         os.kill(echo_pid, signal.SIGKILL)
         await trio.to_thread.run_sync(
             lambda: wait_until(lambda: host.actor("echo")["pid"] not in (None, echo_pid), 10)
         )
-        with trio.fail_after(20):
+        with trio.fail_after(30):
             while len(await _records(host)) < len(keys):
                 await trio.sleep(0.05)
     notes = await _records(host)
