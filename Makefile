@@ -28,6 +28,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy corral
 
 bench: $(STAMP)
 	$(BIN)/corral bench bus
