@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from corral.actors.dispatch._watchdog import overdue, watchdog_error
 
 from corral.actors.dispatch._session import Session, SessionRecord
 from corral.actors.dispatch._turn import (
@@ -23,6 +22,7 @@ from corral.actors.dispatch._turn import (
     on_terminal,
     transition,
 )
+from corral.actors.dispatch._watchdog import overdue, watchdog_error
 
 LEGAL = [
     (Phase.IDLE, Trigger.MESSAGE, Phase.RUNNING),
