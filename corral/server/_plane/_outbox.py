@@ -16,7 +16,7 @@ import msgspec
 import trio
 
 from .._mcp import error_detail
-from .._tunnel import RunnerGone, RunnerLink
+from .._tunnel import RunnerGone, RunnerLink, TunnelResponse
 from ._binding import _Binding
 from ._parts import PlaneParts
 
@@ -80,6 +80,7 @@ class OutboxDelivery(PlaneParts):
     async def _deliver(self, link: RunnerLink, entry: Any) -> None:
         opts = self.options
         path = f"/v1/sessions/{entry.session_id}/events"
+        answer: TunnelResponse | None
         try:
             answer = await link.request(
                 "POST", path, body=entry.body, timeout_s=opts.request_timeout_s
