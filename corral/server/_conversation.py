@@ -1,6 +1,6 @@
 """The conversation store, built from the runner's events (PROTOCOL_FACTS §ii.6).
 
-Runs inside the store's write transactions (see ``_store.py``). As the real server does
+Runs inside the store's write transactions (see the ``_store`` package). As the real server does
 ("Server-side consumption"): ``response.output_text.delta`` texts accumulate in the session's
 *draft*, which becomes ONE assistant ``message`` item at the response's terminal event
 (``response.completed``, ``failed``, ``cancelled``, ``incomplete``) or before a
