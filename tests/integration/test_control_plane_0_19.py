@@ -50,6 +50,24 @@ def texts(items: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(i["role"], i["content"][0]["text"]) for i in items if i["type"] == "message"]
 
 
+async def first_turn(ctx: Ctx, text: str, *events: dict[str, Any]) -> tuple[Any, str, Sse, Any]:
+    """A bound session with a client stream whose first turn, asked by ``text``, went
+    ``running`` and streamed ``events`` after its ``response.in_progress`` (``resp_1``):
+    (the runner, the session id, the client stream, the message POST's answer)."""
+    runner = await ctx.runner()
+    sid = (await ctx.create())["id"]
+    await bound(runner, sid)
+    sse, _ = await open_sse(ctx, sid)
+    answer = await ctx.message(sid, text)
+    await runner.emit(
+        sid,
+        {"type": "session.status", "status": "running"},
+        {"type": "response.in_progress", "response": response("resp_1")},
+        *events,
+    )
+    return runner, sid, sse, answer
+
+
 async def note_interrupted(ctx: Ctx, sid: str, hex_id: str) -> dict[str, Any]:
     """What the runner posts after an interrupted turn (§E.4), through its HTTP client."""
     async with ctx.runner_client() as client:
@@ -76,17 +94,7 @@ async def test_e4_interrupt_note_stored_partial_text_dropped(
     tmp_path: Path, agents_dir: Path
 ) -> None:
     async with running(tmp_path / "state", make_settings(agents_dir)) as ctx:
-        runner = await ctx.runner()
-        sid = (await ctx.create())["id"]
-        await bound(runner, sid)
-        sse, _ = await open_sse(ctx, sid)
-        await ctx.message(sid, "count slowly")
-        await runner.emit(
-            sid,
-            {"type": "session.status", "status": "running"},
-            {"type": "response.in_progress", "response": response("resp_1")},
-            *deltas("s0 ", "s1 ", "s2"),
-        )
+        runner, sid, sse, _ = await first_turn(ctx, "count slowly", *deltas("s0 ", "s1 ", "s2"))
         await sse.wait_until(lambda: sse.has("response.output_text.delta", 3))
         answer = await ctx.client.post(
             f"/v1/sessions/{sid}/events", json={"type": "interrupt", "data": {}}
@@ -133,19 +141,13 @@ async def test_e4_a_terminal_after_idle_still_flushes_the_text(
     """The draft survives ``idle`` (the real relay clears it only at ``running``): a runner
     that ends the turn with ``response.cancelled`` after its ``idle`` keeps the text."""
     async with running(tmp_path / "state", make_settings(agents_dir)) as ctx:
-        runner = await ctx.runner()
-        sid = (await ctx.create())["id"]
-        await bound(runner, sid)
-        sse, _ = await open_sse(ctx, sid)
-        await ctx.message(sid, "hi")
-        await runner.emit(
-            sid,
-            {"type": "session.status", "status": "running"},
-            {"type": "response.in_progress", "response": response("resp_1")},
+        _, sid, sse, _ = await first_turn(
+            ctx,
+            "hi",
             *deltas("kept ", "text"),
             {"type": "session.status", "status": "idle"},
             ended("resp_1", "cancelled"),
-        )  # fmt: skip
+        )
         await sse.wait_until(lambda: sse.has("response.cancelled"))
         items = await ctx.items(sid)
         assert texts(items) == [("user", "hi"), ("assistant", "kept text")]
@@ -156,17 +158,7 @@ async def test_e4_fence_ends_at_a_terminal_which_keeps_the_text_before_the_stop(
     tmp_path: Path, agents_dir: Path
 ) -> None:
     async with running(tmp_path / "state", make_settings(agents_dir)) as ctx:
-        runner = await ctx.runner()
-        sid = (await ctx.create())["id"]
-        await bound(runner, sid)
-        sse, _ = await open_sse(ctx, sid)
-        await ctx.message(sid, "go")
-        await runner.emit(
-            sid,
-            {"type": "session.status", "status": "running"},
-            {"type": "response.in_progress", "response": response("resp_1")},
-            *deltas("before ", "stop"),
-        )
+        runner, sid, sse, _ = await first_turn(ctx, "go", *deltas("before ", "stop"))
         await sse.wait_until(lambda: sse.has("response.output_text.delta", 2))
         stop = {"type": "stop_session", "data": {}}
         assert (await ctx.client.post(f"/v1/sessions/{sid}/events", json=stop)).status_code == 202
@@ -197,17 +189,8 @@ async def test_e3_second_message_mid_turn_is_its_own_reply(
     tmp_path: Path, agents_dir: Path
 ) -> None:
     async with running(tmp_path / "state", make_settings(agents_dir)) as ctx:
-        runner = await ctx.runner()
-        sid = (await ctx.create())["id"]
-        await bound(runner, sid)
-        sse, _ = await open_sse(ctx, sid)
-        first = (await ctx.message(sid, "first")).json()
-        await runner.emit(
-            sid,
-            {"type": "session.status", "status": "running"},
-            {"type": "response.in_progress", "response": response("resp_1")},
-            *deltas("one"),
-        )
+        runner, sid, sse, answer = await first_turn(ctx, "first", *deltas("one"))
+        first = answer.json()
         await sse.wait_until(lambda: sse.has("response.output_text.delta"))
         second = await ctx.message(sid, "second")
         # As the real server (§C.1): stored, queued, answered at once.
