@@ -185,12 +185,8 @@ def _record(
     }
 
 
-async def changed_files(root: Path | str) -> dict[str, Any]:
-    """``GET .../changes``: the uncommitted changes under ``root``, newest first."""
-    git = _Git(os.path.realpath(root))
-    prefix = await git.prefix()
-    if prefix is None:
-        return {"object": "list", "data": [], "has_more": False}
+async def _git_status(git: _Git, pathspec: str) -> bytes:
+    """``git status`` of ``pathspec``, machine-readable, untracked files one by one."""
     _, out = await git.run(
         "status",
         "--porcelain=v1",
@@ -198,8 +194,18 @@ async def changed_files(root: Path | str) -> dict[str, Any]:
         "--untracked-files=all",
         "--ignore-submodules=all",
         "--",
-        ".",
+        pathspec,
     )
+    return out
+
+
+async def changed_files(root: Path | str) -> dict[str, Any]:
+    """``GET .../changes``: the uncommitted changes under ``root``, newest first."""
+    git = _Git(os.path.realpath(root))
+    prefix = await git.prefix()
+    if prefix is None:
+        return {"object": "list", "data": [], "has_more": False}
+    out = await _git_status(git, ".")
     # ``numstat`` prints paths relative to the cwd too (``--relative``); no HEAD yet (a
     # fresh repository) means no counts, not an error.
     code, numstat = await git.run(
@@ -242,15 +248,7 @@ async def file_diff(target: Target) -> dict[str, Any]:
     if prefix is None:
         raise missing
     spec = f":(literal){target.rel}"
-    _, out = await git.run(
-        "status",
-        "--porcelain=v1",
-        "-z",
-        "--untracked-files=all",
-        "--ignore-submodules=all",
-        "--",
-        spec,
-    )
+    out = await _git_status(git, spec)
     statuses = dict(_parse_status(out, prefix))
     status = statuses.get(target.rel)
     if status is None:

@@ -152,12 +152,9 @@ class StreamBuffer:
         return True
 
     def _add(self, session_id: str, seq: int, event: bytes) -> bool:
-        s = self.sessions.get(session_id)
-        if s is None:
-            s = self.sessions[session_id] = _Session()
-        if seq <= s.last or seq <= s.done:
+        if not self._note(session_id, seq):
             return False
-        s.last = seq
+        s = self.sessions[session_id]
         s.events.append((seq, event))
         self._unwritten.append(_record(_EVENT, session_id, seq, event))
         self._live += len(event) + _OVERHEAD
