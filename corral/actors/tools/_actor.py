@@ -50,14 +50,14 @@ from typing import Any
 import msgspec
 import trio
 
-from ..bus import Incoming
-from ..routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
-from ..tools import registry
-from ..tools._api import ToolContext, ToolError
-from ..tools.async_calls import AsyncCalls
-from ..tools.calls import CallLog
-from ..tools.changed_files import ChangedFilesSignal, changed_files_event
-from ..tools.environment import (
+from ...bus import Incoming
+from ...routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
+from ...tools import registry
+from ...tools._api import ToolContext, ToolError
+from ...tools.async_calls import AsyncCalls
+from ...tools.calls import CallLog
+from ...tools.changed_files import ChangedFilesSignal, changed_files_event
+from ...tools.environment import (
     Download,
     Environments,
     RouteError,
@@ -67,13 +67,13 @@ from ..tools.environment import (
     page_params,
     query_params,
 )
-from ..tools.inbox import Inbox
-from ..tools.os_env import default_os_env_root, workspace_from_env
-from ..tools.os_tools import in_thread
-from ..tools.protocol import PublishEvents, ToolCancel, ToolExec, ToolExecResult
-from ..tools.terminals import Terminals, deleted_event
-from ._actor import Actor, ActorContext, handles
-from ._process import sweep, write_pidfile
+from ...tools.inbox import Inbox
+from ...tools.os_env import default_os_env_root, workspace_from_env
+from ...tools.os_tools import in_thread
+from ...tools.protocol import PublishEvents, ToolCancel, ToolExec, ToolExecResult
+from ...tools.terminals import Terminals, deleted_event
+from .._actor import Actor, ActorContext, handles
+from .._process import sweep, write_pidfile
 
 log = logging.getLogger("corral.actors.tools")
 

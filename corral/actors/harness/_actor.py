@@ -31,10 +31,10 @@ from typing import Any
 import msgspec
 import trio
 
-from .._exceptions import BusError, Unreachable
-from ..bus import Dedup, Incoming, Message
-from ..harnesses import resolve as resolve_harness
-from ..harnesses.protocol import (
+from ..._exceptions import BusError, Unreachable
+from ...bus import Dedup, Incoming, Message
+from ...harnesses import resolve as resolve_harness
+from ...harnesses.protocol import (
     Approval,
     ElicitationParked,
     ElicitationResolved,
@@ -50,10 +50,10 @@ from ..harnesses.protocol import (
     WorkerAlive,
     worker_address,
 )
-from ..harnesses.spawn_env import SpawnEnvError, build_spawn_env
-from ._actor import Actor, ActorContext, every, handles
-from ._children import ChildSpec, ChildSupervisor
-from ._process import sweep
+from ...harnesses.spawn_env import SpawnEnvError, build_spawn_env
+from .._actor import Actor, ActorContext, every, handles
+from .._children import ChildSpec, ChildSupervisor
+from .._process import sweep
 
 log = logging.getLogger("corral.actors.harness")
 

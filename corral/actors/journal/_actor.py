@@ -47,11 +47,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 import trio
 
-from .._exceptions import ConfigError
-from ..bus import ErrorReply, Incoming, Message
-from ..config import NonNegative, Positive, PositiveInt
-from ..instance import Instance
-from ..journal import (
+from ..._exceptions import ConfigError
+from ...bus import ErrorReply, Incoming, Message
+from ...config import NonNegative, Positive, PositiveInt
+from ...instance import Instance
+from ...journal import (
     InvalidCursorError,
     InvalidEventError,
     InvalidIdError,
@@ -61,7 +61,7 @@ from ..journal import (
     PendingAppend,
     RunJournal,
 )
-from ._actor import Actor, ActorContext, handles
+from .._actor import Actor, ActorContext, handles
 
 log = logging.getLogger("corral.actors.journal")
 

@@ -66,11 +66,11 @@ from typing import Any
 import msgspec
 import trio
 
-from ..bus import Incoming
-from ..config import RunnerSettings
-from ..harnesses.protocol import HARNESS_ACTOR, Approval, InputAccepted, PolicyVerdict
-from ..server_client import pick_server
-from ..tools.protocol import (
+from ...bus import Incoming
+from ...config import RunnerSettings
+from ...harnesses.protocol import HARNESS_ACTOR, Approval, InputAccepted, PolicyVerdict
+from ...server_client import pick_server
+from ...tools.protocol import (
     TOOLS_ACTOR,
     PolicyEvaluate,
     PublishEvents,
@@ -82,8 +82,8 @@ from ..tools.protocol import (
     TurnEnded,
     elicitation_id_for,
 )
-from ..tools.registry import is_runner_local
-from ._actor import Actor, ActorContext, handles
+from ...tools.registry import is_runner_local
+from .._actor import Actor, ActorContext, handles
 
 log = logging.getLogger("corral.actors.policy")
 
@@ -159,7 +159,7 @@ class PolicyActor(Actor):
         self.stats = {"calls": 0, "allowed": 0, "denied": 0, "asked": 0, "failed_closed": 0}
 
     async def setup(self) -> None:
-        from ..server_client import ServerClient
+        from ...server_client import ServerClient
 
         held = self.options.ask_timeout_s
         if self.options.server_url:
