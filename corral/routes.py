@@ -6,9 +6,10 @@ and turns each into an :class:`HttpRequest` for the owning actor (dispatch for
 (``?stream=true`` SSE) sets ``streaming`` and then sends :class:`HttpChunk` messages to the
 request's ``reply_to``, the last one with ``end``. Chunks travel separately from the reply,
 so the first may arrive before the head: the gateway holds them until the head is in.
-Session events that are not tied to one request go to the gateway in order, for
-``GET .../stream``: as :class:`SessionEvents`, a batch of :class:`SessionEvent` records in one
-bus message (a lone :class:`SessionEvent` is accepted too); :func:`events_of` reads either.
+
+These messages are shared by every actor that serves routes (dispatch, tools) and by the
+tools library, so they live here rather than with one actor; the gateway's own messages
+(session events) are in :mod:`corral.actors.gateway.messages`.
 """
 
 from __future__ import annotations
@@ -52,40 +53,6 @@ class HttpChunk(Message, tag="http.chunk"):
     request_id: str
     data: bytes = b""
     end: bool = False
-
-
-class SessionEvent(Message, tag="gateway.session_event"):
-    """An event on a session's stream (``GET /v1/sessions/{id}/stream``), as JSON bytes.
-
-    ``seq`` increases by one per session so that the gateway can detect gaps and resume.
-    """
-
-    session_id: str
-    seq: int
-    event: bytes
-    runner_id: str | None = None
-    #: When the event's source (e.g. a harness worker) sent it, for end-to-end latency.
-    origin_at: float = 0.0
-
-
-class SessionEvents(Message, tag="gateway.session_events"):
-    """Session events in publish order, as one bus message (of one or more sessions).
-
-    Sent durably, each event would cost a broker log record, a group-commit acceptance, an
-    ack and a stream-buffer write of its own; a batch pays each of those once. Events of one
-    session keep their order within a batch and across batches.
-    """
-
-    events: list[SessionEvent]
-
-
-def events_of(msg: Message) -> list[SessionEvent]:
-    """The session events a message carries, in order (none if it is neither kind)."""
-    if isinstance(msg, SessionEvents):
-        return msg.events
-    if isinstance(msg, SessionEvent):
-        return [msg]
-    return []
 
 
 def json_response(status: int, body: Any) -> HttpResponse:

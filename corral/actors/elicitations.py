@@ -17,7 +17,7 @@ import msgspec
 from .._exceptions import ProtocolError
 from ..bus import Message, decode_envelope, tag_of
 from ..harnesses.protocol import ElicitationParked
-from ..tools.protocol import ToolCall, elicitation_id_for
+from .policy.messages import ToolCall, elicitation_id_for
 
 
 def elicitation_rows(parked: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -24,11 +24,11 @@ deltas, then its flood, then memory), N sessions (their floods), latency (with t
   arrival here. The worker's send time never crosses the tunnel (the wire format stays the
   server's), so it comes by a side channel: in the latency host, dispatch publishes session
   events to a second subscriber, ``bench-tap``, a bus peer in this process, and each
-  :class:`~corral.routes.SessionEvent` it gets carries ``origin_at`` (the worker's envelope
-  time); the tap's copy and the tunnel's copy of a delta are matched on (turn id, sequence
-  number). Both clocks are this machine's ``time.time()``. The tap costs dispatch one more
-  durable send per batch, after the gateway's, so the pacing is chosen to leave dispatch
-  idle between deltas; at N sessions some deltas may still wait behind a tap send.
+  :class:`~corral.actors.gateway.messages.SessionEvent` it gets carries ``origin_at`` (the worker's
+  envelope time); the tap's copy and the tunnel's copy of a delta are matched on (turn id, sequence
+  number). Both clocks are this machine's ``time.time()``. The tap costs dispatch one more durable
+  send per batch, after the gateway's, so the pacing is chosen to leave dispatch idle between
+  deltas; at N sessions some deltas may still wait behind a tap send.
 * **memory** of the host's processes plus one session's worker (as the runner it replaces
   was measured: runner plus one harness), idle (after the session's first turn) and right
   after its flood, summed from ``/proc/PID/smaps_rollup``: RSS, and PSS, which does not
@@ -55,9 +55,9 @@ from typing import Any
 import trio
 
 from ..actors._control import request
+from ..actors.gateway.messages import events_of
 from ..bus import open_peer
 from ..instance import Instance
-from ..routes import events_of
 from ._common import figure, percentile, running_host
 from ._tunnel_peer import (
     PeerError,

@@ -21,11 +21,12 @@ from typing import Any
 
 import trio
 
+from ..actors.dispatch.messages import ToolOutcome
+from ..actors.policy.messages import POLICY_ACTOR, ToolCall
 from ..bus import open_peer
 from ..config import LivenessSettings
 from ..tools import registry
 from ..tools._api import ToolContext
-from ..tools.protocol import POLICY_ACTOR, ToolCall, ToolOutcome
 from ._common import figure, percentile, running_host
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)

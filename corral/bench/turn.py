@@ -20,10 +20,11 @@ from typing import Any
 import msgspec
 import trio
 
+from ..actors.gateway.messages import events_of
 from ..bus import open_peer
 from ..config import LivenessSettings
 from ..instance import Instance
-from ..routes import HttpRequest, events_of
+from ..routes import HttpRequest
 from ._common import (
     figure,
     host_pid,

@@ -27,6 +27,9 @@ RunTool = Callable[[str, dict[str, Any]], Awaitable[str]]
 
 ToolFamily = Literal["os", "terminal", "inbox", "session", "agent"]
 
+#: How a tool call ended, as the model is told (the tools and dispatch actors' messages).
+ToolStatus = Literal["completed", "failed", "denied", "cancelled"]
+
 
 class ProcessTracker(Protocol):
     """Told about every process group a tool starts, so a crash cannot orphan it: the tools

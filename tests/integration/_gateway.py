@@ -11,9 +11,10 @@ from typing import Any
 
 import trio
 
+from corral.actors.gateway.messages import events_of
 from corral.bus import Peer, open_peer
 from corral.config import LivenessSettings
-from corral.routes import HttpChunk, HttpRequest, HttpResponse, events_of
+from corral.routes import HttpChunk, HttpRequest, HttpResponse
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 

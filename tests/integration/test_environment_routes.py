@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import trio
 
+from corral.actors.tools.messages import ToolExec
 from corral.routes import HttpRequest, HttpResponse
 from corral.tools import env_files
-from corral.tools.protocol import ToolExec
 from tests.conftest import FAST_LIVENESS, HostProcess, processes_of, wait_until
 from tests.integration._gateway import FakeGateway, fake_gateway
 

@@ -20,8 +20,9 @@ import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from corral.actors._actor import Actor, handles
+from corral.actors.gateway.messages import SessionEvent, SessionEvents
 from corral.bus import Incoming
-from corral.routes import HttpRequest, HttpResponse, SessionEvent, SessionEvents, json_response
+from corral.routes import HttpRequest, HttpResponse, json_response
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
 from tests.integration.test_gateway import (
     FAST_BACKOFF,

@@ -21,8 +21,8 @@ from corral.actors.dispatch._routes import ROUTES, match
 from corral.actors.dispatch._session import Session, SessionRecord
 from corral.actors.dispatch._store import SessionStore
 from corral.actors.dispatch._turns import TurnFlow
+from corral.actors.gateway.messages import SessionEvent
 from corral.harnesses.protocol import Output
-from corral.routes import SessionEvent
 from corral.server_client import ServerClient
 from tests.fake_server import FakeOmnigentServer
 

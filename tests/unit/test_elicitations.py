@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from corral.actors.elicitations import elicitation_rows
+from corral.actors.policy.messages import ToolCall, elicitation_id_for
 from corral.bus import Envelope, Message, encode_body, encode_envelope, tag_of
 from corral.harnesses.protocol import ElicitationParked
-from corral.tools.protocol import ToolCall, elicitation_id_for
 
 
 def _row(msg: Message, state: str = "parked", reason: str | None = None) -> dict[str, Any]:

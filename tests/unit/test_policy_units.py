@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from corral.actors.policy import PolicyError, evaluate_elicitation_id, parse_verdict
+from corral.actors.policy.messages import elicitation_id_for
 from corral.tools.calls import CallLog
-from corral.tools.protocol import elicitation_id_for
 from tests.fake_server import evaluate_problem, item_problem
 
 

@@ -72,8 +72,9 @@ from ...harnesses.protocol import (
     ResponseInProgress,
 )
 from ...routes import HttpRequest, HttpResponse
-from ...tools.protocol import PolicyEvaluate, PublishEvents
 from .._actor import every, handles
+from .._deferred import Deferred
+from ..policy.messages import PolicyEvaluate
 from ._events import BadEvent
 from ._http import SessionRoutes
 from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route
@@ -81,6 +82,7 @@ from ._session import Session
 from ._store import EPOCH_SHIFT
 from ._turn import Turn
 from ._watchdog import overdue, watchdog_error
+from .messages import PublishEvents
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -145,18 +147,19 @@ class DispatchActor(SessionRoutes):
         handler = functools.partial(getattr(self, route.handler), msg, **params)
         if route.runs == "inline":
             return await handler()
-        incoming.deferred = True
+        deferred = self.defer(incoming)
         if route.runs == "background":
             assert self.nursery is not None
-            self.nursery.start_soon(self._reply, incoming, handler)
+            self.nursery.start_soon(self._reply, deferred, handler)
         else:
             key = session_id if route.runs == "session" else "init"
-            self.in_order(key, lambda: self._reply(incoming, handler))
+            self.in_order(key, lambda: self._reply(deferred, handler), deferred)
         return None
 
     async def _reply(
-        self, incoming: Incoming, handler: Callable[[], Awaitable[HttpResponse | None]]
+        self, deferred: Deferred, handler: Callable[[], Awaitable[HttpResponse | None]]
     ) -> None:
+        incoming = deferred.incoming
         try:
             response = await handler()
         except BadEvent as exc:
@@ -166,7 +169,7 @@ class DispatchActor(SessionRoutes):
             response = error(500, "runner_error", GENERIC_DETAIL)
         if response is not None:
             await self.peer.reply(incoming, response)
-        self.peer.ack(incoming)
+        deferred.ack()
 
     # --- sessions --------------------------------------------------------------------------
 
@@ -194,8 +197,10 @@ class DispatchActor(SessionRoutes):
             # Acked once the call is on its way to policy, not when this handler returns: a
             # crash in between redelivers the request instead of losing it (the worker would
             # wait for a result that never comes).
-            incoming.deferred = True
-            self.in_order(session.id, lambda: self._tool_call(session, turn, msg.item, incoming))
+            deferred = self.defer(incoming)
+            self.in_order(
+                session.id, lambda: self._tool_call(session, turn, msg.item, deferred), deferred
+            )
             self.fanout.to_stream(turn.stream_to, msg)
             return
         if isinstance(msg, PolicyEvaluationRequested) and self.options.policy is not None:

@@ -24,8 +24,8 @@ import trio
 from ...bus import Message
 from ...harnesses.protocol import HARNESS_ACTOR
 from ...server_client import pick_server
-from ...tools.protocol import PolicyEvaluate, ToolCall, TurnEnded
 from .._actor import Actor, ActorContext
+from ..policy.messages import PolicyEvaluate, ToolCall, TurnEnded
 from ._fanout import Fanout
 from ._options import DispatchOptions
 from ._session import Session, SessionRecord

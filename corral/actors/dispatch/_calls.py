@@ -1,11 +1,11 @@
 """Tool calls: the runner's side of a tool round trip, from a worker or from the server.
 
 A worker's ``action_required`` function call goes to the policy actor as a durable
-:class:`~corral.tools.protocol.ToolCall` (policy gates it, parks an ASK for a human, and the
-tools actor runs it); the :class:`~corral.tools.protocol.ToolOutcome` comes back durably and
-goes to the worker as a ``tool_result``. Both legs are crash-safe by their order of record,
-send and ack (see :meth:`ToolCalls._send_tool_call` and :meth:`ToolCalls._forward_outcome`),
-and the turn counts each call it waits on, so the idle watchdog spares it.
+:class:`~corral.actors.policy.messages.ToolCall` (policy gates it, parks an ASK for a human, and the
+tools actor runs it); the :class:`~corral.actors.dispatch.messages.ToolOutcome` comes back durably
+and goes to the worker as a ``tool_result``. Both legs are crash-safe by their order of record, send
+and ack (see :meth:`ToolCalls._send_tool_call` and :meth:`ToolCalls._forward_outcome`), and the turn
+counts each call it waits on, so the idle watchdog spares it.
 ``POST /v1/sessions/{id}/mcp/execute`` is the server's leg: one call through policy, answered
 with its output.
 """
@@ -20,13 +20,15 @@ from typing import Any
 from ...bus import Incoming
 from ...harnesses.protocol import ToolResult
 from ...routes import HttpRequest, HttpResponse, json_response
-from ...tools.protocol import ToolCall, ToolOutcome
 from .._actor import handles
+from .._deferred import Deferred
+from ..policy.messages import ToolCall
 from ._events import BadEvent
 from ._routes import GENERIC_DETAIL, error
 from ._session import Session
 from ._turn import Turn
 from ._turns import TurnFlow
+from .messages import ToolOutcome
 
 log = logging.getLogger("corral.actors.dispatch")
 #: The ``function_call`` output item's error of an unresolvable spec inside a turn.
@@ -37,12 +39,12 @@ class ToolCalls(TurnFlow):
     """Tool calls: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
 
     async def _tool_call(
-        self, session: Session, turn: Turn, item: dict[str, Any], incoming: Incoming
+        self, session: Session, turn: Turn, item: dict[str, Any], deferred: Deferred
     ) -> None:
         try:
             await self._send_tool_call(session, turn, item)
         finally:
-            self.peer.ack(incoming)
+            deferred.ack()
 
     async def _send_tool_call(self, session: Session, turn: Turn, item: dict[str, Any]) -> None:
         if not turn.spec_resolved:
@@ -106,11 +108,13 @@ class ToolCalls(TurnFlow):
         turn.answered.add(msg.call_id)
         turn.waiting.discard(msg.call_id)
         turn.heard()
-        incoming.deferred = True
-        self.in_order(msg.session_id, lambda: self._forward_outcome(session, turn, msg, incoming))
+        deferred = self.defer(incoming)
+        self.in_order(
+            msg.session_id, lambda: self._forward_outcome(session, turn, msg, deferred), deferred
+        )
 
     async def _forward_outcome(
-        self, session: Session, turn: Turn, msg: ToolOutcome, incoming: Incoming
+        self, session: Session, turn: Turn, msg: ToolOutcome, deferred: Deferred
     ) -> None:
         """Give the worker a call's output, then record the call answered, then ack.
 
@@ -125,7 +129,7 @@ class ToolCalls(TurnFlow):
         if session.turn is turn:
             session.record.answered.append(msg.call_id)
             await self._save(session)
-        self.peer.ack(incoming)
+        deferred.ack()
 
     async def mcp_execute(self, msg: HttpRequest, session_id: str) -> HttpResponse:
         """``POST .../mcp/execute`` (§ii.9): the server's leg of a tool round trip."""

@@ -3,13 +3,13 @@ streaming caller, in publish order, without a handler ever waiting on a peer.
 
 One event goes three ways:
 
-* **Subscribers** (the gateway): durably, in :class:`~corral.routes.SessionEvents` batches,
-  so that events published while the gateway restarts wait in its mailbox. Batched by
-  acceptance: while one round waits for its group commit, the events published meanwhile
-  gather and go out together (one commit, one ack, one buffer write per message); a lone
-  event finds the loop idle and goes at once. A round's messages are all in flight at once
-  (the broker keeps their order): their acceptance can queue behind a flood of incoming
-  deltas, and one round trip per message would cap the rate at one batch per round trip.
+* **Subscribers** (the gateway): durably, in :class:`~corral.actors.gateway.messages.SessionEvents`
+  batches, so that events published while the gateway restarts wait in its mailbox. Batched by
+  acceptance: while one round waits for its group commit, the events published meanwhile gather and
+  go out together (one commit, one ack, one buffer write per message); a lone event finds the loop
+  idle and goes at once. A round's messages are all in flight at once (the broker keeps their
+  order): their acceptance can queue behind a flood of incoming deltas, and one round trip per
+  message would cap the rate at one batch per round trip.
 * **The journal**: one run per turn. Events gather for :data:`_JOURNAL_WINDOW_S` and go out
   as one stream append per run (a delta per append would make the journal the bottleneck of
   every turn); a run's last append (its terminal edge) skips the window and goes durably,
@@ -33,14 +33,15 @@ import trio
 
 from ...bus import Outbox, Peer
 from ...harnesses.protocol import Output
-from ...routes import HttpChunk, SessionEvent, SessionEvents, sse_frame
+from ...routes import HttpChunk, sse_frame
+from ..gateway.messages import SessionEvent, SessionEvents
 from ..journal import JournalAppend, JournalEvent
 from ._session import SessionRecord
 
 log = logging.getLogger("corral.actors.dispatch")
 
-#: Session events per durable :class:`~corral.routes.SessionEvents` message, and about how
-#: many bytes of them (well under the bus's default 4 MiB message limit).
+#: Session events per durable :class:`~corral.actors.gateway.messages.SessionEvents`
+#: message, and about how many bytes of them (well under the bus's default 4 MiB message limit).
 _EVENT_BATCH = 512
 _EVENT_BATCH_BYTES = 1024 * 1024
 #: How long journal events gather before they go out as one append per run: a flood of

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from ...config import RunnerSettings
-from ...tools.protocol import POLICY_ACTOR
+from ..policy.messages import POLICY_ACTOR
 
 
 class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -31,8 +31,8 @@ from ...harnesses.protocol import (
     TurnStart,
 )
 from ...routes import HttpRequest, HttpResponse, json_response
-from ...tools.protocol import TurnEnded
 from ...tools.registry import tool_schemas
+from ..policy.messages import TurnEnded
 from . import _history as history
 from ._base import DispatchBase
 from ._events import MessageEvent

@@ -36,7 +36,8 @@ anything else                               404
 Every error the gateway answers itself has the 0.19 shape ``{"error": {"code", "message"}}``.
 
 Session streams. Dispatch publishes every session event to the gateway, in
-:class:`~corral.routes.SessionEvents` batches, with a per-session ``seq`` that only grows.
+:class:`~corral.actors.gateway.messages.SessionEvents` batches, with a per-session ``seq``
+that only grows.
 The gateway writes each one to a durable per-session buffer (:class:`StreamBuffer`) before
 anything else and sends it on the session's newest open ``/stream``; an event leaves the
 buffer only once its frame has been handed to the kernel, and that fact is written down at
@@ -73,16 +74,7 @@ from ..._exceptions import BusError, ConfigError
 from ...bus import Incoming
 from ...config import check_runners
 from ...harnesses import HARNESSES, availability
-from ...routes import (
-    HttpChunk,
-    HttpRequest,
-    HttpResponse,
-    SessionEvent,
-    SessionEvents,
-    error_response,
-    events_of,
-    json_response,
-)
+from ...routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
 from ...runners import resolve_runner_ids
 from .._actor import Actor, ActorContext, handles
 from ._frames import RequestFrame
@@ -90,6 +82,7 @@ from ._options import GatewayOptions
 from ._streams import StreamBuffer
 from ._tunnel import Responder, Tunnel, runner_dispatch_failed
 from ._vocabulary import SERVER_STREAM_TYPES
+from .messages import SessionEvent, SessionEvents, events_of
 
 log = logging.getLogger("corral.actors.gateway")
 
@@ -183,7 +176,7 @@ class GatewayActor(Actor):
     async def setup(self) -> None:
         assert self.nursery is not None
         await trio.to_thread.run_sync(self.buffer.load, _upstream)
-        self.nursery.start_soon(self.buffer.run, self.peer.ack)
+        self.nursery.start_soon(self.buffer.run)
         ids = await trio.to_thread.run_sync(self._runner_ids)
         for runner, runner_id in zip(self.options.runners, ids, strict=True):
             tunnel = Tunnel(self, runner, runner_id)
@@ -234,8 +227,7 @@ class GatewayActor(Actor):
             if self.buffer.add(session_id, event.seq, event.event):
                 touched.add(session_id)
         if touched:
-            incoming.deferred = True
-            self.buffer.ack_when_synced(incoming)
+            self.buffer.ack_when_synced(self.defer(incoming))
             for session_id in touched:
                 self._notify(session_id)
 

@@ -1,18 +1,19 @@
 """The journal actor: the only writer of every run journal.
 
-The actor, its messages and what it handles are described in :mod:`corral.actors.journal._actor`.
+The actor is described in :mod:`corral.actors.journal._actor`, its messages and what it
+answers in :mod:`corral.actors.journal.messages`.
 """
 
 from ._actor import JournalActor as JournalActor
-from ._actor import JournalAppend as JournalAppend
-from ._actor import JournalAppended as JournalAppended
-from ._actor import JournalEvent as JournalEvent
-from ._actor import JournalList as JournalList
-from ._actor import JournalListReply as JournalListReply
 from ._actor import JournalOptions as JournalOptions
-from ._actor import JournalRead as JournalRead
-from ._actor import JournalReadReply as JournalReadReply
-from ._actor import JournalSnapshot as JournalSnapshot
-from ._actor import JournalSnapshotReply as JournalSnapshotReply
-from ._actor import JournalSummary as JournalSummary
-from ._actor import JournalSummaryReply as JournalSummaryReply
+from .messages import JournalAppend as JournalAppend
+from .messages import JournalAppended as JournalAppended
+from .messages import JournalEvent as JournalEvent
+from .messages import JournalList as JournalList
+from .messages import JournalListReply as JournalListReply
+from .messages import JournalRead as JournalRead
+from .messages import JournalReadReply as JournalReadReply
+from .messages import JournalSnapshot as JournalSnapshot
+from .messages import JournalSnapshotReply as JournalSnapshotReply
+from .messages import JournalSummary as JournalSummary
+from .messages import JournalSummaryReply as JournalSummaryReply

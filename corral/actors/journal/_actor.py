@@ -1,16 +1,6 @@
 """The journal actor: the durable run journal on the bus (BEHAVIOURS.md J-01..J-19, J-32).
 
-Handles:
-    JournalAppend    → JournalAppended      append a batch of events to one run (stream or
-                                            durable); the reply comes once they are durable
-    JournalRead      → JournalReadReply     replay after a cursor, bounded by rows and bytes
-    JournalSummary   → JournalSummaryReply  a run's summary (terminal state, runtime model)
-    JournalSnapshot  → JournalSnapshotReply the live snapshot of a run found by id alone
-    JournalList      → JournalListReply     the sessions, or one session's runs
-
-Bad input is answered with an :class:`~corral.bus.ErrorReply` whose code is
-``invalid_id``, ``invalid_event``, ``invalid_payload``, ``invalid_cursor`` or
-``invalid_argument`` (nothing is written); a disk failure is ``io_error``.
+What it handles and answers is the table in :mod:`corral.actors.journal.messages`.
 
 Ordering (J-32). Handlers run one at a time in arrival order, and each event is handed to the
 :class:`~corral.journal.JournalWriter` with ``submit()``, which fixes its seq synchronously.
@@ -62,118 +52,21 @@ from ...journal import (
     RunJournal,
 )
 from .._actor import Actor, ActorContext, handles
+from .._deferred import Deferred
+from .messages import (
+    JournalAppend,
+    JournalAppended,
+    JournalList,
+    JournalListReply,
+    JournalRead,
+    JournalReadReply,
+    JournalSnapshot,
+    JournalSnapshotReply,
+    JournalSummary,
+    JournalSummaryReply,
+)
 
 log = logging.getLogger("corral.actors.journal")
-
-# --- messages --------------------------------------------------------------------------------
-
-
-class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """One event of an append: its name and its JSON payload (``None`` is stored as ``{}``)."""
-
-    event: str
-    payload: Any = None
-
-
-class JournalAppend(Message, tag="journal.append"):
-    """Append ``events``, in order, to one run.
-
-    Send it as a stream message for deltas (may be lost, never duplicated) or durable for
-    state and terminal events (stored exactly once, even across crashes). ``after``, on a
-    stream append, is the id of the last durable append the sender sent to this run: the
-    append waits until that one is applied (see the module docs). Durable appends ignore it.
-    """
-
-    session_id: str
-    run_id: str
-    events: list[JournalEvent]
-    after: str | None = None
-
-    @classmethod
-    def one(
-        cls, session_id: str, run_id: str, event: str, payload: Any = None, **kw: Any
-    ) -> JournalAppend:
-        """An append of a single event."""
-        return cls(
-            session_id=session_id,
-            run_id=run_id,
-            events=[JournalEvent(event=event, payload=payload)],
-            **kw,
-        )
-
-
-class JournalAppended(Message, tag="journal.appended"):
-    """The events of an append are durable (per the fsync policy): their seqs, in order.
-
-    ``duplicates`` counts events that an earlier delivery of the same durable message had
-    already stored; their seqs are the stored ones.
-    """
-
-    session_id: str
-    run_id: str
-    seqs: list[int]
-    duplicates: int = 0
-
-
-class JournalRead(Message, tag="journal.read"):
-    """Replay a run after ``after`` (a seq or an event id ``"<run_id>:<seq>"``).
-
-    ``limit`` bounds rows and ``max_bytes`` the encoded records; the actor also caps the
-    bytes so the reply fits in one bus message (page with ``next_after_seq``).
-    """
-
-    session_id: str
-    run_id: str
-    after: int | str = 0
-    limit: int | None = None
-    max_bytes: int | None = None
-    strict: bool = False
-
-
-class JournalReadReply(Message, tag="journal.read_reply"):
-    """``RunJournal.read``'s dict: ``events``, ``malformed``, ``complete``, ``limit_reason``,
-    ``next_after_seq``, ``last_seq``, ``cursor_reset``, ``incomplete_tail``, ..."""
-
-    result: dict[str, Any]
-
-
-class JournalSummary(Message, tag="journal.summary"):
-    """Ask for a run's summary; a run without records has ``terminal_state`` ``unknown``."""
-
-    session_id: str
-    run_id: str
-
-
-class JournalSummaryReply(Message, tag="journal.summary_reply"):
-    """``RunJournal.summary``'s dict (always with ``runtime_model``)."""
-
-    summary: dict[str, Any]
-
-
-class JournalSnapshot(Message, tag="journal.snapshot"):
-    """Ask for the live snapshot of a run found by its id alone (J-16)."""
-
-    run_id: str
-
-
-class JournalSnapshotReply(Message, tag="journal.snapshot_reply"):
-    """The snapshot (``None`` for a run without records) and its session-payload projection."""
-
-    snapshot: dict[str, Any] | None
-    session_payload: dict[str, Any] | None
-
-
-class JournalList(Message, tag="journal.list"):
-    """List the sessions, or (with ``session_id``) one session's runs."""
-
-    session_id: str | None = None
-
-
-class JournalListReply(Message, tag="journal.list_reply"):
-    """``RunJournal.listing``'s dict (``sessions``, or ``session_id`` and ``runs``)."""
-
-    listing: dict[str, Any]
-
 
 # --- options ---------------------------------------------------------------------------------
 
@@ -218,11 +111,11 @@ _MAX_DEPTH = 100
 
 
 class _Held:
-    __slots__ = ("deadline", "incoming", "msg")
+    __slots__ = ("deadline", "deferred", "msg")
 
-    def __init__(self, msg: JournalAppend, incoming: Incoming, deadline: float) -> None:
+    def __init__(self, msg: JournalAppend, deferred: Deferred, deadline: float) -> None:
         self.msg = msg
-        self.incoming = incoming
+        self.deferred = deferred
         self.deadline = deadline
 
 
@@ -344,14 +237,14 @@ class JournalActor(Actor):
             state.pending -= 1
         # Keys read just now may be what a held append was waiting for.
         self._release(state)
-        incoming.deferred = True
+        deferred = self.defer(incoming)
         if durable:
-            self._apply(state, msg, incoming, durable=True)
+            self._apply(state, msg, deferred, durable=True)
             self._release(state)
         elif state.held or not self._ready(state, msg.after):
-            self._hold(state, msg, incoming)
+            self._hold(state, msg, deferred)
         else:
-            self._apply(state, msg, incoming, durable=False)
+            self._apply(state, msg, deferred, durable=False)
         return None
 
     def _check_append(self, msg: JournalAppend) -> ErrorReply | None:
@@ -377,12 +270,12 @@ class JournalActor(Actor):
         return None
 
     def _apply(
-        self, state: _RunState, msg: JournalAppend, incoming: Incoming, *, durable: bool
+        self, state: _RunState, msg: JournalAppend, deferred: Deferred, *, durable: bool
     ) -> None:
         # Synchronous from the first submit to the last: nothing can slip in between, so the
         # batch gets consecutive seqs in the order of arrival.
         assert self.writer is not None and self.nursery is not None
-        mid = incoming.env.id if durable else None
+        mid = deferred.incoming.env.id if durable else None
         known = state.applied.get(mid, {}) if mid is not None else {}
         entries: list[_Stored] = []
         submitted = 0
@@ -416,13 +309,13 @@ class JournalActor(Actor):
             )
         state.pending += 1
         self._pending_events += submitted
-        self.nursery.start_soon(self._complete, state, msg, incoming, mid, entries, submitted)
+        self.nursery.start_soon(self._complete, state, msg, deferred, mid, entries, submitted)
 
     async def _complete(
         self,
         state: _RunState,
         msg: JournalAppend,
-        incoming: Incoming,
+        deferred: Deferred,
         mid: str | None,
         entries: list[_Stored],
         submitted: int,
@@ -438,18 +331,18 @@ class JournalActor(Actor):
                 state.applied.pop(mid, None)
                 state.loaded = False
             log.error("%s/%s: append failed: %s", msg.session_id, msg.run_id, exc)
-            await self._answer(incoming, ErrorReply(code="io_error", message=str(exc)))
-            await self.peer.nack(incoming, f"JournalIOError: {exc}")
+            await self._answer(deferred.incoming, ErrorReply(code="io_error", message=str(exc)))
+            await deferred.nack(f"JournalIOError: {exc}")
             return
         finally:
             state.pending -= 1
             self._pending_events -= submitted
             if self._pending_events < self.options.max_pending_events:
                 self._drained.set()
-        self.peer.ack(incoming)
+        deferred.ack()
         duplicates = len(entries) - submitted
         await self._answer(
-            incoming,
+            deferred.incoming,
             JournalAppended(
                 session_id=msg.session_id, run_id=msg.run_id, seqs=seqs, duplicates=duplicates
             ),
@@ -476,10 +369,10 @@ class JournalActor(Actor):
     def _ready(state: _RunState, after: str | None) -> bool:
         return after is None or after in state.applied
 
-    def _hold(self, state: _RunState, msg: JournalAppend, incoming: Incoming) -> None:
+    def _hold(self, state: _RunState, msg: JournalAppend, deferred: Deferred) -> None:
         assert self.nursery is not None
         deadline = trio.current_time() + self.options.hold_timeout_s
-        state.held.append(_Held(msg, incoming, deadline))
+        state.held.append(_Held(msg, deferred, deadline))
         self._held += 1
         self.stats["held_total"] += 1
         if not state.timer:
@@ -492,7 +385,7 @@ class JournalActor(Actor):
         while state.held and self._ready(state, state.held[0].msg.after):
             held = state.held.popleft()
             self._held -= 1
-            self._apply(state, held.msg, held.incoming, durable=False)
+            self._apply(state, held.msg, held.deferred, durable=False)
 
     def _give_up(self, state: _RunState, why: str) -> None:
         after = state.held[0].msg.after

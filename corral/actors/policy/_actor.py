@@ -70,20 +70,12 @@ from ...bus import Incoming
 from ...config import RunnerSettings
 from ...harnesses.protocol import HARNESS_ACTOR, Approval, InputAccepted, PolicyVerdict
 from ...server_client import pick_server
-from ...tools.protocol import (
-    TOOLS_ACTOR,
-    PolicyEvaluate,
-    PublishEvents,
-    ToolCall,
-    ToolCancel,
-    ToolExec,
-    ToolExecResult,
-    ToolOutcome,
-    TurnEnded,
-    elicitation_id_for,
-)
 from ...tools.registry import is_runner_local
 from .._actor import Actor, ActorContext, handles
+from .._deferred import Deferred
+from ..dispatch.messages import PublishEvents, ToolOutcome
+from ..tools.messages import TOOLS_ACTOR, ToolCancel, ToolExec, ToolExecResult
+from .messages import PolicyEvaluate, ToolCall, TurnEnded, elicitation_id_for
 
 log = logging.getLogger("corral.actors.policy")
 
@@ -140,7 +132,7 @@ class ParkedCall:
     call: ToolCall
     elicitation_id: str
     #: The approval being acted on (acked once the call's outcome is durable).
-    verdict: Incoming | None = None
+    verdict: Deferred | None = None
     #: Set once the broker holds the call parked (or the attempt to park it ended).
     ready: trio.Event = field(default_factory=trio.Event)
 
@@ -199,20 +191,19 @@ class PolicyActor(Actor):
 
     @handles(ToolCall)
     async def tool_call(self, msg: ToolCall, incoming: Incoming) -> None:
-        incoming.deferred = True
         eid = elicitation_id_for(msg.session_id, msg.call_id)
         if eid in self.parked or msg.call_id in self.running:
-            self.peer.ack(incoming)  # a redelivered copy of a call already in hand
-            return
+            return  # a redelivered copy of a call already in hand (acked now)
+        deferred = self.defer(incoming)
         assert self.nursery is not None
-        self.nursery.start_soon(self._gate, msg, incoming)
+        self.nursery.start_soon(self._gate, msg, deferred)
 
-    async def _gate(self, call: ToolCall, incoming: Incoming) -> None:
+    async def _gate(self, call: ToolCall, deferred: Deferred) -> None:
         self.stats["calls"] += 1
         with trio.CancelScope() as scope:
             self.running[call.call_id] = (call, scope)
             try:
-                outcome = await self._decide(call, incoming)
+                outcome = await self._decide(call, deferred)
             except Exception:
                 log.exception(
                     "tool call %s (%s) failed in the policy gate", call.call_id, call.name
@@ -223,9 +214,9 @@ class PolicyActor(Actor):
         if scope.cancelled_caught:
             outcome = _outcome(call, "cancelled", CANCELLED)
         if outcome is not None:
-            await self._answer(call, incoming, outcome)
+            await self._answer(call, outcome, held=deferred)
 
-    async def _decide(self, call: ToolCall, incoming: Incoming) -> ToolOutcome | None:
+    async def _decide(self, call: ToolCall, deferred: Deferred) -> ToolOutcome | None:
         """The outcome of a call, or None when it was parked to wait for a human."""
         try:
             arguments = json.loads(call.arguments or "{}")
@@ -251,13 +242,13 @@ class PolicyActor(Actor):
             return _outcome(call, "denied", reason or "The tool call was denied by policy.")
         if action == ASK:
             self.stats["asked"] += 1
-            await self._ask(call, incoming, arguments, reason)
+            await self._ask(call, deferred, arguments, reason)
             return None
         self.stats["allowed"] += 1
         return await self._run(call)
 
     async def _ask(
-        self, call: ToolCall, incoming: Incoming, arguments: dict[str, Any], reason: str | None
+        self, call: ToolCall, deferred: Deferred, arguments: dict[str, Any], reason: str | None
     ) -> None:
         eid = elicitation_id_for(call.session_id, call.call_id)
         preview = json.dumps(arguments, ensure_ascii=False)
@@ -270,7 +261,7 @@ class PolicyActor(Actor):
         }
         # Known before it is announced: the broker delivers the announcement while its commit
         # runs, so a quick client's verdict can arrive before the publish returns.
-        parked = self.parked[eid] = ParkedCall(incoming, call, eid)
+        parked = self.parked[eid] = ParkedCall(deferred.incoming, call, eid)
         try:
             # Published before parking: a crash in between redelivers the call, which asks
             # again under the same id — a repeated prompt, never a lost one.
@@ -278,7 +269,7 @@ class PolicyActor(Actor):
                 call.session_id,
                 {"type": "response.elicitation_request", "elicitation_id": eid, "params": params},
             )
-            await self.peer.park(incoming)
+            await deferred.park()
         except BaseException:
             self.parked.pop(eid, None)
             raise
@@ -298,8 +289,7 @@ class PolicyActor(Actor):
             )
         if parked.verdict is not None:
             return InputAccepted(status=204)  # already being acted on; this copy is redundant
-        incoming.deferred = True
-        parked.verdict = incoming
+        parked.verdict = self.defer(incoming)
         assert self.nursery is not None
         self.nursery.start_soon(self._resume, parked, msg.action)
         return InputAccepted(status=204)
@@ -310,7 +300,7 @@ class PolicyActor(Actor):
         if self.parked.get(parked.elicitation_id) is not parked:
             # Its turn ended while it was being announced; the gate answered it.
             if parked.verdict is not None:
-                self.peer.ack(parked.verdict)
+                parked.verdict.ack()
             return
         await self._publish(
             call.session_id,
@@ -334,7 +324,7 @@ class PolicyActor(Actor):
                 outcome = _outcome(call, "cancelled", CANCELLED)
         else:
             outcome = _outcome(call, "denied", DECLINED)
-        await self._answer(call, parked.incoming, outcome, parked=parked, state_reason=action)
+        await self._answer(call, outcome, parked=parked, state_reason=action)
 
     @handles(TurnEnded)
     async def turn_ended(self, msg: TurnEnded, incoming: Incoming) -> None:
@@ -348,9 +338,7 @@ class PolicyActor(Actor):
             # One with a verdict, or still being announced, is running: cancelled above.
             if ours and parked.verdict is None and call.call_id not in self.running:
                 outcome = _outcome(call, "cancelled", CANCELLED)
-                await self._answer(
-                    call, parked.incoming, outcome, parked=parked, state_reason="turn_ended"
-                )
+                await self._answer(call, outcome, parked=parked, state_reason="turn_ended")
 
     async def _run(self, call: ToolCall) -> ToolOutcome:
         """Run the call in the tools actor, then gate its result."""
@@ -401,15 +389,17 @@ class PolicyActor(Actor):
     async def _answer(
         self,
         call: ToolCall,
-        incoming: Incoming,
         outcome: ToolOutcome,
         *,
+        held: Deferred | None = None,
         parked: ParkedCall | None = None,
         state_reason: str | None = None,
     ) -> None:
-        """Deliver an outcome, then release what it came from (in this order: crash-safe)."""
+        """Deliver an outcome, then release what it came from (in this order: crash-safe):
+        the call ``held`` in flight, or the ``parked`` one and the verdict that resumed it."""
         if call.origin == "mcp":
-            await self.peer.reply(incoming, outcome)
+            assert held is not None  # an mcp call is never parked: the server evaluated it
+            await self.peer.reply(held.incoming, outcome)
         else:
             await self.peer.cast(call.reply_to, outcome, durable=True, session_id=call.session_id)
         if parked is not None:
@@ -417,9 +407,9 @@ class PolicyActor(Actor):
             state = "cancelled" if outcome.status == "cancelled" else "resolved"
             await self.peer.unpark(parked.incoming.env.id, state, state_reason)
             if parked.verdict is not None:
-                self.peer.ack(parked.verdict)
-        else:
-            self.peer.ack(incoming)
+                parked.verdict.ack()
+        elif held is not None:
+            held.ack()
 
     # --- verdicts ----------------------------------------------------------------------------
 
@@ -464,11 +454,11 @@ class PolicyActor(Actor):
 
     @handles(PolicyEvaluate)
     async def evaluate(self, msg: PolicyEvaluate, incoming: Incoming) -> None:
-        incoming.deferred = True
+        deferred = self.defer(incoming)
         assert self.nursery is not None
-        self.nursery.start_soon(self._evaluate, msg, incoming)
+        self.nursery.start_soon(self._evaluate, msg, deferred)
 
-    async def _evaluate(self, msg: PolicyEvaluate, incoming: Incoming) -> None:
+    async def _evaluate(self, msg: PolicyEvaluate, deferred: Deferred) -> None:
         event = {"type": msg.phase, "data": msg.data}
         action, reason, failed = await self._verdict(
             msg.session_id, msg.runner_id, event, msg.evaluation_id
@@ -484,9 +474,9 @@ class PolicyActor(Actor):
             await self.peer.cast(HARNESS_ACTOR, verdict, durable=True, session_id=msg.session_id)
         except Exception as exc:
             log.warning("could not deliver verdict %s: %s", msg.evaluation_id, exc)
-            await self.peer.nack(incoming, str(exc))
+            await deferred.nack(str(exc))
             return
-        self.peer.ack(incoming)
+        deferred.ack()
 
     async def _publish(self, session_id: str, event: dict[str, Any]) -> None:
         await self.peer.cast(

@@ -36,7 +36,8 @@ instead of running twice. Inbox items (async results) are durable in
 as failed when the next incarnation starts.
 
 Session events a tool causes (terminal resources, ``session.changed_files.invalidated``) go to
-dispatch as durable :class:`~corral.tools.protocol.PublishEvents`, before the call's result.
+dispatch as durable :class:`~corral.actors.dispatch.messages.PublishEvents`, before the
+call's result.
 """
 
 from __future__ import annotations
@@ -70,10 +71,12 @@ from ...tools.environment import (
 from ...tools.inbox import Inbox
 from ...tools.os_env import default_os_env_root, workspace_from_env
 from ...tools.os_tools import in_thread
-from ...tools.protocol import PublishEvents, ToolCancel, ToolExec, ToolExecResult
 from ...tools.terminals import Terminals, deleted_event
 from .._actor import Actor, ActorContext, handles
+from .._deferred import Deferred
 from .._process import sweep, write_pidfile
+from ..dispatch.messages import PublishEvents
+from .messages import ToolCancel, ToolExec, ToolExecResult
 
 log = logging.getLogger("corral.actors.tools")
 
@@ -171,12 +174,12 @@ class ToolsActor(Actor):
             output = _error(CUT_OFF)
             await self.calls.done(msg.call_id, output, "failed")
             return ToolExecResult(call_id=msg.call_id, output=output, status="failed")
-        incoming.deferred = True
+        deferred = self.defer(incoming)
         assert self.nursery is not None
-        self.nursery.start_soon(self._execute, msg, incoming)
+        self.nursery.start_soon(self._execute, msg, deferred)
         return None
 
-    async def _execute(self, msg: ToolExec, incoming: Incoming) -> None:
+    async def _execute(self, msg: ToolExec, deferred: Deferred) -> None:
         self.stats["calls"] += 1
         if msg.spec:
             # The file routes resolve the session's root from it (a request carries no spec).
@@ -207,9 +210,9 @@ class ToolsActor(Actor):
             self.stats["failed"] += 1
         await self.calls.done(msg.call_id, output, status)
         await self.peer.reply(
-            incoming, ToolExecResult(call_id=msg.call_id, output=output, status=status)
+            deferred.incoming, ToolExecResult(call_id=msg.call_id, output=output, status=status)
         )
-        self.peer.ack(incoming)
+        deferred.ack()
 
     async def _run(self, ctx: ToolContext, name: str, arguments: str) -> tuple[str, str]:
         try:
@@ -281,11 +284,11 @@ class ToolsActor(Actor):
 
     @handles(HttpRequest)
     async def http(self, msg: HttpRequest, incoming: Incoming) -> None:
-        incoming.deferred = True
+        deferred = self.defer(incoming)
         assert self.nursery is not None
-        self.nursery.start_soon(self._http, msg, incoming)
+        self.nursery.start_soon(self._http, msg, deferred)
 
-    async def _http(self, msg: HttpRequest, incoming: Incoming) -> None:
+    async def _http(self, msg: HttpRequest, deferred: Deferred) -> None:
         async with self.http_jobs:
             download: Download | None = None
             try:
@@ -301,8 +304,8 @@ class ToolsActor(Actor):
                 download = answer
                 answer = HttpResponse(status=200, headers=download.headers(), streaming=True)
             try:
-                await self.peer.reply(incoming, answer)
-                self.peer.ack(incoming)
+                await self.peer.reply(deferred.incoming, answer)
+                deferred.ack()
                 if download is not None:
                     await self._stream(msg, download)
             finally:

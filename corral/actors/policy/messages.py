@@ -1,4 +1,4 @@
-"""Bus messages of a tool call: dispatch → policy → tools → policy → dispatch.
+"""The policy actor's protocol: a tool call's way through the gate.
 
 A tool call of a turn (a ``function_call`` item with ``status: action_required``) travels as
 durable messages, so that a crash of any actor on the way neither loses the call nor runs it
@@ -7,12 +7,15 @@ twice:
 1. dispatch casts :class:`ToolCall` (durable) to the policy actor and goes on with the turn;
 2. policy applies its local gates and the server's ``PHASE_TOOL_CALL`` verdict (an ASK parks
    the call as an elicitation until a verdict), then calls the tools actor with
-   :class:`ToolExec` (durable) and gets :class:`ToolExecResult`;
-3. policy applies the ``PHASE_TOOL_RESULT`` verdict and casts :class:`ToolOutcome` (durable)
-   back to dispatch, which hands the output to the worker as ``tool_result``.
+   :class:`~corral.actors.tools.messages.ToolExec` (durable) and gets
+   :class:`~corral.actors.tools.messages.ToolExecResult`;
+3. policy applies the ``PHASE_TOOL_RESULT`` verdict and casts
+   :class:`~corral.actors.dispatch.messages.ToolOutcome` (durable) back to dispatch, which
+   hands the output to the worker as ``tool_result``.
 
 Session events a tool causes (terminal resources, changed files, the elicitation prompt) go
-to dispatch as :class:`PublishEvents`, which puts them on the session stream in order.
+to dispatch as :class:`~corral.actors.dispatch.messages.PublishEvents`, which puts them on
+the session stream in order.
 """
 
 from __future__ import annotations
@@ -20,12 +23,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
-from ..bus import Message
+from ...bus import Message
 
-TOOLS_ACTOR = "tools"
 POLICY_ACTOR = "policy"
-
-ToolStatus = Literal["completed", "failed", "denied", "cancelled"]
 
 
 class ToolCall(Message, tag="policy.tool_call"):
@@ -47,49 +47,6 @@ class ToolCall(Message, tag="policy.tool_call"):
     #: ``mcp``: ``POST .../mcp/execute`` — the server has already evaluated it; answered as
     #: the reply to this (non-durable) call.
     origin: Literal["turn", "mcp"] = "turn"
-
-
-class ToolOutcome(Message, tag="dispatch.tool_outcome"):
-    """What the model sees of a tool call (policy → dispatch, durable)."""
-
-    session_id: str
-    turn_id: str
-    call_id: str
-    output: str
-    status: ToolStatus = "completed"
-
-
-class ToolExec(Message, tag="tools.exec"):
-    """Run one runner-local tool (policy → tools, a durable call)."""
-
-    session_id: str
-    call_id: str
-    name: str
-    arguments: str
-    spec: dict[str, Any] = {}
-    #: Overrides the tools actor's default per-call timeout when set.
-    timeout_s: float | None = None
-
-
-class ToolExecResult(Message, tag="tools.exec_result"):
-    """A tool's output (tools → policy, the reply to :class:`ToolExec`)."""
-
-    call_id: str
-    output: str
-    status: ToolStatus = "completed"
-
-
-class PublishEvents(Message, tag="dispatch.publish_events"):
-    """Session events caused outside a turn's stream (tools, policy → dispatch, durable)."""
-
-    session_id: str
-    events: list[dict[str, Any]]
-
-
-class ToolCancel(Message, tag="tools.cancel"):
-    """Stop a running tool call (its turn ended or was interrupted)."""
-
-    call_id: str
 
 
 class TurnEnded(Message, tag="policy.turn_ended"):

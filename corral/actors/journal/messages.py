@@ -1,0 +1,131 @@
+"""The journal actor's protocol: what it is sent, and what it answers.
+
+Handles:
+    JournalAppend    → JournalAppended      append a batch of events to one run (stream or
+                                            durable); the reply comes once they are durable
+    JournalRead      → JournalReadReply     replay after a cursor, bounded by rows and bytes
+    JournalSummary   → JournalSummaryReply  a run's summary (terminal state, runtime model)
+    JournalSnapshot  → JournalSnapshotReply the live snapshot of a run found by id alone
+    JournalList      → JournalListReply     the sessions, or one session's runs
+
+Bad input is answered with an :class:`~corral.bus.ErrorReply` whose code is
+``invalid_id``, ``invalid_event``, ``invalid_payload``, ``invalid_cursor`` or
+``invalid_argument`` (nothing is written); a disk failure is ``io_error``.
+
+The actor itself (ordering, idempotency, options) is :mod:`corral.actors.journal._actor`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ...bus import Message
+
+
+class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One event of an append: its name and its JSON payload (``None`` is stored as ``{}``)."""
+
+    event: str
+    payload: Any = None
+
+
+class JournalAppend(Message, tag="journal.append"):
+    """Append ``events``, in order, to one run.
+
+    Send it as a stream message for deltas (may be lost, never duplicated) or durable for
+    state and terminal events (stored exactly once, even across crashes). ``after``, on a
+    stream append, is the id of the last durable append the sender sent to this run: the
+    append waits until that one is applied (see the module docs). Durable appends ignore it.
+    """
+
+    session_id: str
+    run_id: str
+    events: list[JournalEvent]
+    after: str | None = None
+
+    @classmethod
+    def one(
+        cls, session_id: str, run_id: str, event: str, payload: Any = None, **kw: Any
+    ) -> JournalAppend:
+        """An append of a single event."""
+        return cls(
+            session_id=session_id,
+            run_id=run_id,
+            events=[JournalEvent(event=event, payload=payload)],
+            **kw,
+        )
+
+
+class JournalAppended(Message, tag="journal.appended"):
+    """The events of an append are durable (per the fsync policy): their seqs, in order.
+
+    ``duplicates`` counts events that an earlier delivery of the same durable message had
+    already stored; their seqs are the stored ones.
+    """
+
+    session_id: str
+    run_id: str
+    seqs: list[int]
+    duplicates: int = 0
+
+
+class JournalRead(Message, tag="journal.read"):
+    """Replay a run after ``after`` (a seq or an event id ``"<run_id>:<seq>"``).
+
+    ``limit`` bounds rows and ``max_bytes`` the encoded records; the actor also caps the
+    bytes so the reply fits in one bus message (page with ``next_after_seq``).
+    """
+
+    session_id: str
+    run_id: str
+    after: int | str = 0
+    limit: int | None = None
+    max_bytes: int | None = None
+    strict: bool = False
+
+
+class JournalReadReply(Message, tag="journal.read_reply"):
+    """``RunJournal.read``'s dict: ``events``, ``malformed``, ``complete``, ``limit_reason``,
+    ``next_after_seq``, ``last_seq``, ``cursor_reset``, ``incomplete_tail``, ..."""
+
+    result: dict[str, Any]
+
+
+class JournalSummary(Message, tag="journal.summary"):
+    """Ask for a run's summary; a run without records has ``terminal_state`` ``unknown``."""
+
+    session_id: str
+    run_id: str
+
+
+class JournalSummaryReply(Message, tag="journal.summary_reply"):
+    """``RunJournal.summary``'s dict (always with ``runtime_model``)."""
+
+    summary: dict[str, Any]
+
+
+class JournalSnapshot(Message, tag="journal.snapshot"):
+    """Ask for the live snapshot of a run found by its id alone (J-16)."""
+
+    run_id: str
+
+
+class JournalSnapshotReply(Message, tag="journal.snapshot_reply"):
+    """The snapshot (``None`` for a run without records) and its session-payload projection."""
+
+    snapshot: dict[str, Any] | None
+    session_payload: dict[str, Any] | None
+
+
+class JournalList(Message, tag="journal.list"):
+    """List the sessions, or (with ``session_id``) one session's runs."""
+
+    session_id: str | None = None
+
+
+class JournalListReply(Message, tag="journal.list_reply"):
+    """``RunJournal.listing``'s dict (``sessions``, or ``session_id`` and ``runs``)."""
+
+    listing: dict[str, Any]
