@@ -8,6 +8,7 @@ It lives on the floor because both the harnesses and the tools build on it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 _ALLOWED = (
     "PATH",
@@ -26,7 +27,7 @@ _ALLOWED = (
 )
 
 
-def base_env(host_env: dict[str, str] | None = None) -> dict[str, str]:
+def base_env(host_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The allow-listed part of the host's environment."""
     source = os.environ if host_env is None else host_env
     return {k: source[k] for k in _ALLOWED if k in source}

@@ -126,10 +126,12 @@ class AuthSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
         key = None if self.api_key is None else "***"
         return f"AuthSpec(type={self.type!r}, api_key={key!r}, base_url={self.base_url!r})"
 
-    def __rich_repr__(self) -> Iterator[tuple[str, Any]]:
-        yield "type", self.type
-        yield "api_key", None if self.api_key is None else "***"
-        yield "base_url", self.base_url
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        return [
+            ("type", self.type),
+            ("api_key", None if self.api_key is None else "***"),
+            ("base_url", self.base_url),
+        ]
 
 
 class ExecutorConfig(_Section, frozen=True, kw_only=True, omit_defaults=True):

@@ -22,10 +22,9 @@ import trio
 from ..actors._control import request
 from ..bus import open_peer
 from ..config import LivenessSettings
-from ..harnesses.protocol import HARNESS_ACTOR, Output, TurnStart, is_terminal
+from ..harnesses.protocol import HARNESS_ACTOR, AnyOutput, Output, TurnStart, is_terminal
 from ..instance import Instance
 from ._common import figure, percentile, raw_stream_rate, running_host
-from ._messages import BENCH_ACTOR
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 
@@ -65,7 +64,7 @@ async def _start_turn(peer: Any, session_id: str, spec: dict[str, Any]) -> str:
 async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> float:
     t0 = time.perf_counter()
     turn_id = await _start_turn(peer, session_id, spec)
-    first = None
+    first: float | None = None
     with trio.fail_after(30):
         async for incoming in peer.inbox:
             peer.ack(incoming)
@@ -77,8 +76,8 @@ async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> floa
             if is_terminal(msg):
                 if first is None:
                     raise RuntimeError(f"the turn streamed no text: {msg}")
-                break
-    return first
+                return first
+    raise RuntimeError("the inbox closed before the turn ended")
 
 
 async def _delta_rate(peer: Any, session_id: str, n: int) -> float:
@@ -115,7 +114,7 @@ async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
     n_cold = 5 if quick else 15
     n_deltas = 20_000 if quick else 100_000
     endpoint = inst.bus_endpoint
-    async with open_peer("bench-rx", endpoint, liveness=LIVENESS) as peer:
+    async with open_peer("bench-rx", endpoint, liveness=LIVENESS, accepts=AnyOutput) as peer:
         spec = _spec({"text": "first"})
         cold = sorted([await _first_delta(peer, f"cold-{i}", spec) for i in range(n_cold)])
         await trio.sleep(0.5)
@@ -153,7 +152,7 @@ async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
     """Run the harness benchmark and return the CLI.md result document."""
-    with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n" + BENCH_ACTOR) as inst:
+    with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n") as inst:
         return trio.run(_measure, inst, bool(params.get("quick")))
 
 

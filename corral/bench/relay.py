@@ -55,7 +55,7 @@ from typing import Any
 import trio
 
 from ..actors._control import request
-from ..actors.gateway.messages import events_of
+from ..actors.gateway.messages import Inbound, events_of
 from ..bus import open_peer
 from ..instance import Instance
 from ._common import figure, percentile, running_host
@@ -71,7 +71,7 @@ RUNNER_ID = "bench-relay"
 AGENT_ID = "bench-relay-agent"
 TAP = "bench-tap"
 #: Every session's first turn: one delta (spawns the worker; the cold figure times it).
-WARM_TURN = [{"text": "hi"}]
+WARM_TURN: list[dict[str, Any]] = [{"text": "hi"}]
 WARM_DELTAS = 1
 Turns = list[list[dict[str, Any]]]
 
@@ -174,7 +174,7 @@ async def relay_host(turns: Turns, *, tap: bool = False) -> AsyncIterator[Relay]
                 if tap:
                     # Connected before any session exists: dispatch's durable sends to the
                     # tap must find a peer the broker knows.
-                    async with open_peer(TAP, inst.bus_endpoint) as bus_peer:
+                    async with open_peer(TAP, inst.bus_endpoint, accepts=Inbound) as bus_peer:
                         nursery.start_soon(_tap, bus_peer, relay.origins)
                         await peer.wait_connected()
                         yield relay
@@ -284,7 +284,7 @@ async def measure_throughput(
     The first ``sessions`` of the (``max(sessions, cold)``) sessions flood; the ones not
     timed cold are warmed first, so that no flood waits for a spawn.
     """
-    turns = [WARM_TURN, [{"text": "x", "repeat": deltas}]]
+    turns: Turns = [WARM_TURN, [{"text": "x", "repeat": deltas}]]
     timeout = 60 + sessions * deltas / 1000
     async with relay_host(turns) as relay:
         peer = relay.peer

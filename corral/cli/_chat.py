@@ -102,7 +102,7 @@ def describe(event: StreamEvent) -> Line | None:
         delta = str(data.get("delta") or "")
         return Line("text", delta) if delta else None
     if event.type == "response.output_item.done":
-        item = data.get("item") if isinstance(data.get("item"), dict) else {}
+        item = v if isinstance(v := data.get("item"), dict) else {}
         if item.get("type") == "function_call":
             call = f"{item.get('name')} {format_arguments(item.get('arguments') or {})}"
             return Line("tool", call, key=str(item.get("call_id") or item.get("id")))
@@ -110,11 +110,11 @@ def describe(event: StreamEvent) -> Line | None:
             return Line("output", summarize_output(item.get("output")))
         return None
     if event.type == "response.elicitation_request":
-        params = data.get("params") if isinstance(data.get("params"), dict) else {}
+        params = v if isinstance(v := data.get("params"), dict) else {}
         return Line("approval", str(params.get("message") or "The agent asks for approval."))
     if event.type == "session.status":
         if data.get("status") == "failed":
-            error = data.get("error") if isinstance(data.get("error"), dict) else {}
+            error = v if isinstance(v := data.get("error"), dict) else {}
             code = error.get("code") or "failed"
             return Line("error", f"turn failed: {code}: {error.get('message') or ''}".rstrip(": "))
         if data.get("status") == "waiting":

@@ -198,7 +198,7 @@ def _history_texts(content: Any) -> list[list[str]]:
     out = []
     for item in content if isinstance(content, list) else []:
         if isinstance(item, dict):
-            blocks = item.get("content") if isinstance(item.get("content"), list) else []
+            blocks = v if isinstance(v := item.get("content"), list) else []
             text = "".join(b.get("text", "") for b in blocks if isinstance(b, dict))
             out.append([str(item.get("role")), text])
     return out

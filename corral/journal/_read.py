@@ -176,7 +176,7 @@ def _first_gap(lines: list[_Line], session_id: str, run_id: str) -> dict[str, An
             or record.get("event_id") != f"{run_id}:{line.seq}"
         ):
             return {"line": line.number, "reason": "foreign_record", "seq": line.seq}
-        covered_from = line.seq
+        covered_from: object = line.seq
         payload = record.get("payload")
         if record.get("event") == COMPACTED_EVENT and isinstance(payload, dict):
             covered_from = payload.get("first_seq")
@@ -214,14 +214,14 @@ def replay(
         fast = _decode_all(data)
         if fast is not None:
             records, incomplete_tail = fast
-            events = records if limit is None else records[:limit]
+            head = records if limit is None else records[:limit]
             return _result(
                 session_id,
                 run_id,
-                events,
+                head,
                 [],
-                limit_reason="rows" if len(events) < len(records) else None,
-                next_after_seq=events[-1]["seq"] if events else 0,
+                limit_reason="rows" if len(head) < len(records) else None,
+                next_after_seq=head[-1]["seq"] if head else 0,
                 last_seq=max((record["seq"] for record in records), default=0),
                 cursor_reset=False,
                 incomplete_tail=incomplete_tail,

@@ -63,18 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(_run, state_dir, settings)
     except* ConfigError as group:
-        for exc in group.exceptions:
-            log.error("cannot start: %s", exc)
+        _log_causes(group)
         code = 2
     except* CorralError as group:
-        for exc in group.exceptions:
-            log.error("cannot start: %s", exc)
+        _log_causes(group)
         code = 1
     except* OSError as group:
-        for exc in group.exceptions:
-            log.error("cannot start: %s", exc)
+        _log_causes(group)
         code = 1
     return code
+
+
+def _log_causes(group: BaseExceptionGroup[BaseException]) -> None:
+    for error in group.exceptions:
+        log.error("cannot start: %s", error)
 
 
 async def _run(state_dir: Path, settings: ServerSettings) -> None:

@@ -162,7 +162,7 @@ class EventLog:
         elif kind in ("response.created", "response.in_progress"):
             # The response names the item's id and agent; text already streamed stays (the
             # real relay keeps its accumulator here too, and flushes it at the terminal).
-            response = event.get("response") if isinstance(event.get("response"), dict) else {}
+            response = v if isinstance(v := event.get("response"), dict) else {}
             text = (self.draft or {}).get("text", "")
             self.draft = {
                 "text": text,
@@ -190,7 +190,7 @@ class EventLog:
                     (self.now, eid, self.session_id),
                 )
         elif kind in ("session.resource.created", "session.resource.deleted"):
-            resource = event.get("resource") if isinstance(event.get("resource"), dict) else {}
+            resource = v if isinstance(v := event.get("resource"), dict) else {}
             self.item(
                 {
                     "type": "resource_event",
@@ -248,7 +248,7 @@ class EventLog:
         eid = event.get("elicitation_id")
         if not isinstance(eid, str) or not eid:
             return
-        params = event.get("params") if isinstance(event.get("params"), dict) else {}
+        params = v if isinstance(v := event.get("params"), dict) else {}
         self.con.execute(
             "INSERT OR IGNORE INTO elicitations (id, session_id, source, params, state, "
             "created_at) VALUES (?,?,?,?,?,?)",

@@ -26,7 +26,7 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -292,12 +292,12 @@ class _Api:
             raw = await self._json(request, self.options.runner_max_body_bytes)
             await self.plane.session(request.path_params["session_id"])
             patch = _convert(raw, SessionPatch)
-            row = await self.plane.store.patch_session(
+            patched = await self.plane.store.patch_session(
                 request.path_params["session_id"], patch.labels, patch.title
             )
-            if row is None:
+            if patched is None:
                 raise Refused(404, "not_found", "The session is gone.")
-            return JSONResponse(await self.plane.snapshot(row))
+            return JSONResponse(await self.plane.snapshot(patched))
         self._is_runner(request)  # a wrong token is refused even where none is needed
         row = await self.plane.session(request.path_params["session_id"])
         return JSONResponse(await self.plane.snapshot(row), headers={"cache-control": "no-store"})
@@ -481,7 +481,7 @@ class _Api:
 
     async def _hello(self, ws: WebSocket) -> dict[str, Any] | None:
         """The first frame, if it is a valid ``hello``; else the tunnel is closed (4001/4002)."""
-        message: dict[str, Any] | None = None
+        message: Mapping[str, Any] | None = None
         with trio.move_on_after(self.options.hello_timeout_s):
             try:
                 message = await ws.receive()

@@ -148,7 +148,7 @@ class ToolCalls:
             action = given.get("action")
         if action not in ("accept", "decline", "cancel"):
             return _rpc_error(rpc_id, -32602, f"Invalid params: no verdict for elicitation {eid}")
-        await self.plane.store.consume_elicitation(eid, action)
+        await self.plane.store.consume_elicitation(elicitation.id, action)
         if action != "accept":
             log.info("session %s: tool %s %sd by the user", row.id, name, action)
             verb = "declined" if action == "decline" else "cancelled"

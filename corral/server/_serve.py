@@ -15,11 +15,13 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.typing import ASGIFramework
 
 from ..config import ServerSettings
 from ._http import build_app
@@ -55,7 +57,8 @@ async def serve(
     try:
         await plane.open()
         port = await trio.to_thread.run_sync(choose_port, settings.host, settings.port, plane.dir)
-        app = build_app(plane)
+        # Starlette's and hypercorn's ASGI typings spell the same protocol differently.
+        app = cast(ASGIFramework, build_app(plane))
         config = _hypercorn_config(settings.host, port, plane.options)
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(

@@ -349,9 +349,9 @@ class AsyncCalls:
             self._handles[started.handle_id] = started
             self._by_call[(started.session_id, started.call_id)] = started.handle_id
         elif op == "finish":
-            started = self._handles.get(str(record.get("handle_id")))
-            if started is not None:
-                started.status = str(record.get("status") or "failed")
+            known = self._handles.get(str(record.get("handle_id")))
+            if known is not None:
+                known.status = str(record.get("status") or "failed")
 
     async def _maybe_compact(self) -> None:
         # Called with the lock held. Live records after a rewrite: header + one per call kept.

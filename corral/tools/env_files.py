@@ -302,12 +302,12 @@ def _list_dir(
     has_more = False
     for i in positions:
         rel = rel_of(names[i])
-        entry = _entry(target.root, rel, os.path.join(target.real, names[i]))
-        size += _entry_size(entry)
+        row = _entry(target.root, rel, os.path.join(target.real, names[i]))
+        size += _entry_size(row)
         if len(data) >= limit or size > MAX_BODY_BYTES:
             has_more = True
             break
-        data.append(entry)
+        data.append(row)
     if end_at is not None:
         data.reverse()
     return {

@@ -404,7 +404,7 @@ class _CappedText:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._done = False
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         self._add(self._decoder.decode(data))
 
     def finish(self) -> None:

@@ -8,7 +8,7 @@ encoded with :data:`encode_frame`.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, dataclass_transform
 
 import msgspec
 
@@ -19,6 +19,9 @@ EVENT_INGEST_CAPABILITY = "session-event-ingest-v1"
 _TEXT_TYPES = ("text/", "application/json", "application/x-ndjson")
 
 
+# As for bus messages (corral.bus.Message): a type checker reads each class statement alone, so
+# it must be told that subclasses inherit ``frozen`` and ``kw_only``.
+@dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(msgspec.field,))
 class Frame(msgspec.Struct, tag_field="kind", frozen=True, kw_only=True):
     """Base of tunnel frames: one JSON object per WebSocket text message, tagged by ``kind``."""
 

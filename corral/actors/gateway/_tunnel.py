@@ -309,8 +309,8 @@ class Tunnel:
                 if ws.closed is None:
                     # Stopping (or dropping the connection on our side): close it cleanly.
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
-                        reason = (self._drop_reason or "runner shutting down")[:120]
-                        await ws.aclose(1000, reason)
+                        why = (self._drop_reason or "runner shutting down")[:120]
+                        await ws.aclose(1000, why)
         reason = ws.closed
         if reason is not None:
             self.close_code = reason.code
