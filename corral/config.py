@@ -53,6 +53,11 @@ class BusSettings(_Section):
     max_backlog: PositiveInt = 100_000
     #: Default deadline of a request/reply call, in seconds.
     request_timeout_s: Positive = 10.0
+    #: A durable message delivered and unacked for longer than this shows as stuck in
+    #: ``corral mailboxes``. Longer than any hold by design: a turn keeps its TurnStart in
+    #: flight for its whole length, which dispatch's watchdog caps at ``turn_timeout_s``
+    #: (3600 s by default).
+    stuck_after_s: Positive = 3900.0
 
 
 class LivenessSettings(_Section):

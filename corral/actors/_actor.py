@@ -8,17 +8,22 @@ An actor is a class with handlers registered per message type::
             return Pong(text=msg.text)
 
 Messages are handled one at a time in arrival order (like a gen_server); a handler that
-starts long work spawns it into :attr:`Actor.nursery` and answers later with
-``self.peer.reply``. A handler's return value is the reply (sent if the sender asked for
-one). A durable message is acked after its handler returns — unless the handler set
-``incoming.deferred`` to ack (or park) it later itself — and nacked (retried, then
-dead-lettered) if it raises. :class:`~corral.bus.InspectRequest` is answered with
-:meth:`Actor.snapshot` for every actor.
+starts long work spawns it into :attr:`Actor.nursery` (or a per-key queue,
+:meth:`Actor.in_order`) and answers later with ``self.peer.reply``. A handler's return value
+is the reply (sent if the sender asked for one).
+
+One ack discipline. A durable message is acked when its handler returns and nacked (the
+broker redelivers it, counting the attempt toward dead-lettering) when the handler raises.
+A handler that finishes the message later calls :meth:`Actor.defer` and resolves the
+:class:`~._deferred.Deferred` it gets exactly once (ack, nack or park); an in-order job that
+raises nacks the handles it was given. :class:`~corral.bus.InspectRequest` is answered with
+:meth:`Actor.snapshot` for every actor, which counts the unresolved handles.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +33,18 @@ import trio
 
 from ..bus import ErrorReply, Incoming, InspectReply, InspectRequest, Message, Peer, Stop
 from ..instance import Instance
+from ._deferred import Deferred, Ledger
 
 log = logging.getLogger("corral.actors")
 
 Handler = Callable[[Any, Any, Incoming], Awaitable[Message | None]]
 H = TypeVar("H", bound=Handler)
 Periodic = TypeVar("Periodic", bound=Callable[[Any], Awaitable[None]])
+Job = Callable[[], Awaitable[None]]
+
+#: Jobs waiting in one key's queue, at most (past it :meth:`Actor.in_order` raises
+#: :class:`trio.WouldBlock`, so the handler fails and its message is nacked).
+QUEUE_LIMIT = 10_000
 
 # The marks the decorators leave on a method, read back by Actor.__init_subclass__.
 _HANDLES = "__corral_handles__"
@@ -100,31 +111,67 @@ class Actor:
         self.peer = peer
         self.nursery: trio.Nursery | None = None
         self.handled = 0
-        self._queues: dict[str, trio.MemorySendChannel[Callable[[], Awaitable[None]]]] = {}
+        #: The jobs of each key with work queued or running; a drained key has no entry.
+        self._queues: dict[str, deque[tuple[Job, tuple[Deferred, ...]]]] = {}
+        self._ledger = Ledger(ctx.name, peer)
+        #: The message whose handler runs now, and its handle if the handler deferred it.
+        self._current: Incoming | None = None
+        self._current_deferred: Deferred | None = None
 
-    def in_order(self, key: str, job: Callable[[], Awaitable[None]]) -> None:
+    def defer(self, incoming: Incoming) -> Deferred:
+        """Keep the message being handled in flight past its handler's return.
+
+        The handler (or work it starts) must resolve the handle exactly once. Called twice
+        for one message, it returns the same handle.
+
+        Raises:
+            RuntimeError: ``incoming`` is not the message being handled (a programming
+                error: the runtime has already acked or nacked it).
+        """
+        if incoming is not self._current:
+            raise RuntimeError(f"{self.ctx.name}: defer() of {incoming!r}, not being handled")
+        if self._current_deferred is None:
+            self._current_deferred = self._ledger.defer(incoming)
+        return self._current_deferred
+
+    def in_order(self, key: str, job: Job, *carried: Deferred) -> None:
         """Run ``job`` after every earlier job of ``key``; different keys run concurrently.
 
         Handlers run one at a time, so a handler that must wait (a spawn, a server call)
         hands its work to a per-key queue instead — one session's messages stay in order
-        while other sessions go on.
+        while other sessions go on. A job that raises is logged, and the handles it
+        ``carried`` that it left unresolved are nacked (redelivered), never left in flight.
+        A key's queue exists only while it has work: its task ends once the queue drains.
+
+        Raises:
+            trio.WouldBlock: the key already has :data:`QUEUE_LIMIT` jobs waiting.
         """
         queue = self._queues.get(key)
         if queue is None:
-            send, receive = trio.open_memory_channel[Callable[[], Awaitable[None]]](10_000)
-            self._queues[key] = queue = send
+            queue = self._queues[key] = deque()
             assert self.nursery is not None
-            self.nursery.start_soon(self._run_queue, key, receive)
-        queue.send_nowait(job)
+            self.nursery.start_soon(self._run_queue, key, queue)
+        elif len(queue) >= QUEUE_LIMIT:
+            raise trio.WouldBlock
+        queue.append((job, carried))
 
-    async def _run_queue(
-        self, key: str, receive: trio.MemoryReceiveChannel[Callable[[], Awaitable[None]]]
-    ) -> None:
-        async for job in receive:
-            try:
-                await job()
-            except Exception:
-                log.exception("%s: a job for %s failed", self.ctx.name, key)
+    async def _run_queue(self, key: str, queue: deque[tuple[Job, tuple[Deferred, ...]]]) -> None:
+        # The queue is taken down with no checkpoint between seeing it empty and dropping
+        # it, so a job for the key either joins this queue (and runs here, after the earlier
+        # ones) or finds none and starts a new one with nothing before it.
+        try:
+            while queue:
+                job, carried = queue.popleft()
+                try:
+                    await job()
+                except Exception as exc:
+                    log.exception("%s: a job for %s failed", self.ctx.name, key)
+                    for handle in carried:
+                        if not handle.resolved:
+                            await handle.nack(f"{type(exc).__name__}: {exc}")
+        finally:
+            if self._queues.get(key) is queue:
+                del self._queues[key]
 
     async def setup(self) -> None:
         """Called once before the first message."""
@@ -134,20 +181,23 @@ class Actor:
 
     def snapshot(self) -> dict[str, Any]:
         """State for inspection (``corral status``, tests). Must be JSON-friendly."""
-        return {"handled": self.handled}
+        return {"handled": self.handled, **self._ledger.snapshot(), "queues": len(self._queues)}
 
     async def serve(self) -> None:
         """Handle messages until the inbox closes, a Stop arrives, or the task is cancelled."""
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            for attr, seconds in self._periodic:
-                nursery.start_soon(self._periodically, getattr(self, attr), seconds)
-            await self.setup()
-            async for incoming in self.peer.inbox:
-                if isinstance(incoming.msg, Stop):
-                    break
-                await self._handle(incoming)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                for attr, seconds in self._periodic:
+                    nursery.start_soon(self._periodically, getattr(self, attr), seconds)
+                await self.setup()
+                async for incoming in self.peer.inbox:
+                    if isinstance(incoming.msg, Stop):
+                        break
+                    await self._handle(incoming)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._ledger.report_unresolved()
 
     async def _periodically(self, fn: Callable[[], Awaitable[None]], seconds: float) -> None:
         while True:
@@ -169,18 +219,26 @@ class Actor:
             await self.peer.reply(incoming, ErrorReply(code="unhandled", message=error))
             self.peer.ack(incoming)
             return
+        self._current, self._current_deferred = incoming, None
         try:
             result = await getattr(self, attr)(msg, incoming)
         except Exception as exc:
             log.exception("%s: handler %s failed on %s", self.ctx.name, attr, incoming.env.id)
-            await self.peer.nack(incoming, f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            deferred = self._current_deferred
+            if deferred is None:
+                await self.peer.nack(incoming, error)
+            elif not deferred.resolved:
+                await deferred.nack(error)
             await self.peer.reply(
                 incoming,
                 ErrorReply(code="handler_error", message="the actor failed to handle the request"),
             )
             return
+        finally:
+            self._current = None
         self.handled += 1
         if result is not None:
             await self.peer.reply(incoming, result)
-        if not incoming.deferred:
+        if self._current_deferred is None:
             self.peer.ack(incoming)

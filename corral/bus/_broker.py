@@ -387,6 +387,7 @@ class Broker:
                 return
             box.queued.popleft()
             entry.delivered_to = peer.incarnation
+            entry.delivered_at = time.monotonic()
             box.in_flight[entry.id] = entry
 
     async def _flush_loop(self) -> None:

@@ -159,7 +159,12 @@ class DurableStore:
     def mailboxes(self, actor: str | None = None, *, peek: int = 0) -> list[dict[str, Any]]:
         """Rows for ``corral mailboxes``."""
         names = [actor] if actor else sorted(self.boxes)
-        return [self.boxes[n].statistics(peek=peek) for n in names if n in self.boxes]
+        stuck = self.settings.stuck_after_s
+        return [
+            self.boxes[n].statistics(peek=peek, stuck_after_s=stuck)
+            for n in names
+            if n in self.boxes
+        ]
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """Rows for ``corral dead-letters``, oldest first."""

@@ -1,12 +1,15 @@
 """Per-actor mailboxes kept by the broker, and the dead-letter list.
 
 A durable message is *queued* until delivered, *in flight* until its recipient acks it, and
-*parked* while it waits on a verdict (elicitations). Entries remember which incarnation of the
+*parked* while it waits on a verdict (elicitations). One in flight for longer than
+``[bus] stuck_after_s`` since its delivery is *stuck*: its recipient deferred it (or hangs in
+its handler) and has not resolved it. Entries remember which incarnation of the
 recipient they were delivered to, so that a restarted recipient gets them again.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,6 +30,8 @@ class Entry:
     attempt: int = 1
     enqueued: float = field(default_factory=time.monotonic)
     delivered_to: str | None = None
+    #: When it was last delivered (``time.monotonic``), None until then.
+    delivered_at: float | None = None
     owner: str | None = None
 
 
@@ -81,11 +86,12 @@ class Mailbox:
         self.queued.extendleft(reversed(stale))
         return stale
 
-    def statistics(self, *, peek: int = 0) -> dict[str, Any]:
+    def statistics(self, *, peek: int = 0, stuck_after_s: float = math.inf) -> dict[str, Any]:
         """The row ``corral mailboxes --json`` prints for this mailbox."""
         now = time.monotonic()
         live = self.entries()
         oldest = min((e.enqueued for e in live), default=None)
+        stuck = {e.id for e in self.in_flight.values() if _held_for(e, now) > stuck_after_s}
         row: dict[str, Any] = {
             "actor": self.name,
             "queued": len(self.queued),
@@ -94,6 +100,7 @@ class Mailbox:
             "dead_letters": self.dead_letters,
             "redelivered": self.redelivered,
             "oldest_age_s": None if oldest is None else round(now - oldest, 3),
+            "stuck": len(stuck),
         }
         if peek:
             row["peek"] = [
@@ -103,10 +110,17 @@ class Mailbox:
                     "session_id": e.session_id,
                     "attempts": e.attempt,
                     "age_s": round(now - e.enqueued, 3),
-                    "state": "in_flight"
+                    "state": "stuck"
+                    if e.id in stuck
+                    else "in_flight"
                     if e.id in self.in_flight
                     else ("parked" if e.id in self.parked else "queued"),
                 }
                 for e in live[:peek]
             ]
         return row
+
+
+def _held_for(entry: Entry, now: float) -> float:
+    """Seconds since an in-flight entry was delivered."""
+    return 0.0 if entry.delivered_at is None else now - entry.delivered_at

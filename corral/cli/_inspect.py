@@ -58,25 +58,25 @@ def status_command(state_dir: Path | None, as_json: bool) -> None:
 @state_dir_option
 @json_option
 def mailboxes_command(actor: str | None, peek: int, state_dir: Path | None, as_json: bool) -> None:
-    """Show each actor's durable mailbox: queued, in flight, parked, dead letters."""
+    """Show each actor's durable mailbox: queued, in flight (stuck: past [bus] stuck_after_s),
+    parked, dead letters."""
     data = ask_host(state_dir, "mailboxes", actor=actor, peek=peek)
     if as_json:
         emit_json(data)
         return
-    table = Table("actor", "queued", "in flight", "parked", "dead", "redelivered", "oldest")
+    columns = ("queued", "in_flight", "stuck", "parked", "dead_letters", "redelivered")
+    table = Table(
+        "actor", "queued", "in flight", "stuck", "parked", "dead", "redelivered", "oldest"
+    )
     for m in data["mailboxes"]:
-        table.add_row(
-            m["actor"],
-            *(str(m[k]) for k in ("queued", "in_flight", "parked", "dead_letters", "redelivered")),
-            _age(m["oldest_age_s"]),
-        )
+        table.add_row(m["actor"], *(str(m[k]) for k in columns), _age(m["oldest_age_s"]))
     console = Console()
     console.print(table)
     for m in data["mailboxes"]:
         for p in m.get("peek", []):
             console.print(
                 f"  {m['actor']}: {p['id']} {p['type']} session={p['session_id']} "
-                f"attempts={p['attempts']} age={_age(p['age_s'])}"
+                f"attempts={p['attempts']} age={_age(p['age_s'])} {p['state']}"
             )
 
 

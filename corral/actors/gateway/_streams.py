@@ -21,7 +21,7 @@ import msgspec
 import trio
 
 from ..._jsonlines import write_atomically
-from ...bus import Incoming
+from .._deferred import Deferred
 
 log = logging.getLogger("corral.actors.gateway")
 
@@ -77,7 +77,7 @@ class StreamBuffer:
         self._live = 0
         self._unwritten: list[bytes] = []
         self._dirty = False
-        self._to_ack: list[Incoming] = []
+        self._to_ack: list[Deferred] = []
         self._wanted = trio.Event()
         self._warned: dict[str, float] = {}
 
@@ -200,9 +200,9 @@ class StreamBuffer:
         self.stats["forgotten"] += count
         return count
 
-    def ack_when_synced(self, incoming: Incoming) -> None:
+    def ack_when_synced(self, deferred: Deferred) -> None:
         """Ack a bus message once the records written so far are fsynced."""
-        self._to_ack.append(incoming)
+        self._to_ack.append(deferred)
         self._wanted.set()
 
     def has_pending(self, session_id: str) -> bool:
@@ -263,7 +263,7 @@ class StreamBuffer:
             self._size += len(extra)
             self._dirty = True
 
-    async def run(self, ack: Callable[[Incoming], None]) -> None:
+    async def run(self) -> None:
         """Write, fsync (one round at a time, so rounds group), ack, compact; forever."""
         while True:
             await self._wanted.wait()
@@ -274,8 +274,8 @@ class StreamBuffer:
                 self._dirty = False
                 await trio.to_thread.run_sync(os.fsync, self._fd)
                 self.stats["syncs"] += 1
-            for incoming in acks:
-                ack(incoming)
+            for deferred in acks:
+                deferred.ack()
             if self._size > self.compact_bytes and self._size > 4 * self._live:
                 self.compact()
 

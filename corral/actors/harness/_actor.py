@@ -53,6 +53,7 @@ from ...harnesses.protocol import (
 from ...harnesses.spawn_env import SpawnEnvError, build_spawn_env
 from .._actor import Actor, ActorContext, every, handles
 from .._children import ChildSpec, ChildSupervisor
+from .._deferred import Deferred
 from .._process import sweep
 
 log = logging.getLogger("corral.actors.harness")
@@ -66,7 +67,8 @@ class OwnedTurn:
     """A turn this actor is responsible for ending."""
 
     start: TurnStart
-    incoming: Incoming
+    #: Its TurnStart, in flight until the turn's terminal event is sent.
+    deferred: Deferred
     began: float = field(default_factory=time.monotonic)
     elicitations: set[str] = field(default_factory=set)
 
@@ -193,13 +195,15 @@ class HarnessActor(Actor):
 
     @handles(TurnStart)
     async def turn_start(self, msg: TurnStart, incoming: Incoming) -> InputAccepted | None:
-        incoming.deferred = True
+        deferred = self.defer(incoming)
         # In flight from this moment: the reaper must not take the worker (H-08).
-        self.turns.setdefault(msg.session_id, OwnedTurn(msg, incoming))
-        self.in_order(msg.session_id, lambda: self._start_turn(msg, incoming))
+        turn = self.turns.setdefault(msg.session_id, OwnedTurn(msg, deferred))
+        if turn.start.turn_id == msg.turn_id and turn.deferred.resolved:
+            turn.deferred = deferred  # redelivered: its start failed, and was nacked
+        self.in_order(msg.session_id, lambda: self._start_turn(msg, deferred), deferred)
         return None
 
-    async def _start_turn(self, msg: TurnStart, incoming: Incoming) -> None:
+    async def _start_turn(self, msg: TurnStart, deferred: Deferred) -> None:
         turn = self.turns.get(msg.session_id)
         if turn is None or turn.start.turn_id != msg.turn_id:
             # Another turn holds the session: refuse this one rather than interleave.
@@ -214,11 +218,11 @@ class HarnessActor(Actor):
                 ),
                 msg.session_id,
             )
-            self.peer.ack(incoming)
+            deferred.ack()
             return
         if msg.turn_id in self.ended_turns:
             self.turns.pop(msg.session_id, None)
-            self.peer.ack(incoming)
+            deferred.ack()
             return
         if self.started_turns.seen(msg.turn_id):
             await self._end(
@@ -389,14 +393,15 @@ class HarnessActor(Actor):
 
     @handles(ToolResult, PolicyVerdict, Interrupt)
     async def forward(self, msg: Any, incoming: Incoming) -> None:
-        incoming.deferred = True
-        self.in_order(msg.session_id, lambda: self._forward(msg, incoming))
+        deferred = self.defer(incoming)
+        self.in_order(msg.session_id, lambda: self._forward(msg, deferred), deferred)
 
-    async def _forward(self, msg: Any, incoming: Incoming) -> None:
+    async def _forward(self, msg: Any, deferred: Deferred) -> None:
+        incoming = deferred.incoming
         state = self.workers.get(msg.session_id)
         if state is None or state.exited:
             await self.peer.reply(incoming, InputAccepted(status=404, error={"code": "no_worker"}))
-            self.peer.ack(incoming)
+            deferred.ack()
             return
         try:
             reply = await self._call_worker(worker_address(msg.session_id), msg, 10)
@@ -405,7 +410,7 @@ class HarnessActor(Actor):
                 status=503, error={"code": "worker_unreachable", "message": str(exc)}
             )
         await self.peer.reply(incoming, reply)
-        self.peer.ack(incoming)
+        deferred.ack()
 
     @handles(Approval)
     async def approval(self, msg: Approval, incoming: Incoming) -> InputAccepted | None:
@@ -418,12 +423,14 @@ class HarnessActor(Actor):
                     "message": f"no outstanding elicitation {msg.elicitation_id!r}",
                 },
             )
-        incoming.deferred = True
-        self.in_order(msg.session_id, lambda: self._deliver_verdict(msg, incoming, parked))
+        deferred = self.defer(incoming)
+        self.in_order(
+            msg.session_id, lambda: self._deliver_verdict(msg, deferred, parked), deferred
+        )
         return None
 
     async def _deliver_verdict(
-        self, msg: Approval, incoming: Incoming, parked: ParkedElicitation
+        self, msg: Approval, deferred: Deferred, parked: ParkedElicitation
     ) -> None:
         try:
             reply = await self._call_worker(parked.msg.owner, msg, 10)
@@ -437,13 +444,12 @@ class HarnessActor(Actor):
             turn = self.turns.get(msg.session_id)
             if turn is not None:
                 turn.elicitations.discard(msg.elicitation_id)
-        await self.peer.reply(incoming, reply)
-        self.peer.ack(incoming)
+        await self.peer.reply(deferred.incoming, reply)
+        deferred.ack()
 
     @handles(ElicitationParked)
     async def elicitation_parked(self, msg: ElicitationParked, incoming: Incoming) -> None:
-        incoming.deferred = True
-        await self.peer.park(incoming)
+        await self.defer(incoming).park()
         self.parked[msg.elicitation_id] = ParkedElicitation(incoming, msg)
         turn = self.turns.get(msg.session_id)
         if turn is not None:
@@ -480,7 +486,7 @@ class HarnessActor(Actor):
         if turn is None:
             return
         await self._emit(turn.start.reply_to, event, session_id)
-        self.peer.ack(turn.incoming)
+        turn.deferred.ack()
         state = self.workers.get(session_id)
         if state is not None:
             state.last_active = time.monotonic()
