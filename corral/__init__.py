@@ -17,4 +17,5 @@ from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import RemoteError as RemoteError
 from ._exceptions import RestartIntensityExceeded as RestartIntensityExceeded
 from ._exceptions import SupervisionError as SupervisionError
+from ._exceptions import UnexpectedReply as UnexpectedReply
 from ._exceptions import Unreachable as Unreachable

@@ -6,6 +6,7 @@ Every error corral raises on purpose derives from :class:`CorralError`, branched
       + ConfigError            a corral.toml value is invalid (names the key)
       + BusError               anything that went wrong moving a message
       | + ProtocolError        bytes that are not a valid message (malformed, unknown tag)
+      | | + UnexpectedReply    a reply of another type than its request declares
       | + MessageTooLarge      a message over the configured size limit
       | + Unreachable          the recipient is unknown, dead or overloaded
       | + CallTimeout          no reply before the deadline
@@ -51,6 +52,10 @@ class ProtocolError(BusError):
     """Bytes that do not decode to a valid message: malformed, or an unknown tag."""
 
     code = "protocol_error"
+
+
+class UnexpectedReply(ProtocolError):
+    """A reply decodes, but not to the type its request declares (``Request[R]``)."""
 
 
 class MessageTooLarge(BusError):

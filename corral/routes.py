@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .bus import Message
+from .bus import Message, Request
 
 
-class HttpRequest(Message, tag="http.request"):
+class HttpRequest(Request["HttpResponse"], tag="http.request"):
     """One tunnelled HTTP request."""
 
     request_id: str

@@ -19,10 +19,10 @@ from typing import Any
 import trio
 
 from corral.actors._actor import Actor, ActorContext, handles
-from corral.bus import Dedup, Incoming, Message
+from corral.bus import Dedup, Incoming, Message, Request
 
 
-class EchoPing(Message, tag="echo.ping"):
+class EchoPing(Request["EchoPong"], tag="echo.ping"):
     """Ask for the text back."""
 
     text: str = ""
@@ -34,13 +34,13 @@ class EchoPong(Message, tag="echo.pong"):
     text: str = ""
 
 
-class EchoRecord(Message, tag="echo.record"):
+class EchoRecord(Request["EchoPong"], tag="echo.record"):
     """Durably record ``key`` once (a stand-in for a side effect)."""
 
     key: str
 
 
-class EchoSleep(Message, tag="echo.sleep"):
+class EchoSleep(Request["EchoPong"], tag="echo.sleep"):
     """Hold the handler for ``seconds``."""
 
     seconds: float
@@ -58,7 +58,7 @@ class EchoCount(Message, tag="echo.count"):
     n: int = 0
 
 
-class EchoCountQuery(Message, tag="echo.count_query"):
+class EchoCountQuery(Request["EchoCountReply"], tag="echo.count_query"):
     """How many EchoCount messages arrived?"""
 
 
@@ -66,6 +66,12 @@ class EchoCountReply(Message, tag="echo.count_reply"):
     """The number of EchoCount messages so far."""
 
     count: int
+
+
+#: Everything the echo actor handles (what a test peer standing in for it accepts, too).
+Inbound = EchoPing | EchoRecord | EchoSleep | EchoCrash | EchoCount | EchoCountQuery
+#: Everything the echo actor sends or handles.
+Every = Inbound | EchoPong | EchoCountReply
 
 
 class EchoActor(Actor):

@@ -31,7 +31,17 @@ from typing import Any, ClassVar, TypeVar
 
 import trio
 
-from ..bus import ErrorReply, Incoming, InspectReply, InspectRequest, Message, Peer, Stop
+from ..bus import (
+    ActorControl,
+    ErrorReply,
+    Incoming,
+    InspectReply,
+    InspectRequest,
+    Message,
+    Peer,
+    Stop,
+    members,
+)
 from ..instance import Instance
 from ._deferred import Deferred, Ledger
 
@@ -51,11 +61,12 @@ _HANDLES = "__corral_handles__"
 _EVERY = "__corral_every__"
 
 
-def handles(*types: type[Message]) -> Callable[[H], H]:
-    """Mark a method as the handler of the given message types."""
+def handles(*types: object) -> Callable[[H], H]:
+    """Mark a method as the handler of the given message types (classes or unions)."""
+    classes = members(*types)
 
     def mark(fn: H) -> H:
-        setattr(fn, _HANDLES, types)
+        setattr(fn, _HANDLES, classes)
         return fn
 
     return mark
@@ -105,6 +116,11 @@ class Actor:
                     periodic.append((attr, getattr(value, _EVERY)))
         cls._handlers = handlers
         cls._periodic = periodic
+
+    @classmethod
+    def inbound(cls) -> tuple[type[Message], ...]:
+        """What this actor's peer decodes: its handlers' types and the runtime's own."""
+        return (*cls._handlers, *members(ActorControl))
 
     def __init__(self, ctx: ActorContext, peer: Peer) -> None:
         self.ctx = ctx

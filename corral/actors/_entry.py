@@ -46,7 +46,9 @@ async def serve_actor(cls: type[Actor], spec: dict[str, Any]) -> None:
         name=spec["name"], state_dir=Path(spec["state_dir"]), options=spec.get("options", {})
     )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with open_peer(spec["name"], spec["endpoint"], bus=bus, liveness=liveness) as peer:
+        async with open_peer(
+            spec["name"], spec["endpoint"], bus=bus, liveness=liveness, accepts=cls.inbound()
+        ) as peer:
             actor = cls(ctx, peer)
             async with trio.open_nursery() as nursery:
 

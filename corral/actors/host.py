@@ -593,7 +593,7 @@ class Host:
         with trio.move_on_after(1.0):
             try:
                 reply = await self._peer.call(actor, InspectRequest(), timeout=1.0)
-                return list(reply.state.get(key, []))  # type: ignore[attr-defined]
+                return list(reply.state.get(key, []))
             except Exception:
                 log.debug("status: %s did not answer", actor, exc_info=True)
         return []

@@ -95,7 +95,10 @@ async def durable(endpoint: str, n: int, tasks: int, batch: int) -> None:
 
 
 async def echo(endpoint: str) -> None:
-    async with open_peer("bench-echo", endpoint) as peer, trio.open_nursery() as nursery:
+    async with (
+        open_peer("bench-echo", endpoint, accepts=Ping) as peer,
+        trio.open_nursery() as nursery,
+    ):
         print("ready", flush=True)
 
         async def serve() -> None:

@@ -83,7 +83,7 @@ def baseline(endpoint: str, n: int, size: int) -> float:
 
 
 async def _receive(endpoint: str, sender: Any, n: int, *, ack: bool) -> float:
-    async with open_peer("bench-rx", endpoint) as peer:
+    async with open_peer("bench-rx", endpoint, accepts=Count) as peer:
         await trio.sleep(0.2)
         _go(sender)
         got = 0

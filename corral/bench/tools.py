@@ -21,8 +21,8 @@ from typing import Any
 
 import trio
 
-from ..actors.dispatch.messages import ToolOutcome
-from ..actors.policy.messages import POLICY_ACTOR, ToolCall
+from ..actors.dispatch.messages import PublishEvents
+from ..actors.policy.messages import POLICY_ACTOR, ToolCall, ToolOutcome
 from ..bus import open_peer
 from ..config import LivenessSettings
 from ..tools import registry
@@ -76,7 +76,9 @@ async def _direct(workspace: Path, n: int) -> list[float]:
 async def _through_bus(endpoint: str, n: int) -> list[float]:
     """Latencies of the same call as a turn's tool call through policy and tools."""
     out = []
-    async with open_peer(NAME, endpoint, liveness=LIVENESS) as peer:
+    async with open_peer(
+        NAME, endpoint, liveness=LIVENESS, accepts=ToolOutcome | PublishEvents
+    ) as peer:
         for i in range(n):
             call = ToolCall(
                 session_id="bench-session",

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import trio
 
+from ..actors.gateway.messages import Inbound as GatewayInbound
 from ..actors.gateway.messages import events_of
 from ..bus import open_peer
 from ..config import LivenessSettings
@@ -34,11 +35,10 @@ from ._common import (
     raw_stream_rate,
     running_host,
 )
-from ._messages import BENCH_ACTOR
+from ._messages import Count
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
-CONFIG = (
-    """
+CONFIG = """
 [liveness]
 interval_s = 0.5
 liveness = 4
@@ -53,8 +53,6 @@ subscribers = ["bench-gw"]
 [actors.journal.options]
 fsync = "interval"
 """
-    + BENCH_ACTOR
-)
 
 
 class _Kind(msgspec.Struct):
@@ -145,7 +143,9 @@ async def _phase(inst: Instance, sessions: int) -> tuple[float, list[float]]:
     """Turn 1 of each session floods (throughput); turn 2 is paced (latency at light load,
     so it starts once the host has digested the flood)."""
     ids = [uuid.uuid4().hex for _ in range(sessions)]
-    async with open_peer("bench-gw", inst.bus_endpoint, liveness=LIVENESS) as peer:
+    async with open_peer(
+        "bench-gw", inst.bus_endpoint, liveness=LIVENESS, accepts=GatewayInbound
+    ) as peer:
         rate, _ = await _turns(peer, ids, init=True)
         await quiet(host_pid(inst))
         _, latencies = await _turns(peer, ids, init=False)
@@ -155,7 +155,7 @@ async def _phase(inst: Instance, sessions: int) -> tuple[float, list[float]]:
 async def _raw_phase(endpoint: str, n: int) -> tuple[float, list[float]]:
     """The bus alone, same host: stream throughput, and the latency of messages paced like
     the paced turn's deltas (what a delta would take without dispatch in its path)."""
-    async with open_peer("bench-rx", endpoint, liveness=LIVENESS) as peer:
+    async with open_peer("bench-rx", endpoint, liveness=LIVENESS, accepts=Count) as peer:
         rate = await raw_stream_rate(endpoint, peer, n)
         return rate, await raw_paced_latency(endpoint, peer, 500, 2.0)
 

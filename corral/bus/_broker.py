@@ -1,8 +1,11 @@
 """The broker: one ZeroMQ ROUTER that routes every message and keeps durable mailboxes.
 
 Peers (actors, harness workers) are DEALERs whose identity is their address. The broker
-decodes only envelopes, never the bodies it forwards, except a durable message's body, which
-is validated before it is made durable.
+validates envelopes only: it routes on the header and never decodes a body it forwards, so
+it needs no message type but its own. A body its recipient cannot decode (an unknown tag, a
+bad field) is rejected by the recipient, and the broker dead-letters it on that
+:class:`~corral.bus.Reject`. The bodies it does decode are the control messages addressed to
+it, :data:`~corral.bus.BrokerInbound`.
 
 Stream messages go straight through; if the recipient is unknown or gone the sender gets an
 :class:`~corral.bus.ErrorReply` (``unreachable``) — never a silent drop. Durable messages
@@ -12,8 +15,14 @@ in-flight window and takes them back from a recipient that restarted; past
 ``max_attempts`` deliveries the store dead-letters them. The broker owns the socket: the
 store answers senders only through :meth:`Broker._reply`.
 
-Handles (from peers, addressed to ``broker``): Hello (answered with Welcome when the peer
-waits for it), Heartbeat, Ack, Nack, Reject, Park, Unpark, ListParked.
+Handles (from peers, addressed to ``broker``)::
+
+    Hello       → Welcome (when the peer waits for it)
+    ListParked  → ParkedEntries
+    Heartbeat, Ack, Nack, Reject, Park, Unpark (no reply)
+
+A control message it cannot decode is dead-lettered, and a sender that waits for a reply
+gets ``protocol_error``.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from ._mailbox import Mailbox
 from ._messages import (
     BROKER,
     Ack,
+    BrokerInbound,
     Envelope,
     ErrorReply,
     Heartbeat,
@@ -96,7 +106,7 @@ class Broker:
         self._ctx = ctx
         self._store = DurableStore(log_path, settings, reply=self._reply)
         self._socket: Socket | None = None
-        self._bodies = BodyDecoder()
+        self._inbound = BodyDecoder(BrokerInbound)
         self._peers: dict[str, PeerState] = {}
         #: Stream messages for actors being started, held until each says hello.
         self._held: dict[str, deque[tuple[Envelope, bytes]]] = {}
@@ -232,9 +242,6 @@ class Broker:
         if env.recipient == BROKER:
             self._on_control(peer, env)
             return
-        if not self._bodies.knows(env.type):
-            self._dead_letter_env(env, frame, f"unknown message type {env.type!r}")
-            return
         if env.durability == "durable":
             self._on_durable(env, frame)
         else:
@@ -242,7 +249,7 @@ class Broker:
 
     def _on_control(self, peer: PeerState, env: Envelope) -> None:
         try:
-            msg = self._bodies.decode(env)
+            msg = self._inbound.decode(env)
         except ProtocolError as exc:
             self._dead_letter_env(env, b"", str(exc))
             return
@@ -273,8 +280,6 @@ class Broker:
         elif isinstance(msg, ListParked):
             entries = self._store.parked_entries(peer.name)
             self._reply(peer.name, env.id, ParkedEntries(entries=entries))
-        else:
-            self._dead_letter_env(env, b"", f"the broker does not handle {env.type!r}")
 
     def _on_hello(self, peer: PeerState, msg: Hello) -> None:
         restarted = peer.incarnation is not None and peer.incarnation != msg.incarnation
@@ -331,11 +336,6 @@ class Broker:
     def _on_durable(self, env: Envelope, frame: bytes) -> None:
         if env.recipient not in self._store.known:
             self._error_reply(env, "unreachable", f"no actor named {env.recipient!r}")
-            return
-        try:
-            self._bodies.decode(env)
-        except ProtocolError as exc:
-            self._dead_letter_env(env, frame, str(exc))
             return
         # Delivered at once, while its commit runs (see DurableStore.put).
         box = self._store.put(env, frame)

@@ -265,13 +265,21 @@ class DurableStore:
         return box
 
     def reject(self, name: str, msg: Reject) -> Mailbox | None:
-        """``name`` cannot decode the message at all: dead-letter it now."""
+        """``name`` cannot decode the message at all: dead-letter it now.
+
+        The broker never decodes bodies, so this is where a durable message with a bad body
+        ends: its sender is told ``protocol_error``, as a stream sender waiting for a reply
+        is told by the recipient itself (which is why a sender that waits is not told twice).
+        """
         box = self.boxes.get(name)
         entry = box.in_flight.pop(msg.id, None) if box else None
         if entry is not None:
-            self._bury(entry, msg.error)
+            self._bury(entry, msg.error, tell=False)
+            if not entry.wants_reply:
+                error = ErrorReply(code="protocol_error", message=msg.error)
+                self._reply(entry.sender, entry.id, error)
             return box
-        self.record_dead(msg.id, name, "?", 1, msg.error, b"")
+        self.record_dead(msg.id, name, msg.message_type, 1, msg.error, b"")
         return None
 
     def park(self, name: str, mid: str) -> Mailbox | None:
@@ -311,10 +319,11 @@ class DurableStore:
 
     # --- dead letters ----------------------------------------------------------------------
 
-    def _bury(self, entry: Entry, error: str) -> None:
+    def _bury(self, entry: Entry, error: str, *, tell: bool = True) -> None:
+        """Dead-letter an entry; ``tell`` a sender waiting for a reply (``dead_letter``)."""
         self._live_bytes -= len(entry.frame)
         self.record_dead(entry.id, entry.recipient, entry.type, entry.attempt, error, entry.frame)
-        if entry.wants_reply:
+        if tell and entry.wants_reply:
             self._reply(entry.sender, entry.id, ErrorReply(code="dead_letter", message=error))
 
     def record_dead(

@@ -1,4 +1,5 @@
-"""A peer's inbox: the messages its owner has yet to take, in arrival order.
+"""A peer's inbox: the messages its owner has yet to take, in arrival order, as
+:class:`Incoming` (the decoded payload with its envelope).
 
 Not a trio memory channel, for two reasons. The peer's receive loop decides for itself when
 to wait for room (see :class:`~corral.bus.Peer`): it must keep reading while its owner awaits
@@ -16,10 +17,25 @@ from typing import Generic, TypeVar
 
 import trio
 
+from ._messages import Envelope, Message
+
 T = TypeVar("T")
 
 #: Messages a consumer takes in a row before it yields to the owner's other tasks.
 FAIR_SHARE = 64
+
+
+class Incoming:
+    """A received message: the decoded payload and its envelope."""
+
+    __slots__ = ("env", "msg")
+
+    def __init__(self, env: Envelope, msg: Message) -> None:
+        self.env = env
+        self.msg = msg
+
+    def __repr__(self) -> str:
+        return f"Incoming({self.env.type} from {self.env.sender}, id={self.env.id})"
 
 
 class InboxQueue(Generic[T]):

@@ -1,18 +1,19 @@
-"""The bus's message types: one envelope, and payloads in a tagged union.
+"""The bus's message types: one envelope, payloads as tagged Structs, typed requests.
 
 Every message on the bus is an :class:`Envelope` whose ``body`` is the msgpack encoding of a
 :class:`Message` subclass. The envelope travels as one ZeroMQ frame; its body stays opaque
-(:class:`msgspec.Raw`) to the broker, which routes on the header alone and never pays for
-decoding payloads it only forwards. Recipients decode bodies strictly against the registry
-of every :class:`Message` subclass imported in their process.
+(:class:`msgspec.Raw`) to the broker, which routes on the header alone and never decodes a
+body it only forwards. A recipient decodes a body against the union of types it declares
+(see :mod:`corral.bus._codec`); each actor's union is in its ``messages`` module.
 
 Payload classes name their wire tag explicitly, e.g.::
 
-    class Ping(Message, tag="echo.ping"):
+    class Ping(Request[Pong], tag="echo.ping"):
         text: str
 
-and encode as ``{"type": "echo.ping", "text": ...}``. New fields get defaults so that old
-logs and peers keep decoding.
+and encode as ``{"type": "echo.ping", "text": ...}``. A :class:`Request` names the type of
+its reply, so ``await peer.call(to, Ping(...))`` is typed as returning ``Pong``. New fields
+get defaults so that old logs and peers keep decoding.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from itertools import count
-from typing import Any, Literal, dataclass_transform
+from typing import Any, Generic, Literal, TypeVar, dataclass_transform
 
 import msgspec
 
@@ -59,6 +60,20 @@ class Message(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
     """Base of every bus payload. Subclasses pass ``tag="area.name"``."""
 
 
+#: The reply type a request declares.
+R = TypeVar("R", bound=Message, covariant=True)
+
+
+class Request(Message, Generic[R]):
+    """A message that is answered with an ``R``: ``class Ping(Request[Pong], tag=...)``.
+
+    :meth:`~corral.bus.Peer.call` takes only requests, returns their ``R`` (checked by the
+    type checker) and decodes the reply against ``R`` alone, so a reply of another type is a
+    :class:`~corral.UnexpectedReply` at the call, not an AttributeError later. ``R`` is not
+    a field: the wire encoding is that of a plain :class:`Message`.
+    """
+
+
 def tag_of(cls: type[Message]) -> str:
     """The wire tag of a payload class.
 
@@ -71,42 +86,19 @@ def tag_of(cls: type[Message]) -> str:
     return tag
 
 
-def registry() -> dict[str, type[Message]]:
-    """Every payload class imported in this process, by wire tag.
-
-    Walked from :class:`Message`'s subclasses so that importing a protocol module is all it
-    takes to register it. Two classes claiming one tag is a programming error.
-    """
-    found: dict[str, type[Message]] = {}
-    stack: list[type[Message]] = list(Message.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        tag = cls.__struct_config__.tag
-        if not isinstance(tag, str):
-            continue
-        other = found.get(tag)
-        if other is not None and other is not cls:
-            raise TypeError(
-                f"message tag {tag!r} used by {other.__qualname__} and {cls.__qualname__}"
-            )
-        found[tag] = cls
-    return found
-
-
 # --- control messages between peers and the broker -------------------------------------------
 
 
-class Hello(Message, tag="bus.hello"):
+class Welcome(Message, tag="bus.welcome"):
+    """The broker's answer to a Hello that wants one: it now routes messages to the peer."""
+
+
+class Hello(Request[Welcome], tag="bus.hello"):
     """A peer announces itself; a new ``incarnation`` means it restarted."""
 
     name: str
     pid: int
     incarnation: str
-
-
-class Welcome(Message, tag="bus.welcome"):
-    """The broker's answer to a Hello that wants one: it now routes messages to the peer."""
 
 
 class Heartbeat(Message, tag="bus.heartbeat"):
@@ -131,6 +123,8 @@ class Reject(Message, tag="bus.reject"):
 
     id: str
     error: str
+    #: The message's tag, for the dead letter of a stream message (the broker kept no copy).
+    message_type: str = "?"
 
 
 class Park(Message, tag="bus.park"):
@@ -151,10 +145,6 @@ class Unpark(Message, tag="bus.unpark"):
     reason: str | None = None
 
 
-class ListParked(Message, tag="bus.list_parked"):
-    """Ask the broker for the sender's parked entries (to rebuild state after a restart)."""
-
-
 class ParkedEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One parked durable message, as :class:`ParkedEntries` lists it."""
 
@@ -171,6 +161,10 @@ class ParkedEntries(Message, tag="bus.parked_entries"):
     """The sender's parked entries, answering :class:`ListParked`."""
 
     entries: list[ParkedEntry]
+
+
+class ListParked(Request[ParkedEntries], tag="bus.list_parked"):
+    """Ask the broker for the sender's parked entries (to rebuild state after a restart)."""
 
 
 class Accepted(Message, tag="bus.accepted"):
@@ -198,10 +192,6 @@ class ErrorReply(Message, tag="bus.error"):
     message: str
 
 
-class InspectRequest(Message, tag="bus.inspect"):
-    """Ask an actor for a snapshot of its state."""
-
-
 class InspectReply(Message, tag="bus.inspect_reply"):
     """An actor's state snapshot, for ``corral status`` and tests."""
 
@@ -209,8 +199,18 @@ class InspectReply(Message, tag="bus.inspect_reply"):
     state: dict[str, Any]
 
 
+class InspectRequest(Request[InspectReply], tag="bus.inspect"):
+    """Ask an actor for a snapshot of its state."""
+
+
 class Stop(Message, tag="bus.stop"):
     """Ask a peer to stop in an orderly way."""
+
+
+#: What the broker decodes: the control messages peers address to it (``recipient=BROKER``).
+BrokerInbound = Hello | Heartbeat | Ack | Nack | Reject | Park | Unpark | ListParked
+#: What every actor accepts besides its handlers' messages (the runtime answers them).
+ActorControl = InspectRequest | Stop
 
 
 # --- ids and clocks --------------------------------------------------------------------------

@@ -60,6 +60,7 @@ from .protocol import (
     TurnStart,
     Warning,
     WorkerAlive,
+    WorkerInbound,
     is_terminal,
     worker_address,
 )
@@ -587,7 +588,9 @@ async def run_worker(spec: dict[str, Any]) -> None:
     kind = load_kind(spec["target"], spec.get("options", {}))
     name = worker_address(spec["session_id"])
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with open_peer(name, spec["endpoint"], bus=bus, liveness=liveness) as peer:
+        async with open_peer(
+            name, spec["endpoint"], bus=bus, liveness=liveness, accepts=WorkerInbound
+        ) as peer:
             worker = Worker(peer, spec["session_id"], kind, liveness)
             async with trio.open_nursery() as nursery:
 

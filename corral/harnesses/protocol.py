@@ -6,10 +6,16 @@ that protocol streams (``{"type": "response.output_text.delta", "delta": "..."}`
 ``turn_id`` and a ``sequence_number``), so dispatch can publish them on the session stream
 as they are.
 
-Inputs (dispatch → harness actor → worker): :class:`TurnStart`, :class:`ToolResult`,
-:class:`Approval`, :class:`PolicyVerdict`, :class:`Interrupt`.
+Inputs (dispatch → harness actor → worker), each answered with :class:`InputAccepted`:
+:class:`TurnStart`, :class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict`,
+:class:`Interrupt` — :data:`WorkerInbound`, what a worker decodes. A worker also sends the
+harness actor :class:`WorkerAlive` and :class:`ElicitationParked`.
 
-Outputs (worker → the turn's ``reply_to``): every :class:`Output` subclass. The harness actor
+This protocol stays in ``corral.harnesses`` (not beside the harness actor) because workers
+import it and sit below the actors (STYLE.md's layering): a worker must not import an
+actor's package. The harness actor's own union is in :mod:`corral.actors.harness.messages`.
+
+Outputs (worker → the turn's ``reply_to``): :data:`AnyOutput`. The harness actor
 itself emits ``response.failed`` with code ``harness_crashed`` (or ``harness_restarted``) for
 a turn whose worker died, and ``response.elicitation_resolved`` for elicitations it had to
 cancel.
@@ -21,7 +27,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..bus import Message
+from ..bus import Message, Request
 
 #: Where harness workers and the harness actor live on the bus.
 HARNESS_ACTOR = "harness"
@@ -35,7 +41,7 @@ def worker_address(session_id: str) -> str:
 # --- inputs ----------------------------------------------------------------------------------
 
 
-class TurnStart(Message, tag="harness.turn"):
+class TurnStart(Request["InputAccepted"], tag="harness.turn"):
     """Start a turn. ``message`` is the §iv.1 body: full history in ``content``,
     ``instructions``, ``tools``, ``model``, ``conversation_id``, ...
     """
@@ -50,7 +56,7 @@ class TurnStart(Message, tag="harness.turn"):
     reply_to: str = "dispatch"
 
 
-class ToolResult(Message, tag="harness.tool_result"):
+class ToolResult(Request["InputAccepted"], tag="harness.tool_result"):
     """The output of a tool the worker asked for (``function_call`` ``action_required``)."""
 
     session_id: str
@@ -58,7 +64,7 @@ class ToolResult(Message, tag="harness.tool_result"):
     output: str
 
 
-class Approval(Message, tag="harness.approval"):
+class Approval(Request["InputAccepted"], tag="harness.approval"):
     """A human verdict on an elicitation, flattened (E-01): no ``content`` key when none."""
 
     session_id: str
@@ -67,7 +73,7 @@ class Approval(Message, tag="harness.approval"):
     content: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
-class PolicyVerdict(Message, tag="harness.policy_verdict"):
+class PolicyVerdict(Request["InputAccepted"], tag="harness.policy_verdict"):
     """The verdict on a ``policy_evaluation.requested``.
 
     ``failed`` marks a verdict the runner made up because the server gave none (an
@@ -83,7 +89,7 @@ class PolicyVerdict(Message, tag="harness.policy_verdict"):
     failed: bool = False
 
 
-class Interrupt(Message, tag="harness.interrupt"):
+class Interrupt(Request["InputAccepted"], tag="harness.interrupt"):
     """Cancel the session's active turn; it ends with ``response.cancelled``."""
 
     session_id: str
@@ -215,6 +221,26 @@ class ResponseCancelled(Output, tag="response.cancelled"):
 
 TERMINAL_OUTPUTS = (ResponseCompleted, ResponseFailed, ResponseCancelled)
 
+#: The events that end a turn.
+TerminalOutput = ResponseCompleted | ResponseFailed | ResponseCancelled
+#: The events of a turn before its end, in the order a turn may emit them.
+ProgressOutput = (
+    ResponseCreated
+    | ResponseInProgress
+    | OutputTextDelta
+    | ReasoningDelta
+    | OutputItemDone
+    | ElicitationRequest
+    | ElicitationResolved
+    | PolicyEvaluationRequested
+    | PolicyDenied
+    | ResponseHeartbeat
+    | RuntimeModel
+    | Warning
+)
+#: Every event a worker emits for a turn.
+AnyOutput = ProgressOutput | TerminalOutput
+
 
 def is_terminal(event: Output) -> bool:
     """Whether ``event`` ends its turn."""
@@ -236,3 +262,7 @@ class ElicitationParked(Message, tag="harness.elicitation_parked"):
     incarnation: str
     params: dict[str, Any]
     reply_to: str
+
+
+#: What a worker decodes: its inputs (the harness actor forwards them).
+WorkerInbound = TurnStart | ToolResult | Approval | PolicyVerdict | Interrupt

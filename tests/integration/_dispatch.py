@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from corral.actors.dispatch.messages import Inbound
 from corral.bus import Message, Peer, open_peer
 from corral.config import LivenessSettings
 from corral.harnesses.protocol import HARNESS_ACTOR, Output, TurnStart, is_terminal
@@ -97,7 +98,10 @@ class FakeDispatch:
 
 @asynccontextmanager
 async def fake_dispatch(endpoint: str, name: str = "test-dispatch") -> AsyncIterator[FakeDispatch]:
-    async with open_peer(name, endpoint, liveness=FAST) as peer, trio.open_nursery() as nursery:
+    async with (
+        open_peer(name, endpoint, liveness=FAST, accepts=Inbound) as peer,
+        trio.open_nursery() as nursery,
+    ):
         fake = FakeDispatch(peer)
         nursery.start_soon(fake._collect)
         yield fake

@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from corral.actors.gateway.messages import events_of
+from corral.actors.gateway.messages import Inbound, events_of
 from corral.bus import Peer, open_peer
 from corral.config import LivenessSettings
 from corral.routes import HttpChunk, HttpRequest, HttpResponse
@@ -123,7 +123,10 @@ class FakeGateway:
 
 @asynccontextmanager
 async def fake_gateway(endpoint: str, name: str = "test-gateway") -> AsyncIterator[FakeGateway]:
-    async with open_peer(name, endpoint, liveness=FAST) as peer, trio.open_nursery() as nursery:
+    async with (
+        open_peer(name, endpoint, liveness=FAST, accepts=Inbound) as peer,
+        trio.open_nursery() as nursery,
+    ):
         gw = FakeGateway(peer)
         nursery.start_soon(gw._collect)
         yield gw

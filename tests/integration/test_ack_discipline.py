@@ -35,7 +35,7 @@ async def _running(tmp: Path, **settings: Any) -> AsyncIterator[tuple[Broker, Pe
         await nursery.start(broker.run)
         async with (
             open_peer("client", endpoint, bus=bus) as client,
-            open_peer("defer", endpoint, bus=bus) as peer,
+            open_peer("defer", endpoint, bus=bus, accepts=DeferActor.inbound()) as peer,
         ):
             actor = DeferActor(ActorContext("defer", tmp / "state", {}), peer)
             nursery.start_soon(actor.serve)

@@ -12,7 +12,7 @@ import zmq
 
 from corral.bus import Broker, Peer, open_peer
 from corral.config import BusSettings
-from tests._echo import EchoPing, EchoRecord
+from tests._echo import EchoPing, EchoRecord, Every
 
 
 async def _start(nursery: trio.Nursery, tmp: Path, **settings: object) -> Broker:
@@ -33,8 +33,8 @@ async def _small_inbox(nursery: trio.Nursery, tmp: Path) -> AsyncIterator[tuple[
     await _start(nursery, tmp)
     endpoint = f"ipc://{tmp}/bus.sock"
     async with (
-        open_peer("client", endpoint) as client,
-        open_peer("worker", endpoint, inbox_size=100) as worker,
+        open_peer("client", endpoint, accepts=Every) as client,
+        open_peer("worker", endpoint, inbox_size=100, accepts=Every) as worker,
     ):
         yield client, worker
 
@@ -53,11 +53,11 @@ async def _drain(peer, n: int, *, ack: bool = True) -> list:
 async def test_durable_messages_wait_for_their_recipient(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path)
-        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client:
             for i in range(5):
                 await client.cast("worker", EchoRecord(key=str(i)), durable=True)
         assert broker.mailboxes("worker")[0]["queued"] == 5
-        async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+        async with open_peer("worker", f"ipc://{tmp_path}/bus.sock", accepts=Every) as worker:
             got = await _drain(worker, 5)
             assert [g.msg.key for g in got] == ["0", "1", "2", "3", "4"]
             with trio.fail_after(5):
@@ -69,14 +69,14 @@ async def test_durable_messages_wait_for_their_recipient(tmp_path: Path) -> None
 async def test_restarted_recipient_gets_unacked_messages_again(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path)
-        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
-            async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client:
+            async with open_peer("worker", f"ipc://{tmp_path}/bus.sock", accepts=Every) as worker:
                 for i in range(3):
                     await client.cast("worker", EchoRecord(key=str(i)), durable=True)
                 first = await _drain(worker, 3, ack=False)
                 assert all(g.env.attempt == 1 for g in first)
             # A new incarnation of the same name: everything unacked comes back, in order.
-            async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+            async with open_peer("worker", f"ipc://{tmp_path}/bus.sock", accepts=Every) as worker:
                 again = await _drain(worker, 3)
                 assert [g.env.id for g in again] == [g.env.id for g in first]
                 assert [g.env.attempt for g in again] == [2, 1, 1]
@@ -88,8 +88,8 @@ async def test_nacked_message_is_retried_then_dead_lettered(tmp_path: Path) -> N
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path, max_attempts=3)
         async with (
-            open_peer("client", f"ipc://{tmp_path}/bus.sock") as client,
-            open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker,
+            open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client,
+            open_peer("worker", f"ipc://{tmp_path}/bus.sock", accepts=Every) as worker,
         ):
             await client.cast("worker", EchoRecord(key="poison"), durable=True)
             attempts = []
@@ -111,8 +111,8 @@ async def test_log_is_compacted_and_recovers(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path, compact_min_bytes=20_000)
         async with (
-            open_peer("client", f"ipc://{tmp_path}/bus.sock") as client,
-            open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker,
+            open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client,
+            open_peer("worker", f"ipc://{tmp_path}/bus.sock", accepts=Every) as worker,
         ):
             for i in range(600):
                 await client.cast("worker", EchoRecord(key=f"{i:04}" * 10), durable=True)
@@ -131,7 +131,7 @@ async def test_log_is_compacted_and_recovers(tmp_path: Path) -> None:
         broker = await _start(nursery, tmp_path)
         row = broker.mailboxes("worker")[0]
         assert row["queued"] == 1
-        async with open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker:
+        async with open_peer("worker", f"ipc://{tmp_path}/bus.sock", accepts=Every) as worker:
             (last,) = await _drain(worker, 1)
             assert last.msg == EchoRecord(key="keep")
         nursery.cancel_scope.cancel()
@@ -141,8 +141,8 @@ async def test_acks_are_lazily_durable_but_never_lost_from_memory(tmp_path: Path
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path)
         async with (
-            open_peer("client", f"ipc://{tmp_path}/bus.sock") as client,
-            open_peer("worker", f"ipc://{tmp_path}/bus.sock") as worker,
+            open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client,
+            open_peer("worker", f"ipc://{tmp_path}/bus.sock", accepts=Every) as worker,
         ):
             await client.cast("worker", EchoRecord(key="a"), durable=True)
             await _drain(worker, 1)
@@ -163,7 +163,7 @@ async def test_message_to_a_name_nobody_knows(tmp_path: Path, durable: bool) -> 
 
     async with trio.open_nursery() as nursery:
         await _start(nursery, tmp_path)
-        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client:
             with pytest.raises(Unreachable):
                 await client.call("nobody", EchoPing(text="?"), durable=durable, timeout=5)
         nursery.cancel_scope.cancel()
@@ -176,7 +176,7 @@ async def test_a_started_peer_is_known_to_the_broker(tmp_path: Path) -> None:
         broker = await _start(nursery, tmp_path)
         endpoint = f"ipc://{tmp_path}/bus.sock"
         for round_ in range(20):
-            async with open_peer(f"p{round_}", endpoint):
+            async with open_peer(f"p{round_}", endpoint, accepts=Every):
                 assert broker.last_seen(f"p{round_}") is not None
         nursery.cancel_scope.cancel()
 
@@ -186,7 +186,7 @@ async def test_a_peer_started_before_its_broker_still_starts(tmp_path: Path) -> 
     endpoint = f"ipc://{tmp_path}/bus.sock"
     with trio.fail_after(5):
         async with (
-            open_peer("early", endpoint, bus=BusSettings(request_timeout_s=0.2)),
+            open_peer("early", endpoint, bus=BusSettings(request_timeout_s=0.2), accepts=Every),
             trio.open_nursery() as nursery,
         ):
             broker = await _start(nursery, tmp_path)
@@ -205,7 +205,7 @@ async def test_a_call_to_an_actor_still_starting_waits_for_its_hello(tmp_path: P
         broker = await _start(nursery, tmp_path)
         broker.starting("late")
         endpoint = f"ipc://{tmp_path}/bus.sock"
-        async with open_peer("client", endpoint) as client:
+        async with open_peer("client", endpoint, accepts=Every) as client:
             replies = []
 
             async def ask(text: str) -> None:
@@ -219,7 +219,7 @@ async def test_a_call_to_an_actor_still_starting_waits_for_its_hello(tmp_path: P
                 await client.cast("late", EchoPing(text="second"))
                 while len(broker._held["late"]) < 2:
                     await trio.sleep(0.01)
-                async with open_peer("late", endpoint) as late:
+                async with open_peer("late", endpoint, accepts=Every) as late:
                     first, second = await _drain(late, 2)
                     assert [first.msg.text, second.msg.text] == ["first", "second"]
                     await late.reply(first, EchoPong(text="hello"))
@@ -236,8 +236,11 @@ async def test_a_restarting_actor_gets_what_was_sent_to_it_meanwhile(tmp_path: P
         broker = await _start(nursery, tmp_path)
         endpoint = f"ipc://{tmp_path}/bus.sock"
         broker.starting("w")
-        async with open_peer("client", endpoint) as client:
-            async with open_peer("w", endpoint) as first, trio.open_nursery() as calls:
+        async with open_peer("client", endpoint, accepts=Every) as client:
+            async with (
+                open_peer("w", endpoint, accepts=Every) as first,
+                trio.open_nursery() as calls,
+            ):
                 calls.start_soon(first.call, "client", EchoPing(text="asked by the first"))
                 with trio.fail_after(5):
                     request = await client.inbox.receive()
@@ -249,7 +252,7 @@ async def test_a_restarting_actor_gets_what_was_sent_to_it_meanwhile(tmp_path: P
             with trio.fail_after(5):
                 while len(broker._held["w"]) < 1:
                     await trio.sleep(0.01)
-            async with open_peer("w", endpoint) as second:
+            async with open_peer("w", endpoint, accepts=Every) as second:
                 (got,) = await _drain(second, 1)
                 assert got.msg == EchoRecord(key="meanwhile")
                 assert len(second.inbox) == 0, "the reply was not held for the new one"
@@ -262,7 +265,7 @@ async def test_what_waits_for_a_starting_actor_is_bounded(tmp_path: Path) -> Non
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path, max_backlog=2)
         broker.starting("late")
-        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client:
             for key in ("a", "b"):
                 await client.cast("late", EchoRecord(key=key))
             with pytest.raises(Unreachable, match="is starting and 2 messages wait for it"):
@@ -277,7 +280,7 @@ async def test_a_call_to_an_actor_that_dies_before_its_hello_is_refused(tmp_path
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path)
         broker.starting("doomed")
-        async with open_peer("client", f"ipc://{tmp_path}/bus.sock") as client:
+        async with open_peer("client", f"ipc://{tmp_path}/bus.sock", accepts=Every) as client:
 
             async def exit_soon() -> None:
                 with trio.fail_after(5):
@@ -374,8 +377,8 @@ async def test_durable_message_reaches_its_recipient_while_its_commit_runs(
         broker._store._write_sync = slow_write  # type: ignore[method-assign]
         endpoint = f"ipc://{tmp_path}/bus.sock"
         async with (
-            open_peer("client", endpoint) as client,
-            open_peer("worker", endpoint) as worker,
+            open_peer("client", endpoint, accepts=Every) as client,
+            open_peer("worker", endpoint, accepts=Every) as worker,
         ):
             accepted = {"acked": trio.Event(), "kept": trio.Event()}
 
@@ -403,7 +406,7 @@ async def test_durable_message_reaches_its_recipient_while_its_commit_runs(
         broker = await _start(nursery, tmp_path)
         row = broker.mailboxes("worker")[0]
         assert row["queued"] == 1, "the acked one stays acked, the unacked one comes back"
-        async with open_peer("worker", endpoint) as worker:
+        async with open_peer("worker", endpoint, accepts=Every) as worker:
             (again,) = await _drain(worker, 1)
             assert again.msg == EchoRecord(key="kept")
         nursery.cancel_scope.cancel()

@@ -8,11 +8,11 @@ import trio
 import zmq
 
 from corral.bus import Broker, Bundle, open_peer
+from corral.bus._bundle import BUNDLE_MAX
 from corral.bus._codec import encode_body, encode_envelope
 from corral.bus._messages import Envelope, new_id
-from corral.bus._peer import BUNDLE_MAX
 from corral.config import BusSettings
-from tests._echo import EchoCount, EchoRecord
+from tests._echo import EchoCount, EchoRecord, Every
 
 
 async def _broker(nursery: trio.Nursery, tmp: Path) -> Broker:
@@ -42,7 +42,10 @@ async def test_a_run_of_stream_messages_is_routed_as_few_bundles(tmp_path: Path)
     async with trio.open_nursery() as nursery:
         broker = await _broker(nursery, tmp_path)
         endpoint = f"ipc://{tmp_path}/bus.sock"
-        async with open_peer("a", endpoint) as a, open_peer("b", endpoint) as b:
+        async with (
+            open_peer("a", endpoint, accepts=Every) as a,
+            open_peer("b", endpoint, accepts=Every) as b,
+        ):
             await _connected(a, b)
             routed = broker.stats["routed"]
             await a.cast_many("b", [EchoCount(n=i) for i in range(2000)], session_id="s")
@@ -59,7 +62,10 @@ async def test_bundles_respect_the_size_limit(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         await _broker(nursery, tmp_path)
         endpoint = f"ipc://{tmp_path}/bus.sock"
-        async with open_peer("a", endpoint) as a, open_peer("b", endpoint) as b:
+        async with (
+            open_peer("a", endpoint, accepts=Every) as a,
+            open_peer("b", endpoint, accepts=Every) as b,
+        ):
             await _connected(a, b)
             big = "x" * (a.bus.max_message_bytes // 3)
             await a.cast_many("b", [EchoRecord(key=f"{i}{big}") for i in range(7)])
@@ -74,7 +80,10 @@ async def test_a_bundle_cannot_speak_for_another_sender(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         await _broker(nursery, tmp_path)
         endpoint = f"ipc://{tmp_path}/bus.sock"
-        async with open_peer("a", endpoint) as a, open_peer("b", endpoint) as b:
+        async with (
+            open_peer("a", endpoint, accepts=Every) as a,
+            open_peer("b", endpoint, accepts=Every) as b,
+        ):
             await _connected(a, b)
 
             def item(sender: str, n: int, durability: str = "stream") -> bytes:

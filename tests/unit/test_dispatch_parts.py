@@ -15,14 +15,14 @@ import pytest
 import trio
 
 from corral.actors.dispatch import DispatchActor
-from corral.actors.dispatch import _actor as actor_module
+from corral.actors.dispatch import messages as messages_module
 from corral.actors.dispatch._fanout import event_batches
 from corral.actors.dispatch._routes import ROUTES, match
 from corral.actors.dispatch._session import Session, SessionRecord
 from corral.actors.dispatch._store import SessionStore
 from corral.actors.dispatch._turns import TurnFlow
 from corral.actors.gateway.messages import SessionEvent
-from corral.harnesses.protocol import Output
+from corral.bus import members
 from corral.server_client import ServerClient
 from tests.fake_server import FakeOmnigentServer
 
@@ -101,24 +101,15 @@ def test_event_batches_cut_by_count_and_bytes() -> None:
 
 
 def _table() -> dict[str, str]:
-    """The ``Handles:`` rows of the actor's docstring: type name → reply."""
-    doc = actor_module.__doc__ or ""
-    section = doc.split("Handles:\n", 1)[1].split("\n\n", 1)[0]
-    return dict(re.findall(r"^    (\w+\*?)\s+→ (\S+)", section, flags=re.M))
+    """The rows of the protocol module's ``Message → reply:`` table: type name → reply."""
+    doc = messages_module.__doc__ or ""
+    section = doc.split("Message → reply:\n", 1)[1].split("\n\n", 1)[0]
+    return dict(re.findall(r"^    (\w+)\s+→ (\S+)", section, flags=re.M))
 
 
 def test_the_handles_table_is_what_the_actor_handles() -> None:
     handled = set(DispatchActor._handlers)
-    known = {c.__name__: c for t in handled for c in t.__mro__}
-    documented: set[type] = set()
-    for name in _table():
-        if name.endswith("*"):
-            base = known[name[:-1]]
-            documented |= {base, *base.__subclasses__()}
-        else:
-            documented.add(known[name])
-    # Output itself is never sent; its subclasses are.
-    documented.discard(Output)
+    documented = set(members(*(getattr(messages_module, name) for name in _table())))
     assert {t.__name__ for t in documented} == {t.__name__ for t in handled}
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import zmq
 
 from corral.bus import Message
 from corral.bus._codec import encode_body, encode_envelope
 from corral.bus._messages import BROKER, Accepted, Envelope, new_id
-from corral.bus._peer import Peer, _Waiter
+from corral.bus._peer import Peer
 from corral.config import BusSettings, LivenessSettings
-from tests._echo import EchoPong
+from tests._echo import EchoPong, Every
 
 
 def _frame(sender: str, msg: Message, correlation_id: str | None = None) -> bytes:
@@ -33,6 +34,7 @@ def _client() -> Peer:
         bus=BusSettings(),
         liveness=LivenessSettings(),
         ctx=zmq.Context.instance(),
+        accepts=Every,
     )
 
 
@@ -41,14 +43,14 @@ async def test_a_reply_is_never_overwritten_by_a_late_acceptance(reply_first: bo
     """The broker delivers a durable request while its commit runs, so the reply can come
     before the Accepted — both in one receive batch, before the caller wakes."""
     peer = _client()
-    waiter = peer._waiters["m1"] = _Waiter()
-    reply = _frame("worker", EchoPong(text="pong"), correlation_id="m1")
-    accepted = _frame(BROKER, Accepted(ids=["m1"]))
-    for frame in [reply, accepted] if reply_first else [accepted, reply]:
-        await peer._on_frames([frame])
-    assert waiter.event.is_set()
-    assert waiter.result is not None
-    assert waiter.result.msg == EchoPong(text="pong")
+    with peer._waiters.expect(["m1"], acceptance=False) as (waiter,):
+        reply = _frame("worker", EchoPong(text="pong"), correlation_id="m1")
+        accepted = _frame(BROKER, Accepted(ids=["m1"]))
+        for frame in [reply, accepted] if reply_first else [accepted, reply]:
+            await peer._on_frames([frame])
+        assert waiter.event.is_set()
+        assert waiter.env is not None
+        assert msgspec.msgpack.decode(waiter.env.body, type=EchoPong) == EchoPong(text="pong")
 
 
 async def test_a_reply_nobody_waits_for_is_dropped_not_handled() -> None:

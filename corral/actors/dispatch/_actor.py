@@ -1,27 +1,7 @@
 """The dispatch actor: sessions and turns, end to end (BEHAVIOURS.md D-01..D-33, E-04).
 
-Handles:
-    HttpRequest        → HttpResponse    a route of the table in ``_routes.ROUTES`` (from the
-                                         gateway): create, read, delete a session, its events
-                                         (``?stream=true``: 200 SSE, then HttpChunks), and
-                                         ``mcp/execute``; the reply may come later
-    Output*            → None            a ``response.*`` event of the session's active turn,
-                                         from its worker (every Output but the three below);
-                                         one of another turn is dropped
-    ResponseCompleted  → None            (durable, from the harness actor) the active turn's
-    ResponseFailed     → None            one terminal event; one of another turn is dropped
-    ResponseCancelled  → None
-    ToolOutcome        → None            (durable, from policy) a tool call's output → the
-                                         worker as ``tool_result``
-    PublishEvents      → None            (durable, from tools and policy) events on the
-                                         session stream, in order
-
-``*``: the type and its subclasses. Errors are HTTP answers, never an ErrorReply: every error
-body is ``{"error": {"code", "message"}}`` (PROTOCOL_0_19.md §H.2) — 400 ``invalid_request``
-or ``invalid_input``, 422 ``invalid_event`` or ``invalid_request`` (a malformed body), 404
-``not_found``, 501 ``not_implemented`` (no harness actor, D-03, or no runner-side tools),
-502 ``harness_forward_failed`` or ``tool_failed``, 503 ``spec_resolver_failed`` or
-``runner_error``, 500 ``runner_error`` (anything else, logged; details never in the body).
+What it handles and answers, with its error codes, is the table in
+:mod:`corral.actors.dispatch.messages`.
 
 The actor is a chain of parts (see ``_base``), with helpers of their own:
 
@@ -66,10 +46,9 @@ from ...harnesses.protocol import (
     OutputItemDone,
     OutputTextDelta,
     PolicyEvaluationRequested,
-    ResponseCancelled,
-    ResponseCompleted,
-    ResponseFailed,
+    ProgressOutput,
     ResponseInProgress,
+    TerminalOutput,
 )
 from ...routes import HttpRequest, HttpResponse
 from .._actor import every, handles
@@ -88,7 +67,6 @@ log = logging.getLogger("corral.actors.dispatch")
 
 #: Events the session stream never carries (PROTOCOL_FACTS.md §ii.6).
 _NOT_ON_STREAM = {"response.created", "policy_evaluation.requested"}
-_TERMINALS = (ResponseCompleted, ResponseFailed, ResponseCancelled)
 
 
 class DispatchActor(SessionRoutes):
@@ -175,7 +153,7 @@ class DispatchActor(SessionRoutes):
 
     # --- harness output --------------------------------------------------------------------
 
-    @handles(*(c for c in Output.__subclasses__() if c not in _TERMINALS))
+    @handles(ProgressOutput)
     async def output(self, msg: Output, incoming: Incoming) -> None:
         session = self.sessions.get(incoming.env.session_id or "")
         if session is None or session.turn is None or session.turn.turn_id != msg.turn_id:
@@ -233,7 +211,7 @@ class DispatchActor(SessionRoutes):
         for event in msg.events:
             self.fanout.publish(session.record, event, run_id=run_id)
 
-    @handles(ResponseCompleted, ResponseFailed, ResponseCancelled)
+    @handles(TerminalOutput)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:
         session_id = incoming.env.session_id or ""
         draining = self._draining.get(session_id)

@@ -21,8 +21,8 @@ from typing import Any
 import msgspec
 import trio
 
-from ...bus import Message
-from ...harnesses.protocol import HARNESS_ACTOR
+from ...bus import Request
+from ...harnesses.protocol import HARNESS_ACTOR, InputAccepted
 from ...server_client import pick_server
 from .._actor import Actor, ActorContext
 from ..policy.messages import PolicyEvaluate, ToolCall, TurnEnded
@@ -76,7 +76,9 @@ class DispatchBase(Actor):
             session.record.elicitations.remove(elicitation_id)
             await self._save(session)
 
-    async def _to_harness(self, msg: Message, *, durable: bool = False) -> Message | None:
+    async def _to_harness(
+        self, msg: Request[InputAccepted], *, durable: bool = False
+    ) -> InputAccepted | None:
         try:
             return await self.peer.call(HARNESS_ACTOR, msg, durable=durable, timeout=15)
         except Exception as exc:

@@ -22,13 +22,12 @@ from ...harnesses.protocol import ToolResult
 from ...routes import HttpRequest, HttpResponse, json_response
 from .._actor import handles
 from .._deferred import Deferred
-from ..policy.messages import ToolCall
+from ..policy.messages import ToolCall, ToolOutcome
 from ._events import BadEvent
 from ._routes import GENERIC_DETAIL, error
 from ._session import Session
 from ._turn import Turn
 from ._turns import TurnFlow
-from .messages import ToolOutcome
 
 log = logging.getLogger("corral.actors.dispatch")
 #: The ``function_call`` output item's error of an unresolvable spec inside a turn.
@@ -172,7 +171,5 @@ class ToolCalls(TurnFlow):
             )
         except Exception as exc:
             log.warning("mcp/execute %s in %s got no answer: %s", call.name, session_id, exc)
-            return error(502, "tool_failed", GENERIC_DETAIL)
-        if not isinstance(reply, ToolOutcome):
             return error(502, "tool_failed", GENERIC_DETAIL)
         return json_response(200, {"result": {"output": reply.output}})

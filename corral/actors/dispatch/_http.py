@@ -17,8 +17,7 @@ from urllib.parse import parse_qs
 
 import trio
 
-from ...bus import Message
-from ...harnesses.protocol import InputAccepted, Interrupt
+from ...harnesses.protocol import Approval, InputAccepted, Interrupt
 from ...routes import HttpRequest, HttpResponse, empty_response, json_response
 from ._calls import ToolCalls
 from ._events import (
@@ -143,10 +142,11 @@ class SessionRoutes(ToolCalls):
         except Exception as exc:
             log.warning("the terminals of deleted session %s may be open: %s", session_id, exc)
             return
-        if not isinstance(reply, HttpResponse) or reply.status >= 300:
-            status = getattr(reply, "status", None)
+        if reply.status >= 300:
             log.warning(
-                "the tools actor did not close session %s's terminals (%s)", session_id, status
+                "the tools actor did not close session %s's terminals (%s)",
+                session_id,
+                reply.status,
             )
 
     async def post_event(self, msg: HttpRequest, session_id: str) -> HttpResponse | None:
@@ -162,10 +162,10 @@ class SessionRoutes(ToolCalls):
             approval = flatten_approval(event, session_id)
             if self.options.policy is not None:
                 reply = await self._call_policy(approval)
-                if isinstance(reply, InputAccepted) and reply.status != 404:
+                if reply is not None and reply.status != 404:
                     return from_harness(reply)
             reply = await self._to_harness(approval, durable=True)
-            taken = isinstance(reply, InputAccepted) and reply.status < 300
+            taken = reply is not None and reply.status < 300
             if session.turn is not None and taken:  # the harness has the verdict: it goes on
                 session.turn.elicitation_closed(approval.elicitation_id)
                 session.turn.heard()
@@ -188,7 +188,7 @@ class SessionRoutes(ToolCalls):
         # The popup and every other control event (§C.3): no native terminal here acts on it.
         return empty_response(204)
 
-    async def _call_policy(self, msg: Message) -> Message | None:
+    async def _call_policy(self, msg: Approval) -> InputAccepted | None:
         assert self.options.policy is not None
         try:
             return await self.peer.call(self.options.policy, msg, durable=True, timeout=15)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...bus import Message
 from ...harnesses.protocol import InputAccepted
 from ...routes import HttpResponse, empty_response, json_response
 
@@ -92,9 +91,9 @@ def error(status: int, code: str, message: str) -> HttpResponse:
     return json_response(status, {"error": {"code": code, "message": message}})
 
 
-def from_harness(reply: Message | None) -> HttpResponse:
+def from_harness(reply: InputAccepted | None) -> HttpResponse:
     """The harness's answer to a control event, passed through (H-01, H-02)."""
-    if not isinstance(reply, InputAccepted):
+    if reply is None:
         return error(502, "harness_forward_failed", GENERIC_DETAIL)
     if reply.status in (204, 304) or reply.error is None:
         return empty_response(reply.status)

@@ -1,7 +1,34 @@
-"""The dispatch actor's protocol: what comes back to a session's turn.
+"""The dispatch actor's protocol: sessions' routes, and what comes back to their turns.
 
-:class:`ToolOutcome` is what the model sees of a tool call (policy → dispatch, durable);
-:class:`PublishEvents` carries session events caused outside a turn's stream.
+Its one message of its own is :class:`PublishEvents`; the rest are the protocols it consumes:
+HTTP over the bus (:mod:`corral.routes`), workers' events (:mod:`corral.harnesses.protocol`)
+and the policy's :class:`~corral.actors.policy.messages.ToolOutcome`.
+
+Message → reply:
+    HttpRequest        → HttpResponse  a route of the table in ``_routes.ROUTES`` (from the
+                                       gateway): create, read, delete a session, its events
+                                       (``?stream=true``: 200 SSE, then HttpChunks), and
+                                       ``mcp/execute``; the reply may come later
+    ProgressOutput     → none          a ``response.*`` event of the session's active turn,
+                                       from its worker; one of another turn is dropped
+    TerminalOutput     → none          (durable, from the harness actor) the active turn's
+                                       one terminal event; one of another turn is dropped
+    ToolOutcome        → none          (durable, from policy) a tool call's output → the
+                                       worker as ``tool_result``
+    PublishEvents      → none          (durable, from tools and policy) events on the
+                                       session stream, in order
+
+Route errors are HTTP answers, never an ErrorReply: every error body is
+``{"error": {"code", "message"}}`` (PROTOCOL_0_19.md §H.2) — 400 ``invalid_request`` or
+``invalid_input``, 422 ``invalid_event`` or ``invalid_request`` (a malformed body), 404
+``not_found``, 501 ``not_implemented`` (no harness actor, D-03, or no runner-side tools),
+502 ``harness_forward_failed`` or ``tool_failed``, 503 ``spec_resolver_failed`` or
+``runner_error``, 500 ``runner_error`` (anything else, logged; details never in the body).
+
+Besides these, every actor answers :class:`~corral.bus.InspectRequest` with an
+:class:`~corral.bus.InspectReply`; a body outside :data:`Inbound` is rejected (dead-lettered)
+and a caller gets ``protocol_error``; a handler that raises answers ``handler_error`` and its
+durable message is nacked.
 """
 
 from __future__ import annotations
@@ -9,17 +36,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...bus import Message
-from ...tools._api import ToolStatus
-
-
-class ToolOutcome(Message, tag="dispatch.tool_outcome"):
-    """What the model sees of a tool call (policy → dispatch, durable)."""
-
-    session_id: str
-    turn_id: str
-    call_id: str
-    output: str
-    status: ToolStatus = "completed"
+from ...harnesses.protocol import ProgressOutput, TerminalOutput
+from ...routes import HttpRequest
+from ..policy.messages import ToolOutcome
 
 
 class PublishEvents(Message, tag="dispatch.publish_events"):
@@ -27,3 +46,7 @@ class PublishEvents(Message, tag="dispatch.publish_events"):
 
     session_id: str
     events: list[dict[str, Any]]
+
+
+#: Everything the dispatch actor handles.
+Inbound = HttpRequest | ProgressOutput | TerminalOutput | ToolOutcome | PublishEvents

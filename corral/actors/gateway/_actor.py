@@ -6,11 +6,7 @@ For every configured runner id the gateway keeps one WebSocket **client** connec
 ``request`` frames; each runs in a task of its own (requests are multiplexed by id) and is
 answered with ``response.head``, ``response.body`` frames and ``response.end``.
 
-Handles:
-    SessionEvents (durable, from dispatch)  events for sessions' ``/stream``, in order
-    SessionEvent (durable)                  one event alone (as a mailbox kept from an
-                                            older dispatch may still hold them)
-    HttpChunk (from the routes' owners)     a piece of a streaming answer to a request
+What it handles and answers is the table in :mod:`corral.actors.gateway.messages`.
 
 Routes:
 
@@ -303,6 +299,7 @@ class GatewayActor(Actor):
             )
             method = frame.method.upper()
             owner, durable, timeout = self._owner(method, rest)
+            reply: HttpResponse | None
             try:
                 reply = await self.peer.call(
                     owner, request, durable=durable, timeout=timeout, session_id=session_id
@@ -312,7 +309,7 @@ class GatewayActor(Actor):
                 reply = None
             if reply is None and owner == self.options.tools:
                 reply = resources_fallback(method, rest)
-            if not isinstance(reply, HttpResponse):
+            if reply is None:
                 await responder.respond(runner_dispatch_failed())
                 return
             if method == "DELETE" and session_id and not rest and 200 <= reply.status < 300:

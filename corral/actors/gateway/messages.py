@@ -1,5 +1,16 @@
 """The gateway's protocol: what actors send the gateway for the server's tunnel.
 
+Message → reply:
+    SessionEvents  → none  (durable, from dispatch) events for sessions' ``/stream``, in order
+    SessionEvent   → none  (durable) one event alone (as a mailbox kept from an older
+                           dispatch may still hold them)
+    HttpChunk      → none  (from the routes' owners) a piece of a streaming answer
+
+Besides these, every actor answers :class:`~corral.bus.InspectRequest` with an
+:class:`~corral.bus.InspectReply`; a body outside :data:`Inbound` is rejected (dead-lettered)
+and a caller gets ``protocol_error``; a handler that raises answers ``handler_error`` and its
+durable message is nacked.
+
 Session events that are not tied to one request go to the gateway in order, for
 ``GET .../stream``: as :class:`SessionEvents`, a batch of :class:`SessionEvent` records in one
 bus message (a lone :class:`SessionEvent` is accepted too); :func:`events_of` reads either.
@@ -10,6 +21,7 @@ the bus lives in :mod:`corral.routes`, with the answers' builders).
 from __future__ import annotations
 
 from ...bus import Message
+from ...routes import HttpChunk
 
 
 class SessionEvent(Message, tag="gateway.session_event"):
@@ -44,3 +56,7 @@ def events_of(msg: Message) -> list[SessionEvent]:
     if isinstance(msg, SessionEvent):
         return [msg]
     return []
+
+
+#: Everything the gateway actor handles.
+Inbound = SessionEvents | SessionEvent | HttpChunk

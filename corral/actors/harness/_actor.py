@@ -1,14 +1,6 @@
 """The harness actor: one supervised worker process per session, and the turns they run.
 
-Handles:
-    TurnStart (durable)        start a turn on the session's worker, spawning it lazily
-    ToolResult, PolicyVerdict, Interrupt
-                               forwarded to the session's worker; the reply is its status
-    Approval (durable)         a verdict for a parked elicitation → its worker (E-01..E-03)
-    ElicitationParked (durable) parked in the broker until a verdict (or cancellation)
-    ResponseCompleted / ResponseFailed / ResponseCancelled (durable, from workers)
-                               the one place a turn's terminal event is forwarded from
-    WorkerAlive                worker heartbeats and busy flags
+What it handles and answers is the table in :mod:`corral.actors.harness.messages`.
 
 Every turn ends with exactly one terminal event sent to its ``reply_to``: the worker's own,
 or — when the worker exits or stops heartbeating mid-turn — ``response.failed`` with code
@@ -32,7 +24,7 @@ import msgspec
 import trio
 
 from ..._exceptions import BusError, Unreachable
-from ...bus import Dedup, Incoming, Message
+from ...bus import Dedup, Incoming, Message, Request
 from ...harnesses import resolve as resolve_harness
 from ...harnesses.protocol import (
     Approval,
@@ -57,6 +49,9 @@ from .._deferred import Deferred
 from .._process import sweep
 
 log = logging.getLogger("corral.actors.harness")
+
+#: The inputs this actor passes on to the session's worker as they are.
+Forwarded = ToolResult | PolicyVerdict | Interrupt
 
 #: Exit code of a worker that could not load its harness implementation.
 EXIT_CANNOT_LOAD = 78
@@ -275,20 +270,22 @@ class HarnessActor(Actor):
                 )
                 self.children.kill(name, "did not take a turn")
                 return
-        if isinstance(reply, InputAccepted) and reply.status != 200:
+        if reply.status != 200:
             await self._end(
                 msg.session_id,
                 _failed(msg, "harness_busy", f"the worker refused the turn ({reply.status})"),
             )
 
-    async def _call_worker(self, name: str, msg: Message, timeout: float) -> Message:
+    async def _call_worker(
+        self, name: str, msg: Request[InputAccepted], timeout: float
+    ) -> InputAccepted:
         """Call a worker, giving up at once if its process exits meanwhile.
 
         Raises:
             Unreachable: the worker is gone (or went while the call was under way).
         """
         child = self.children.children.get(name)
-        reply: Message | None = None
+        reply: InputAccepted | None = None
         error: BusError | None = None
         async with trio.open_nursery() as nursery:
 
@@ -391,12 +388,12 @@ class HarnessActor(Actor):
 
     # --- inputs forwarded to workers -------------------------------------------------------
 
-    @handles(ToolResult, PolicyVerdict, Interrupt)
-    async def forward(self, msg: Any, incoming: Incoming) -> None:
+    @handles(Forwarded)
+    async def forward(self, msg: Forwarded, incoming: Incoming) -> None:
         deferred = self.defer(incoming)
         self.in_order(msg.session_id, lambda: self._forward(msg, deferred), deferred)
 
-    async def _forward(self, msg: Any, deferred: Deferred) -> None:
+    async def _forward(self, msg: Forwarded, deferred: Deferred) -> None:
         incoming = deferred.incoming
         state = self.workers.get(msg.session_id)
         if state is None or state.exited:
@@ -438,7 +435,7 @@ class HarnessActor(Actor):
             reply = InputAccepted(
                 status=503, error={"code": "worker_unreachable", "message": str(exc)}
             )
-        if isinstance(reply, InputAccepted) and reply.status == 204:
+        if reply.status == 204:
             self.parked.pop(msg.elicitation_id, None)
             await self.peer.unpark(parked.incoming.env.id, "resolved", msg.action)
             turn = self.turns.get(msg.session_id)

@@ -1,6 +1,6 @@
 """The journal actor's protocol: what it is sent, and what it answers.
 
-Handles:
+Message → reply:
     JournalAppend    → JournalAppended      append a batch of events to one run (stream or
                                             durable); the reply comes once they are durable
     JournalRead      → JournalReadReply     replay after a cursor, bounded by rows and bytes
@@ -11,6 +11,10 @@ Handles:
 Bad input is answered with an :class:`~corral.bus.ErrorReply` whose code is
 ``invalid_id``, ``invalid_event``, ``invalid_payload``, ``invalid_cursor`` or
 ``invalid_argument`` (nothing is written); a disk failure is ``io_error``.
+Besides these, every actor answers :class:`~corral.bus.InspectRequest` with an
+:class:`~corral.bus.InspectReply`; a body outside :data:`Inbound` is rejected (dead-lettered)
+and a caller gets ``protocol_error``; a handler that raises answers ``handler_error`` and its
+durable message is nacked.
 
 The actor itself (ordering, idempotency, options) is :mod:`corral.actors.journal._actor`.
 """
@@ -21,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ...bus import Message
+from ...bus import Message, Request
 
 
 class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,7 +35,7 @@ class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
     payload: Any = None
 
 
-class JournalAppend(Message, tag="journal.append"):
+class JournalAppend(Request["JournalAppended"], tag="journal.append"):
     """Append ``events``, in order, to one run.
 
     Send it as a stream message for deltas (may be lost, never duplicated) or durable for
@@ -71,7 +75,7 @@ class JournalAppended(Message, tag="journal.appended"):
     duplicates: int = 0
 
 
-class JournalRead(Message, tag="journal.read"):
+class JournalRead(Request["JournalReadReply"], tag="journal.read"):
     """Replay a run after ``after`` (a seq or an event id ``"<run_id>:<seq>"``).
 
     ``limit`` bounds rows and ``max_bytes`` the encoded records; the actor also caps the
@@ -93,7 +97,7 @@ class JournalReadReply(Message, tag="journal.read_reply"):
     result: dict[str, Any]
 
 
-class JournalSummary(Message, tag="journal.summary"):
+class JournalSummary(Request["JournalSummaryReply"], tag="journal.summary"):
     """Ask for a run's summary; a run without records has ``terminal_state`` ``unknown``."""
 
     session_id: str
@@ -106,7 +110,7 @@ class JournalSummaryReply(Message, tag="journal.summary_reply"):
     summary: dict[str, Any]
 
 
-class JournalSnapshot(Message, tag="journal.snapshot"):
+class JournalSnapshot(Request["JournalSnapshotReply"], tag="journal.snapshot"):
     """Ask for the live snapshot of a run found by its id alone (J-16)."""
 
     run_id: str
@@ -119,7 +123,7 @@ class JournalSnapshotReply(Message, tag="journal.snapshot_reply"):
     session_payload: dict[str, Any] | None
 
 
-class JournalList(Message, tag="journal.list"):
+class JournalList(Request["JournalListReply"], tag="journal.list"):
     """List the sessions, or (with ``session_id``) one session's runs."""
 
     session_id: str | None = None
@@ -129,3 +133,7 @@ class JournalListReply(Message, tag="journal.list_reply"):
     """``RunJournal.listing``'s dict (``sessions``, or ``session_id`` and ``runs``)."""
 
     listing: dict[str, Any]
+
+
+#: Everything the journal actor handles.
+Inbound = JournalAppend | JournalRead | JournalSummary | JournalSnapshot | JournalList

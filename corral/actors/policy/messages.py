@@ -1,5 +1,22 @@
 """The policy actor's protocol: a tool call's way through the gate.
 
+Message → reply:
+    ToolCall        → ToolOutcome    origin ``turn`` (durable cast, from dispatch): the
+                                     outcome is cast durably to ``reply_to``; origin ``mcp``
+                                     (a call, ``POST .../mcp/execute``): it is the reply. A
+                                     denied, failed or cancelled call is an outcome whose
+                                     ``status`` says so, never an error
+    Approval        → InputAccepted  (durable call, from dispatch) a verdict for an ASK this
+                                     actor parked: 204; 404 ``not_found`` when it parked none
+    TurnEnded       → none           (durable) cancel what the ended turn still waits on
+    PolicyEvaluate  → none           (durable) a worker's ``policy_evaluation.requested``;
+                                     the verdict goes to the harness actor as a PolicyVerdict
+
+Besides these, every actor answers :class:`~corral.bus.InspectRequest` with an
+:class:`~corral.bus.InspectReply`; a body outside :data:`Inbound` is rejected (dead-lettered)
+and a caller gets ``protocol_error``; a handler that raises answers ``handler_error`` and its
+durable message is nacked.
+
 A tool call of a turn (a ``function_call`` item with ``status: action_required``) travels as
 durable messages, so that a crash of any actor on the way neither loses the call nor runs it
 twice:
@@ -23,12 +40,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
-from ...bus import Message
+from ...bus import Message, Request
+from ...harnesses.protocol import Approval
+from ...tools._api import ToolStatus
 
 POLICY_ACTOR = "policy"
 
 
-class ToolCall(Message, tag="policy.tool_call"):
+class ToolCall(Request["ToolOutcome"], tag="policy.tool_call"):
     """A model's tool call in a turn, for the policy gate (dispatch → policy, durable)."""
 
     session_id: str
@@ -47,6 +66,16 @@ class ToolCall(Message, tag="policy.tool_call"):
     #: ``mcp``: ``POST .../mcp/execute`` — the server has already evaluated it; answered as
     #: the reply to this (non-durable) call.
     origin: Literal["turn", "mcp"] = "turn"
+
+
+class ToolOutcome(Message, tag="dispatch.tool_outcome"):
+    """What the model sees of a tool call (policy → dispatch, durable)."""
+
+    session_id: str
+    turn_id: str
+    call_id: str
+    output: str
+    status: ToolStatus = "completed"
 
 
 class TurnEnded(Message, tag="policy.turn_ended"):
@@ -72,3 +101,7 @@ def elicitation_id_for(session_id: str, call_id: str) -> str:
     """The id of the approval a tool call waits on: the same after any restart."""
     digest = hashlib.sha256(f"{session_id}\0{call_id}".encode()).hexdigest()
     return f"elicit_{digest[:32]}"
+
+
+#: Everything the policy actor handles.
+Inbound = ToolCall | Approval | TurnEnded | PolicyEvaluate

@@ -1,9 +1,6 @@
 """The tools actor: runs runner-local tools (T-01..T-27).
 
-Handles:
-    ToolExec (durable call, from policy)  run one tool → ToolExecResult
-    ToolCancel (from policy)              stop a running call (its turn ended)
-    HttpRequest (from the gateway)        ``/v1/sessions/{id}/resources[/...]`` → HttpResponse
+What it handles and answers is the table in :mod:`corral.actors.tools.messages`.
 
 Resource routes (every error ``{"error": {"code", "message"}}``, PROTOCOL_0_19.md §H.2):
 

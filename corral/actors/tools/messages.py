@@ -1,20 +1,31 @@
 """The tools actor's protocol: running one runner-local tool, and stopping it.
 
-Policy calls :class:`ToolExec` (durable) once a tool call has passed its gates; the reply is
-:class:`ToolExecResult`. :class:`ToolCancel` stops a running call.
+Message → reply:
+    ToolExec     → ToolExecResult  (durable call, from policy) run one tool; a failing or
+                                   timed-out tool is a result with ``status`` ``failed``
+    ToolCancel   → none            stop a running call (its turn ended)
+    HttpRequest  → HttpResponse    ``/v1/sessions/{id}/resources[/...]`` (from the gateway
+                                   and dispatch); errors are HTTP answers
+                                   ``{"error": {"code", "message"}}``, never an ErrorReply
+
+Besides these, every actor answers :class:`~corral.bus.InspectRequest` with an
+:class:`~corral.bus.InspectReply`; a body outside :data:`Inbound` is rejected (dead-lettered)
+and a caller gets ``protocol_error``; a handler that raises answers ``handler_error`` and its
+durable message is nacked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...bus import Message
+from ...bus import Message, Request
+from ...routes import HttpRequest
 from ...tools._api import ToolStatus
 
 TOOLS_ACTOR = "tools"
 
 
-class ToolExec(Message, tag="tools.exec"):
+class ToolExec(Request["ToolExecResult"], tag="tools.exec"):
     """Run one runner-local tool (policy → tools, a durable call)."""
 
     session_id: str
@@ -38,3 +49,7 @@ class ToolCancel(Message, tag="tools.cancel"):
     """Stop a running tool call (its turn ended or was interrupted)."""
 
     call_id: str
+
+
+#: Everything the tools actor handles.
+Inbound = ToolExec | ToolCancel | HttpRequest
