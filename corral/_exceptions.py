@@ -14,6 +14,7 @@ Every error corral raises on purpose derives from :class:`CorralError`, branched
       | + BusClosed            the local bus endpoint is closed
       + SupervisionError       the supervision tree gave up
       | + RestartIntensityExceeded
+      + SupervisionSpecError   a SupFlags or ChildSpec value is invalid; names the field
       + HostNotRunning         no host answers on the state dir's control socket
       + HostAlreadyRunning     another host owns the state dir
       + SpecError              an agent spec or bundle is invalid; names the field (a ValueError)
@@ -104,6 +105,14 @@ class RestartIntensityExceeded(SupervisionError):
         super().__init__(message)
         self.child = child
         self.last_exit = last_exit
+
+
+class SupervisionSpecError(CorralError, ValueError):
+    """A supervisor's flags or a child's spec is invalid; ``field`` names the bad one."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class HostNotRunning(CorralError):

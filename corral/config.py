@@ -82,7 +82,9 @@ class ActorSettings(_Section):
     #: ``module:Class`` of the actor; built-ins default to their own.
     target: str | None = None
     enabled: bool = True
-    restart: RestartType = "permanent"
+    #: Default: the built-in actor's own (:data:`BUILTIN`), else ``permanent``.
+    restart: RestartType | None = None
+    #: Default: the built-in actor's own, else ``supervisor.shutdown_timeout_s``.
     shutdown_timeout_s: Positive | None = None
     #: Actor-specific settings, passed to the actor as-is.
     options: dict[str, Any] = {}
@@ -144,27 +146,81 @@ class Config(_Section):
     server: ServerSettings = ServerSettings()
 
 
-#: Actors the host runs by default, in start order, and where they live.
-BUILTIN_ACTORS: dict[str, str] = {
-    "journal": "corral.actors.journal:JournalActor",
-    "harness": "corral.actors.harness:HarnessActor",
-    "tools": "corral.actors.tools:ToolsActor",
-    "policy": "corral.actors.policy:PolicyActor",
-    "dispatch": "corral.actors.dispatch:DispatchActor",
-    "gateway": "corral.actors.gateway:GatewayActor",
+class ActorRole(_Section):
+    """What the host knows of a built-in actor besides its code: how it is supervised and
+    what the host hands it. Every difference between actors is a field here, so the host
+    treats them all alike, by their role, never by name (docs/supervision.md)."""
+
+    #: ``module:Class`` of the actor.
+    target: str
+    #: ``module:Struct`` of its ``[actors.<name>.options]``, decoded by the host at
+    #: ``corral up`` so that a typo exits 2 naming the key instead of crash-looping the actor.
+    #: Named, not imported: the floor imports nothing from above.
+    options: str
+    #: Its restart type unless ``[actors.<name>] restart`` says otherwise.
+    restart: RestartType = "permanent"
+    #: Its SIGTERM → SIGKILL time unless ``[actors.<name>] shutdown_timeout_s`` says
+    #: otherwise (None: ``supervisor.shutdown_timeout_s``).
+    shutdown_timeout_s: Positive | None = None
+    #: It talks to the runners' servers: the host's runners join its ``runners`` option,
+    #: and it restarts when a restarted control plane comes back with a new binding.
+    serves_runners: bool = False
+    #: It opens the runner's tunnel: with no runner configured, the host starts the embedded
+    #: control plane for it (unless it is disabled or names runners of its own).
+    opens_tunnel: bool = False
+    #: ``workspace`` (``corral up --workspace``) reaches it as its ``workspace`` option.
+    gets_workspace: bool = False
+    #: Options it gets (unless set) saying whether another actor runs: option → actor.
+    knows_actors: dict[str, str] = {}
+    #: Lists of its inspection snapshot that ``corral status`` shows, under their own key.
+    status_lists: list[str] = []
+
+
+#: The actors the host runs by default, in start order (all start at once; the control
+#: plane, when there is one, starts before them and so stops after them).
+BUILTIN: dict[str, ActorRole] = {
+    "journal": ActorRole(
+        target="corral.actors.journal:JournalActor",
+        options="corral.actors.journal:JournalOptions",
+    ),
+    "harness": ActorRole(
+        target="corral.actors.harness:HarnessActor",
+        options="corral.actors.harness:HarnessOptions",
+        status_lists=["workers"],
+    ),
+    "tools": ActorRole(
+        target="corral.actors.tools:ToolsActor",
+        options="corral.actors.tools:ToolsOptions",
+        gets_workspace=True,
+    ),
+    "policy": ActorRole(
+        target="corral.actors.policy:PolicyActor",
+        options="corral.actors.policy:PolicyOptions",
+        serves_runners=True,
+    ),
+    "dispatch": ActorRole(
+        target="corral.actors.dispatch:DispatchActor",
+        options="corral.actors.dispatch:DispatchOptions",
+        serves_runners=True,
+        knows_actors={"harness_actor": "harness"},
+    ),
+    "gateway": ActorRole(
+        target="corral.actors.gateway:GatewayActor",
+        options="corral.actors.gateway:GatewayOptions",
+        serves_runners=True,
+        opens_tunnel=True,
+        status_lists=["tunnels"],
+    ),
 }
 
-#: Each built-in actor's options Struct (``[actors.<name>.options]``), which the host decodes
-#: at ``corral up`` before it starts anything, so that a typo exits 2 naming the key instead
-#: of crash-looping the actor. Named, not imported: the floor imports nothing from above.
-BUILTIN_OPTIONS: dict[str, str] = {
-    "journal": "corral.actors.journal:JournalOptions",
-    "harness": "corral.actors.harness:HarnessOptions",
-    "tools": "corral.actors.tools:ToolsOptions",
-    "policy": "corral.actors.policy:PolicyOptions",
-    "dispatch": "corral.actors.dispatch:DispatchOptions",
-    "gateway": "corral.actors.gateway:GatewayOptions",
-}
+#: Built-in actor → its ``module:Class``, in start order.
+BUILTIN_ACTORS: dict[str, str] = {name: role.target for name, role in BUILTIN.items()}
+
+#: Built-in actor → its options Struct (``ActorRole.options``).
+BUILTIN_OPTIONS: dict[str, str] = {name: role.options for name, role in BUILTIN.items()}
+
+#: The role of an actor of your own (``[actors.<name>] target = ...``): none of the above.
+CUSTOM_ROLE = ActorRole(target="", options="")
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 

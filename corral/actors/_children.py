@@ -1,14 +1,18 @@
 """Reusable child supervision: spawn, monitor, restart, stop — OTP one_for_one.
 
 The host supervisor runs its actors with this, and the harness actor runs its worker
-processes with it too. A :class:`ChildSupervisor` owns one trio task per child that spawns
-the process, waits for it to exit and, per the child's restart type, spawns it again.
-Restart intensity is counted across all children of one supervisor: more than
-``intensity`` restarts in ``period_s`` seconds and the supervisor gives up
-(``on_give_up``), because a crash loop must stop loudly rather than spin.
+processes with it too: the same restart accounting, backoff and liveness for both, each
+told by data (:class:`~._specs.SupFlags` for the supervisor, :class:`~._specs.ChildSpec`
+per child) how it differs. A :class:`ChildSupervisor` owns one trio task per child that
+spawns the process, waits for it to exit and, per the child's restart type, spawns it
+again — at once or after its backoff (``restart_on = "exit"``), or when its owner next
+starts it (``"demand"``). More than ``intensity`` restarts in ``period_s`` seconds and the
+supervisor gives up on the child (a :class:`GaveUp` event), because a crash loop must stop
+loudly rather than spin.
 
-Child state is explicit: ``starting`` (spawned, not yet said hello), ``running``,
-``restarting`` (exited, waiting for its restart delay), ``stopped``, ``failed`` (gave up).
+What happens is reported to the owner as one typed event at a time (:data:`ChildEvent`):
+:class:`Spawning`, :class:`Exited`, :class:`GaveUp`. A child's state moves only through
+:func:`~._child_state.step` (the state machine is drawn in :mod:`._child_state`).
 """
 
 from __future__ import annotations
@@ -22,24 +26,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
+from .._exceptions import RestartIntensityExceeded
+from ._child_state import ChildState, decide_exit, silent_for, step
 from ._process import describe_exit, kill_group, spawn, terminate, wait_exit, write_pidfile
-from ._restart import RestartType, add_restart, intensity_exceeded, should_restart
+from ._restart import add_restart, forget_old, intensity_exceeded, restart_delay, should_restart
+from ._specs import ChildSpec, SupFlags
 
 log = logging.getLogger("corral.supervisor")
 
 
-@dataclass(frozen=True, slots=True)
-class ChildSpec:
-    """How to start one child and what to do when it exits."""
+class Spawning(msgspec.Struct, frozen=True):
+    """The child is about to be spawned (its first start or a restart)."""
 
     name: str
-    argv: list[str]
-    env: dict[str, str]
-    restart: RestartType = "permanent"
-    shutdown_timeout_s: float = 5.0
-    cwd: Path | None = None
+
+
+class Exited(msgspec.Struct, frozen=True):
+    """The child's process exited (``last_exit``: code, reason, at, pid)."""
+
+    name: str
+    last_exit: dict[str, Any]
+
+
+class GaveUp(msgspec.Struct, frozen=True):
+    """The child restarted more than ``intensity`` times in ``period_s``: it is ``failed``."""
+
+    name: str
+    last_exit: dict[str, Any] | None
+    intensity: int
+    period_s: float
+
+    def message(self, called: str) -> str:
+        """``actor 'x' restarted more than R times in Ts; last exit: ...``."""
+        reason = self.last_exit["reason"] if self.last_exit else "unknown"
+        return (
+            f"{called} restarted more than {self.intensity} times in {self.period_s:g}s; "
+            f"last exit: {reason}"
+        )
+
+
+ChildEvent = Spawning | Exited | GaveUp
 
 
 @dataclass(slots=True)
@@ -47,13 +76,15 @@ class Child:
     """A child's live record, as ``corral status`` shows it."""
 
     spec: ChildSpec
-    state: str = "starting"
+    state: ChildState
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     last_exit: dict[str, Any] | None = None
     started_at: float = 0.0
     kill_reason: str | None = None
     stopping: bool = False
+    #: When a child restarted on demand may be spawned again (its backoff).
+    restart_due: float = 0.0
     exited: trio.Event = field(default_factory=trio.Event)
     ready: trio.Event = field(default_factory=trio.Event)
 
@@ -67,11 +98,11 @@ class Child:
         return {
             "name": self.spec.name,
             "pid": self.pid,
-            "state": self.state,
+            "state": self.state.value,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
             "uptime_s": round(time.monotonic() - self.started_at, 3)
-            if self.state == "running"
+            if self.state is ChildState.RUNNING
             else None,
         }
 
@@ -80,39 +111,25 @@ class ChildSupervisor:
     """Supervises a dynamic set of child processes.
 
     Args:
-        intensity: restarts allowed within ``period_s`` before giving up.
-        period_s: the window for ``intensity``.
+        flags: strategy, intensity, period, backoff and liveness of this supervisor.
         run_dir: where pid files go, for the start-up sweep of a later supervisor.
-        restart_delay: seconds before a restart, doubling per consecutive crash of the
-            same child up to ``max_restart_delay`` (0: restart at once, as OTP does).
-        on_spawn: called with the child's name just before each spawn (first or restart).
-        on_exit: called with (name, last_exit) whenever a child exits.
-        on_give_up: called with (name, last_exit) when intensity is exceeded; the
-            supervisor stops restarting that child and marks it ``failed``.
+        on_event: called with each :data:`ChildEvent` as it happens (in the supervisor's
+            task: it must not block).
     """
 
     def __init__(
         self,
+        flags: SupFlags,
         *,
-        intensity: int,
-        period_s: float,
         run_dir: Path,
-        restart_delay: float = 0.0,
-        max_restart_delay: float = 5.0,
-        on_spawn: Callable[[str], None] | None = None,
-        on_exit: Callable[[str, dict[str, Any]], None] | None = None,
-        on_give_up: Callable[[str, dict[str, Any] | None], None] | None = None,
+        on_event: Callable[[ChildEvent], None] = lambda event: None,
     ) -> None:
-        self.intensity = intensity
-        self.period_s = period_s
+        self.flags = flags
         self.run_dir = run_dir
-        self.restart_delay = restart_delay
-        self.max_restart_delay = max_restart_delay
-        self.on_spawn = on_spawn
-        self.on_exit = on_exit
-        self.on_give_up = on_give_up
+        self.on_event = on_event
         self.children: dict[str, Child] = {}
-        self._restarts: list[float] = []
+        #: Restart times within the period, per child or all under "" (``intensity_per``).
+        self._restarts: dict[str, list[float]] = {}
         self._nursery: trio.Nursery | None = None
         self._stopping = False
 
@@ -128,26 +145,54 @@ class ChildSupervisor:
 
     # --- starting and stopping -------------------------------------------------------------
 
-    def start_child(self, spec: ChildSpec) -> Child:
-        """Spawn a child now and supervise it. Its state is ``starting`` until marked ready."""
+    async def start_child(self, spec: ChildSpec) -> Child:
+        """Spawn a child now and supervise it. Its state is ``starting`` until marked ready.
+
+        A child left ``restarting`` for its owner (``restart_on = "demand"``) is spawned
+        again once its backoff has passed (this waits for it); one the supervisor gave up on
+        starts again once its restarts within the period allow.
+
+        Raises:
+            ValueError: the child is up, or being restarted by the supervisor.
+            RestartIntensityExceeded: the child failed and its restarts within the period
+                still exceed the intensity.
+        """
         if self._nursery is None:
             raise RuntimeError("the supervisor is not running")
-        if spec.name in self.children and self.children[spec.name].state not in (
-            "stopped",
-            "failed",
-        ):
+        old = self.children.get(spec.name)
+        if old is not None and (old.state.up or not old.exited.is_set()):
             raise ValueError(f"child {spec.name!r} is already running")
-        child = Child(spec=spec)
+        if old is not None and old.state is ChildState.RESTARTING:
+            wait = old.restart_due - time.monotonic()
+            if wait > 0:
+                await trio.sleep(wait)
+        if old is not None and old.state is ChildState.FAILED:
+            restarts = forget_old(self._history(spec.name), time.monotonic(), self.flags.period_s)
+            if intensity_exceeded(restarts, self.flags.intensity):
+                raise RestartIntensityExceeded(
+                    GaveUp(
+                        spec.name, old.last_exit, self.flags.intensity, self.flags.period_s
+                    ).message(spec.called),
+                    child=spec.name,
+                    last_exit=old.last_exit,
+                )
+        if self._stopping:
+            raise ValueError(f"child {spec.name!r} is not started: the supervisor is stopping")
+        child = Child(spec=spec, state=step(old.state if old else None, "spawn"))
+        if old is not None and spec.restart_on == "demand" and old.spec.restart_on == "demand":
+            # The same child again: its restarts and last exit carry on.
+            child.restarts = old.restarts + (old.state is not ChildState.STOPPED)
+            child.last_exit = old.last_exit
         self.children[spec.name] = child
         self._spawn(child)
         self._nursery.start_soon(self._watch, child)
         return child
 
     def mark_ready(self, name: str) -> None:
-        """The child said hello: it is running."""
+        """The child said hello (or is otherwise ready): it is running."""
         child = self.children.get(name)
-        if child is not None and child.state == "starting":
-            child.state = "running"
+        if child is not None and child.state is ChildState.STARTING:
+            child.state = step(child.state, "ready")
             child.ready.set()
 
     def kill(self, name: str, reason: str) -> None:
@@ -169,6 +214,8 @@ class ChildSupervisor:
         if child.proc is not None:
             await terminate(child.proc, child.spec.shutdown_timeout_s)
         await child.exited.wait()
+        if child.state is ChildState.RESTARTING:
+            child.state = step(child.state, "stop")
 
     async def stop_all(self) -> None:
         """Stop every child, in reverse start order."""
@@ -176,29 +223,76 @@ class ChildSupervisor:
         for name in reversed(list(self.children)):
             await self.stop_child(name)
 
+    def forget(self, name: str) -> None:
+        """Drop the record of a child whose process is gone (its restarts too, when counted
+        per child): a supervisor of many short-lived children stays bounded.
+
+        Raises:
+            ValueError: the child is still up.
+        """
+        child = self.children.get(name)
+        if child is None:
+            return
+        if child.state.up or not child.exited.is_set():
+            raise ValueError(f"child {name!r} is still running")
+        del self.children[name]
+        if self.flags.intensity_per == "child":
+            self._restarts.pop(name, None)
+
     def statistics(self) -> list[dict[str, Any]]:
         """Rows for ``corral status``, in start order."""
         return [c.statistics() for c in self.children.values()]
 
+    # --- liveness --------------------------------------------------------------------------
+
+    async def watch_liveness(self, last_seen: Callable[[str], float | None]) -> None:
+        """Kill every bus-peer child that stays silent too long (per ``flags.liveness``),
+        until cancelled; ``last_seen(name)`` is the monotonic time of its last sign of life."""
+        liveness = self.flags.liveness
+        if liveness is None:
+            return
+        while True:
+            await trio.sleep(liveness.check_s)
+            self.check_liveness(last_seen, time.monotonic())
+
+    def check_liveness(self, last_seen: Callable[[str], float | None], now: float) -> None:
+        """One round of :meth:`watch_liveness`."""
+        liveness = self.flags.liveness
+        if liveness is None:
+            return
+        for name, child in list(self.children.items()):
+            if not child.spec.bus_peer or child.pid is None:
+                continue
+            silence = silent_for(
+                child.state,
+                last_seen=max(last_seen(name) or 0.0, child.started_at),
+                now=now,
+                window_s=liveness.window_s,
+                start_grace_s=liveness.start_grace_s,
+            )
+            if silence is not None:
+                self.kill(name, f"no heartbeat for {silence:.1f}s")
+
     # --- the per-child loop ----------------------------------------------------------------
 
+    def _history(self, name: str) -> list[float]:
+        return self._restarts.get(name if self.flags.intensity_per == "child" else "", [])
+
     def _spawn(self, child: Child) -> None:
-        child.state = "starting"
         child.ready = trio.Event()
         child.kill_reason = None
         child.started_at = time.monotonic()
-        if self.on_spawn is not None:
-            self.on_spawn(child.spec.name)
+        self.on_event(Spawning(child.spec.name))
         child.proc = spawn(child.spec.argv, env=child.spec.env, cwd=child.spec.cwd)
         write_pidfile(self.run_dir / f"{_file_safe(child.spec.name)}.pid", child.proc.pid)
 
     async def _watch(self, child: Child) -> None:
-        consecutive = 0
+        name = child.spec.name
         try:
             while True:
                 assert child.proc is not None
                 code = await wait_exit(child.proc)
-                (self.run_dir / f"{_file_safe(child.spec.name)}.pid").unlink(missing_ok=True)
+                (self.run_dir / f"{_file_safe(name)}.pid").unlink(missing_ok=True)
                 child.last_exit = describe_exit(
                     code,
                     reason=f"{child.kill_reason} ({describe_exit(code)['reason']})"
@@ -206,30 +300,40 @@ class ChildSupervisor:
                     else None,
                 )
                 child.last_exit["pid"] = child.proc.pid
-                uptime = time.monotonic() - child.started_at
                 if not child.stopping:
-                    log.warning("%s exited: %s", child.spec.name, child.last_exit["reason"])
-                if self.on_exit is not None:
-                    self.on_exit(child.spec.name, child.last_exit)
+                    log.warning("%s exited: %s", name, child.last_exit["reason"])
+                self.on_event(Exited(name, child.last_exit))
                 stopping = self._stopping or child.stopping
-                if not should_restart(child.spec.restart, exit_code=code, stopping=stopping):
-                    child.state = "stopped"
+                restart = should_restart(child.spec.restart, exit_code=code, stopping=stopping)
+                restarts: list[float] = []
+                if restart:
+                    key = name if self.flags.intensity_per == "child" else ""
+                    restarts = add_restart(
+                        self._restarts.get(key, []), time.monotonic(), self.flags.period_s
+                    )
+                    self._restarts[key] = restarts
+                decision = decide_exit(
+                    restart=restart, gave_up=intensity_exceeded(restarts, self.flags.intensity)
+                )
+                child.state = step(child.state, decision)
+                if decision == "give_up":
+                    self.on_event(
+                        GaveUp(name, child.last_exit, self.flags.intensity, self.flags.period_s)
+                    )
+                if decision != "restart":
                     return
-                self._restarts = add_restart(self._restarts, time.monotonic(), self.period_s)
-                if intensity_exceeded(self._restarts, self.intensity):
-                    child.state = "failed"
-                    if self.on_give_up is not None:
-                        self.on_give_up(child.spec.name, child.last_exit)
+                backoff = self.flags.backoff
+                delay = restart_delay(len(restarts), first_s=backoff.first_s, max_s=backoff.max_s)
+                if child.spec.restart_on == "demand":
+                    child.restart_due = time.monotonic() + delay
                     return
-                child.state = "restarting"
-                consecutive = consecutive + 1 if uptime < self.period_s else 1
-                if self.restart_delay:
-                    delay = min(self.restart_delay * 2 ** (consecutive - 1), self.max_restart_delay)
+                if delay:
                     await trio.sleep(delay)
-                    if self._stopping or child.stopping:
-                        child.state = "stopped"
-                        return
+                if self._stopping or child.stopping:
+                    child.state = step(child.state, "stop")
+                    return
                 child.restarts += 1
+                child.state = step(child.state, "spawn")
                 self._spawn(child)
         finally:
             child.exited.set()

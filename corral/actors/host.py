@@ -48,8 +48,11 @@ from .._exceptions import (
 )
 from ..bus import Broker, InspectRequest, open_peer
 from ..config import (
+    BUILTIN,
     BUILTIN_ACTORS,
     BUILTIN_OPTIONS,
+    CUSTOM_ROLE,
+    ActorRole,
     ActorSettings,
     Config,
     RunnerSettings,
@@ -58,9 +61,11 @@ from ..config import (
 )
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
-from ._children import ChildSpec, ChildSupervisor
+from ._child_state import ChildState
+from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
 from ._control import serve_control
 from ._process import alive, start_time, sweep
+from ._specs import ChildSpec, Liveness, SupFlags
 
 log = logging.getLogger("corral.host")
 
@@ -106,8 +111,9 @@ def read_server_file(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("url") else None
 
 
-#: Actors that talk to the runners' servers and get the ``[[runners]]`` tables.
-_SERVES_RUNNERS = ("gateway", "dispatch", "policy")
+def role_of(name: str) -> ActorRole:
+    """A built-in actor's role (even with another ``target``); an actor of your own has none."""
+    return BUILTIN.get(name, CUSTOM_ROLE)
 
 
 class Host:
@@ -213,13 +219,20 @@ class Host:
         broker = self.broker = Broker(
             [inst.bus_endpoint, INPROC_ENDPOINT], inst.mailbox_log, settings.bus, ctx=ctx
         )
+        live = settings.liveness
+        window = live.interval_s * live.liveness
         children = self.children = ChildSupervisor(
-            intensity=settings.supervisor.intensity,
-            period_s=settings.supervisor.period_s,
+            SupFlags(
+                intensity=settings.supervisor.intensity,
+                period_s=settings.supervisor.period_s,
+                liveness=Liveness(
+                    window_s=window,
+                    check_s=live.interval_s / 2,
+                    start_grace_s=max(window, START_GRACE_S),
+                ),
+            ),
             run_dir=inst.children_dir,
-            on_spawn=self._on_spawn,
-            on_exit=lambda name, _exit: broker.peer_down(name),
-            on_give_up=self._give_up,
+            on_event=self._on_child_event,
         )
         broker.on_hello = lambda name, _pid: children.mark_ready(name)
         broker.exit_reason = self._exit_reason
@@ -234,7 +247,7 @@ class Host:
                 nursery.start_soon(self._watch_signals)
                 await self._start_children()
                 self.state = "running"
-                nursery.start_soon(self._watch_liveness)
+                nursery.start_soon(children.watch_liveness, broker.last_seen)
                 if self.control_plane is not None:
                     nursery.start_soon(self._watch_control_plane)
                 if not self._stop.is_set():
@@ -265,29 +278,33 @@ class Host:
         plan = actor_plan(self.config)
         _import_protocols([target for _, target, _ in plan])
         # Every actor starts at once, so their imports overlap; the broker holds stream
-        # messages to one that has not said hello yet (on_spawn), so no actor depends on
+        # messages to one that has not said hello yet (its Spawning event), so no actor depends on
         # the order.
         started = []
         for name, target, actor in plan:
             self._plan[name] = (target, actor)
-            started.append(self.children.start_child(self._actor_spec(name, target, actor)))
+            started.append(await self.children.start_child(self._actor_spec(name, target, actor)))
         with trio.move_on_after(START_GRACE_S):
             for child in started:
-                while not (
-                    child.ready.is_set()
-                    or child.state in ("failed", "stopped")
-                    or self._stop.is_set()
-                ):
+                while not (child.ready.is_set() or child.state.over or self._stop.is_set()):
                     with trio.move_on_after(0.05):
                         await child.ready.wait()
 
-    def _on_spawn(self, name: str) -> None:
+    def _on_child_event(self, event: ChildEvent) -> None:
+        assert self.broker is not None and self.children is not None
+        child = self.children.children.get(event.name)
         # The control plane is a child too, but never joins the bus: no mailbox, no hold.
-        if name != SERVER_CHILD:
-            assert self.broker is not None
-            self.broker.starting(name)
+        bus_peer = child is not None and child.spec.bus_peer
+        match event:
+            case Spawning(name) if bus_peer:
+                self.broker.starting(name)
+            case Exited(name) if bus_peer:
+                self.broker.peer_down(name)
+            case GaveUp():
+                self._give_up(event)
 
     def _actor_spec(self, name: str, target: str, actor: ActorSettings) -> ChildSpec:
+        role = role_of(name)
         return ChildSpec(
             name=name,
             argv=[sys.executable, "-m", "corral.actors._entry"],
@@ -295,9 +312,11 @@ class Host:
                 **os.environ,
                 "CORRAL_CHILD": json.dumps(self._child_spec(name, target, actor)),
             },
-            restart=actor.restart,
+            restart=actor.restart or role.restart,
             shutdown_timeout_s=actor.shutdown_timeout_s
+            or role.shutdown_timeout_s
             or self.config.supervisor.shutdown_timeout_s,
+            label=f"actor {name!r}",
         )
 
     def _resolve_runners(self) -> list[RunnerSettings]:
@@ -319,18 +338,19 @@ class Host:
 
     def _child_spec(self, name: str, target: str, actor: Any) -> dict[str, Any]:
         options = dict(actor.options)
-        if name in _SERVES_RUNNERS and self.runners:
+        role = role_of(name)
+        if role.serves_runners and self.runners:
             # The host's runners, after any listed in the actor's own options.
             options["runners"] = [
                 *options.get("runners", []),
                 *msgspec.to_builtins(self.runners),
             ]
-        if name == "tools" and self.config.workspace:
+        if role.gets_workspace and self.config.workspace:
             options["workspace"] = self.config.workspace
-        if name == "dispatch":
+        if role.knows_actors:
             plan = {actor for actor, _, _ in actor_plan(self.config)}
-            # The built-in harness actor (config.BUILTIN_ACTORS), by name like the others.
-            options.setdefault("harness_actor", "harness" in plan)
+            for option, other in role.knows_actors.items():
+                options.setdefault(option, other in plan)
         return {
             "name": name,
             "target": target,
@@ -353,8 +373,8 @@ class Host:
         """No runner configured anywhere, ``[server].enabled`` and a gateway to bind."""
         if self.runner is not None or self.config.runners or not self.config.server.enabled:
             return False
-        gateway = self.config.actors.get("gateway", ActorSettings())
-        if not gateway.enabled or gateway.options.get("runners"):
+        tunnels = [s for name, _, s in actor_plan(self.config) if role_of(name).opens_tunnel]
+        if not tunnels or any(s.options.get("runners") for s in tunnels):
             return False
         try:
             found = importlib.util.find_spec("corral.server.__main__") is not None
@@ -385,13 +405,15 @@ class Host:
     async def _start_control_plane(self) -> bool:
         """Start the control plane and bind the runner to it; False if it never came up."""
         assert self.children is not None
-        child = self.children.start_child(
+        child = await self.children.start_child(
             ChildSpec(
                 name=SERVER_CHILD,
                 argv=self._control_plane_argv(),
                 env=dict(os.environ),
                 restart="permanent",
                 shutdown_timeout_s=self.config.supervisor.shutdown_timeout_s,
+                bus_peer=False,
+                label="the embedded control plane",
             )
         )
         info = None
@@ -421,7 +443,7 @@ class Host:
         assert self.children is not None
         while not self._stop.is_set():
             child = self.children.children.get(SERVER_CHILD)
-            if child is None or child.state in ("stopped", "failed"):
+            if child is None or child.state.over:
                 return None
             info = read_server_file(self.server_file)
             if info is not None and child.pid is not None and info.get("pid") == child.pid:
@@ -448,9 +470,9 @@ class Host:
         async with httpx.AsyncClient(timeout=5.0) as http:
             while not self._stop.is_set():
                 child = self.children.children.get(SERVER_CHILD)
-                if child is None or child.state in ("stopped", "failed"):
+                if child is None or child.state.over:
                     return
-                if child.state in ("starting", "restarting"):
+                if child.state in (ChildState.STARTING, ChildState.RESTARTING):
                     with trio.move_on_after(CONTROL_PLANE_START_S) as scope:
                         info = await self._await_server_file()
                     if scope.cancelled_caught:
@@ -473,7 +495,7 @@ class Host:
                     last_ok = time.monotonic()  # any answer at all proves it is serving
                 except httpx.HTTPError as exc:
                     silent = time.monotonic() - last_ok
-                    if silent > CONTROL_PLANE_PROBE_WINDOW_S and child.state == "running":
+                    if silent > CONTROL_PLANE_PROBE_WINDOW_S and child.state is ChildState.RUNNING:
                         reason = f"no HTTP answer for {silent:.0f}s ({exc})"
                         self.children.kill(SERVER_CHILD, reason)
 
@@ -491,29 +513,11 @@ class Host:
             return
         log.warning("the control plane came back with a new address or token; rebinding")
         assert self.children is not None
-        for name in _SERVES_RUNNERS:
-            if name not in self._plan or self._stop.is_set():
+        for name, (target, actor) in list(self._plan.items()):
+            if not role_of(name).serves_runners or self._stop.is_set():
                 continue
-            target, actor = self._plan[name]
             await self.children.stop_child(name)
-            self.children.start_child(self._actor_spec(name, target, actor))
-
-    async def _watch_liveness(self) -> None:
-        assert self.children is not None and self.broker is not None
-        live = self.config.liveness
-        window = live.interval_s * live.liveness
-        while True:
-            await trio.sleep(live.interval_s / 2)
-            now = time.monotonic()
-            for name, child in self.children.children.items():
-                if child.state not in ("starting", "running") or child.pid is None:
-                    continue
-                if name == SERVER_CHILD:
-                    continue  # not a bus peer: probed over HTTP instead
-                seen = max(self.broker.last_seen(name) or 0.0, child.started_at)
-                limit = window if child.state == "running" else max(window, START_GRACE_S)
-                if now - seen > limit:
-                    self.children.kill(name, f"no heartbeat for {now - seen:.1f}s")
+            await self.children.start_child(self._actor_spec(name, target, actor))
 
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -521,15 +525,12 @@ class Host:
                 log.info("received %s", signal.Signals(signum).name)
                 self._stop.set()
 
-    def _give_up(self, name: str, last_exit: dict[str, Any] | None) -> None:
-        reason = last_exit["reason"] if last_exit else "unknown"
-        s = self.config.supervisor
-        what = "the embedded control plane" if name == SERVER_CHILD else f"actor {name!r}"
+    def _give_up(self, event: GaveUp) -> None:
+        assert self.children is not None
         self._failure = RestartIntensityExceeded(
-            f"{what} restarted more than {s.intensity} times in {s.period_s:g}s; "
-            f"last exit: {reason}",
-            child=name,
-            last_exit=last_exit,
+            event.message(self.children.children[event.name].spec.called),
+            child=event.name,
+            last_exit=event.last_exit,
         )
         log.error("%s", self._failure)
         self._stop.set()
@@ -552,9 +553,14 @@ class Host:
 
     async def _op_status(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.children is not None
+        # Each built-in actor's lists that status shows (its role), [] when it does not run.
+        lists = {
+            key: await self._actor_state(name, key)
+            for name, role in BUILTIN.items()
+            for key in role.status_lists
+        }
         return {
-            "workers": await self._actor_state("harness", "workers"),
-            "tunnels": await self._actor_state("gateway", "tunnels"),
+            **lists,
             "host": {
                 "pid": os.getpid(),
                 "state": self.state,
@@ -562,7 +568,7 @@ class Host:
                 "uptime_s": round(time.monotonic() - self.started, 3),
                 "version": __version__,
             },
-            "actors": [a for a in self.children.statistics() if a["name"] != SERVER_CHILD],
+            "actors": [c.statistics() for c in self.children.children.values() if c.spec.bus_peer],
             "server": self._server_status(),
         }
 
@@ -575,7 +581,7 @@ class Host:
         return {
             "url": info.get("url"),
             "pid": child.pid,
-            "state": child.state,
+            "state": child.state.value,
             "restarts": child.restarts,
             "last_exit": child.last_exit,
             "runner_id": info.get("runner_id"),
@@ -588,7 +594,7 @@ class Host:
         """
         assert self.children is not None
         child = self.children.children.get(actor)
-        if child is None or child.state != "running":
+        if child is None or child.state is not ChildState.RUNNING:
             return []
         with trio.move_on_after(1.0):
             try:

@@ -83,8 +83,13 @@ class Peer(Receiving):
         ctx: zmq.SyncContext | None = None,
         inbox_size: int = 10_000,
         accepts: object = (),
+        heartbeat: bool = True,
     ) -> None:
         self.name = name
+        #: Whether this peer heartbeats the broker when otherwise silent. A harness worker
+        #: does not: its WorkerAlive to the harness actor every interval is its one
+        #: heartbeat, and the broker sees that traffic pass too.
+        self.heartbeat = heartbeat
         self.endpoint = endpoint
         self.bus = bus
         self.liveness = liveness
@@ -402,7 +407,8 @@ class Peer(Receiving):
             nursery.start_soon(self._receive_loop)
             nursery.start_soon(self._ack_loop)
             await self._greet()
-            nursery.start_soon(self._heartbeat_loop)
+            if self.heartbeat:
+                nursery.start_soon(self._heartbeat_loop)
             task_status.started()
 
     async def _greet(self) -> None:

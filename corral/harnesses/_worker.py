@@ -447,6 +447,8 @@ class Worker:
                 self.peer.ack(incoming)
 
     async def _alive_loop(self) -> None:
+        """The worker's one heartbeat, every liveness interval whatever else it sends: the
+        harness actor's supervisor kills a worker silent for its liveness window."""
         while True:
             await self.peer.cast(
                 HARNESS_ACTOR,
@@ -588,8 +590,15 @@ async def run_worker(spec: dict[str, Any]) -> None:
     kind = load_kind(spec["target"], spec.get("options", {}))
     name = worker_address(spec["session_id"])
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # One heartbeat: the WorkerAlive the worker sends the harness actor every interval
+        # (``Worker._alive_loop``), which the broker sees as traffic too.
         async with open_peer(
-            name, spec["endpoint"], bus=bus, liveness=liveness, accepts=WorkerInbound
+            name,
+            spec["endpoint"],
+            bus=bus,
+            liveness=liveness,
+            accepts=WorkerInbound,
+            heartbeat=False,
         ) as peer:
             worker = Worker(peer, spec["session_id"], kind, liveness)
             async with trio.open_nursery() as nursery:

@@ -18,12 +18,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import trio
 
-from ..._exceptions import BusError, Unreachable
+from ..._exceptions import BusError, RestartIntensityExceeded, Unreachable
 from ...bus import Dedup, Incoming, Message, Request
 from ...harnesses import resolve as resolve_harness
 from ...harnesses.protocol import (
@@ -44,9 +44,11 @@ from ...harnesses.protocol import (
 )
 from ...harnesses.spawn_env import SpawnEnvError, build_spawn_env
 from .._actor import Actor, ActorContext, every, handles
-from .._children import ChildSpec, ChildSupervisor
+from .._child_state import ChildState
+from .._children import Child, ChildEvent, ChildSupervisor, Exited, GaveUp
 from .._deferred import Deferred
 from .._process import sweep
+from .._specs import Backoff, ChildSpec, Liveness, SupFlags
 
 log = logging.getLogger("corral.actors.harness")
 
@@ -77,10 +79,10 @@ class WorkerState:
     spawned: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
     last_active: float = field(default_factory=time.monotonic)
-    ready: trio.Event = field(default_factory=trio.Event)
     exited: bool = False
+    #: When its process was seen to exit (the record is reclaimed once it is not needed).
+    exited_at: float = 0.0
     pid: int | None = None
-    crashes: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -100,8 +102,13 @@ class HarnessOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     start_timeout_s: float = 15.0
     #: A worker silent this long is dead (default: the bus's liveness window).
     worker_liveness_s: float | None = None
-    #: The first pause before a crash-looping harness is spawned again (it doubles).
-    crash_backoff_s: float = 0.5
+    #: The first pause before a crash-looping harness is spawned again (it doubles, to 10 s).
+    crash_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    #: A session's worker restarted (after a crash) more than this many times within
+    #: ``worker_period_s`` is given up on: the session's turns fail ``harness_unavailable``
+    #: until the oldest of those restarts is ``worker_period_s`` old.
+    worker_intensity: Annotated[int, msgspec.Meta(ge=0)] = 10
+    worker_period_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     #: More harness kinds: name → ``module:Class`` (H-05).
     harnesses: dict[str, str] = {}
 
@@ -120,8 +127,20 @@ class HarnessActor(Actor):
         self.extra_harnesses: dict[str, str] = dict(opts.harnesses)
         self.run_dir = ctx.data_dir / "workers"
         self.started_turns = Dedup(ctx.data_dir / "started-turns")
+        # A worker is needed again only by its session's next turn: after a crash it is
+        # restarted then (on demand), backed off and counted per session like any restart.
         self.children = ChildSupervisor(
-            intensity=10**9, period_s=1.0, run_dir=self.run_dir, on_exit=self._on_worker_exit
+            SupFlags(
+                intensity=opts.worker_intensity,
+                period_s=opts.worker_period_s,
+                intensity_per="child",
+                backoff=Backoff(
+                    first_s=opts.crash_backoff_s, max_s=max(10.0, opts.crash_backoff_s)
+                ),
+                liveness=Liveness(window_s=self.liveness_s, check_s=0.25),
+            ),
+            run_dir=self.run_dir,
+            on_event=self._on_worker_event,
         )
         self.workers: dict[str, WorkerState] = {}
         self.turns: dict[str, OwnedTurn] = {}
@@ -138,6 +157,7 @@ class HarnessActor(Actor):
             log.warning("killed %d orphaned workers of an earlier harness actor", len(killed))
         assert self.nursery is not None
         await self.nursery.start(self.children.run)
+        self.nursery.start_soon(self.children.watch_liveness, self._last_seen)
         # Every worker died with the previous incarnation: what they parked can't continue.
         for incoming, _age in await self.peer.parked():
             msg = incoming.msg
@@ -173,7 +193,9 @@ class HarnessActor(Actor):
                     "harness": w.harness,
                     "in_flight": w.session_id in self.turns,
                     "idle_s": round(now - w.last_active, 3),
-                    "crashes": len(w.crashes),
+                    "crashes": c.restarts
+                    if (c := self.children.children.get(worker_address(w.session_id)))
+                    else 0,
                     "pid": (
                         c.pid
                         if (c := self.children.children.get(worker_address(w.session_id)))
@@ -184,6 +206,8 @@ class HarnessActor(Actor):
                 if not w.exited
             ],
             "parked": sorted(self.parked),
+            # What this actor keeps per session beyond its live workers (bounded: H-08).
+            "records": {"workers": len(self.workers), "children": len(self.children.children)},
         }
 
     # --- turns -----------------------------------------------------------------------------
@@ -316,8 +340,9 @@ class HarnessActor(Actor):
             with trio.move_on_after(5):
                 await child.exited.wait()
         state = self.workers.get(name.removeprefix("harness/"))
-        if state is not None:
+        if state is not None and not state.exited:
             state.exited = True
+            state.exited_at = time.monotonic()
 
     async def _ensure_worker(
         self, session_id: str, harness: str, target: str, env: dict[str, str]
@@ -329,22 +354,10 @@ class HarnessActor(Actor):
         alive = state is not None and not state.exited and child is not None and child.pid
         if alive and state is not None and state.harness == harness:
             return None
-        if child is not None and child.state not in ("stopped", "failed"):
+        if child is not None and child.state.up:
             # A worker on its way out (reaped, or another harness): let it finish first.
             await self.children.stop_child(name)
-        if state is not None and state.crashes:
-            # Crash loops back off: the first crash in a minute respawns at once, each
-            # further one doubles the wait.
-            recent = [t for t in state.crashes if time.monotonic() - t < 60]
-            delay = (
-                min(self.crash_backoff_s * 2 ** (len(recent) - 2), 10.0) if len(recent) > 1 else 0
-            )
-            wait = state.crashes[-1] + delay - time.monotonic()
-            if wait > 0:
-                await trio.sleep(wait)
         new = WorkerState(session_id=session_id, harness=harness)
-        if state is not None:
-            new.crashes = state.crashes
         self.workers[session_id] = new
         spec = {
             "session_id": session_id,
@@ -357,28 +370,34 @@ class HarnessActor(Actor):
         }
         child_env = {**env, "CORRAL_WORKER": msgspec.json.encode(spec).decode()}
         try:
-            child = self.children.start_child(
+            # A crashed worker's restart waits out its backoff here: the first crash in the
+            # period respawns at once, each further one doubles the wait.
+            child = await self.children.start_child(
                 ChildSpec(
                     name=name,
                     argv=[sys.executable, "-m", "corral.harnesses._worker"],
                     env=child_env,
-                    restart="temporary",
+                    restart="transient",
+                    restart_on="demand",
                     shutdown_timeout_s=2.0,
+                    label=f"the {harness!r} harness worker of this session",
                 )
             )
+        except RestartIntensityExceeded as exc:
+            new.exited = True
+            return str(exc)
         except OSError as exc:
             new.exited = True
             return f"the {harness!r} harness could not start: {exc}"
         new.pid = child.pid
         self.stats["spawned"] += 1
         with trio.move_on_after(self.start_timeout_s):
-            while not new.ready.is_set() and not new.exited:
+            while not child.ready.is_set() and not child.exited.is_set():
                 with trio.move_on_after(0.05):
-                    await new.ready.wait()
-        if new.ready.is_set():
+                    await child.ready.wait()
+        if child.ready.is_set():
             return None
-        child = self.children.children.get(name)
-        exit_info = child.last_exit if child else None
+        exit_info = child.last_exit if child.exited.is_set() else None
         if exit_info and exit_info["code"] == EXIT_CANNOT_LOAD:
             return f"the {harness!r} harness could not be loaded ({target})"
         if exit_info:
@@ -473,7 +492,7 @@ class HarnessActor(Actor):
             return
         now = time.monotonic()
         state.last_seen = now
-        state.ready.set()
+        self.children.mark_ready(worker_address(msg.session_id))
         if msg.busy or msg.session_id in self.turns:
             state.last_active = now
 
@@ -494,6 +513,18 @@ class HarnessActor(Actor):
         except Exception:
             log.exception("could not deliver %s to %s", type(event).__name__, to)
 
+    def _last_seen(self, name: str) -> float | None:
+        """A worker's last heartbeat (its WorkerAlive), for the supervisor's liveness."""
+        state = self.workers.get(name.removeprefix("harness/"))
+        return state.last_seen if state is not None and not state.exited else None
+
+    def _on_worker_event(self, event: ChildEvent) -> None:
+        match event:
+            case Exited(name, last_exit):
+                self._on_worker_exit(name, last_exit)
+            case GaveUp(name):
+                log.warning("%s", event.message(f"the worker {name!r}"))
+
     def _on_worker_exit(self, name: str, last_exit: dict[str, Any]) -> None:
         session_id = name.removeprefix("harness/")
         state = self.workers.get(session_id)
@@ -501,9 +532,9 @@ class HarnessActor(Actor):
             return  # an earlier worker of the session; its successor is already up
         if state is not None:
             state.exited = True
-            if last_exit["code"] != 0:
-                state.crashes.append(time.monotonic())
-                self.stats["crashed"] += 1
+            state.exited_at = time.monotonic()
+        if last_exit["code"] != 0:
+            self.stats["crashed"] += 1
         if session_id in self.turns:
             self.in_order(session_id, lambda: self._worker_died(session_id, last_exit))
 
@@ -542,15 +573,25 @@ class HarnessActor(Actor):
         )
 
     @every(0.25)
-    async def _watch_workers(self) -> None:
+    async def _reap_workers(self) -> None:
+        """Stop idle workers (H-08) and forget exited ones that nothing needs any more.
+
+        Liveness is not checked here: the supervisor does it (``watch_liveness``), from the
+        workers' heartbeats, as the host does for actors.
+        """
         now = time.monotonic()
         for session_id, state in list(self.workers.items()):
-            if state.exited or not state.ready.is_set():
-                continue
             name = worker_address(session_id)
-            if now - state.last_seen > self.liveness_s:
-                self.children.kill(name, f"no heartbeat for {now - state.last_seen:.1f}s")
-            elif (
+            child = self.children.children.get(name)
+            if state.exited:
+                if session_id not in self.turns and self._reclaimable(child, state, now):
+                    if child is not None:
+                        self.children.forget(name)
+                    del self.workers[session_id]
+                continue
+            if child is None or not child.ready.is_set():
+                continue
+            if (
                 self.idle_timeout_s > 0
                 and session_id not in self.turns
                 and now - state.last_active > self.idle_timeout_s
@@ -558,7 +599,20 @@ class HarnessActor(Actor):
                 log.info("reaping idle worker %s", name)
                 self.stats["reaped"] += 1
                 state.exited = True
+                state.exited_at = now
                 self.nursery.start_soon(self.children.stop_child, name)  # type: ignore[union-attr]
+
+    def _reclaimable(self, child: Child | None, state: WorkerState, now: float) -> bool:
+        """Whether an exited worker's records can go: its process is gone, and it was
+        stopped (nothing to remember) or its crash is older than the intensity period (its
+        restarts no longer count)."""
+        if child is None:
+            return True
+        if child.state.up or not child.exited.is_set():
+            return False
+        if child.state is ChildState.STOPPED:
+            return True
+        return now - state.exited_at > self.children.flags.period_s
 
 
 def _spec_harness(spec: dict[str, Any]) -> str:
