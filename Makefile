@@ -2,12 +2,13 @@
 #   make run   — create the virtualenv if needed, install corral, start `corral up`
 #   make test  — the same set-up (plus the real omnigent server for tests/interop), then the
 #                whole test suite
+#   make test-fast — the same set-up, then all but the interop and chaos tests (≤ 5 min)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +25,10 @@ test: $(STAMP)
 	@# >= 3.12 here, and the interop suite skips itself loudly).
 	@./.ci/omnigent-venv >/dev/null || [ $$? -eq 3 ]
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
+	$(BIN)/python -m pytest -q -m "not interop and not chaos" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

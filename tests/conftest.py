@@ -1,4 +1,11 @@
-"""Shared fixtures: a real corral host in a subprocess, on a fresh state dir."""
+"""Shared fixtures: a real corral host in a subprocess, a fake omnigent server, a run journal.
+
+``host_factory`` makes hosts on fresh state dirs; ``host`` is one started with the default
+test config. A module that sets ``SHARE_HOST = True`` has its tests share one ``host`` for the
+whole module, because a ``corral up`` costs ~1.6 s (more under load): its tests only run turns
+on it, each with its own session ids. A test that stops, kills or reconfigures processes of
+its host is marked ``chaos`` or ``fresh_host`` and gets a host of its own (docs/testing.md).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,8 @@ import pytest
 
 from corral.actors._control import request
 from corral.instance import Instance
+from corral.journal import RunJournal
+from tests.fake_server import FakeOmnigentServer
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
@@ -154,43 +163,131 @@ target = "tests._echo:EchoActor"
 """
 
 
-@pytest.fixture
-def host_factory(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., HostProcess]]:
-    hosts: list[HostProcess] = []
-    module_echo = getattr(request.module, "RUNS_ECHO", False)
+class Hosts:
+    """The hosts a fixture made under ``base``; :meth:`cleanup` kills what is left of them."""
+
+    def __init__(self, base: Path, module: Any) -> None:
+        self.base = base
+        self.module_echo = getattr(module, "RUNS_ECHO", False)
+        self.hosts: list[HostProcess] = []
 
     def make(
-        config: str = FAST_LIVENESS, name: str = "state", *, echo: bool | None = None
+        self, config: str = FAST_LIVENESS, name: str = "state", *, echo: bool | None = None
     ) -> HostProcess:
         config += os.environ.get("CORRAL_TEST_EXTRA_CONFIG", "")
-        if module_echo if echo is None else echo:
+        if self.module_echo if echo is None else echo:
             config += ECHO_ACTOR
         if "[server]" not in config:
             # Tests of the host and its actors drive them directly (a stand-in gateway, a
             # fake tunnel server): no embedded control plane unless a test asks for one.
             config += "\n[server]\nenabled = false\n"
-        h = HostProcess(tmp_path / name, config)
-        hosts.append(h)
+        h = HostProcess(self.base / name, config)
+        self.hosts.append(h)
         return h
 
-    yield make
-    for h in hosts:
-        if h.proc is not None and h.proc.poll() is None:
-            h.proc.kill()
-            h.proc.wait(10)
-        for pid in processes_of(h.state_dir):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    def cleanup(self) -> None:
+        for h in self.hosts:
+            if h.proc is not None and h.proc.poll() is None:
+                h.proc.kill()
+                h.proc.wait(10)
+            for pid in processes_of(h.state_dir):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
-def host(host_factory: Callable[..., HostProcess]) -> Iterator[HostProcess]:
+def host_factory(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., HostProcess]]:
+    hosts = Hosts(tmp_path, request.module)
+    yield hosts.make
+    hosts.cleanup()
+
+
+@pytest.fixture(scope="module")
+def module_host_factory(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., HostProcess]]:
+    """Like ``host_factory``, for hosts a module's tests share (module-scoped fixtures)."""
+    hosts = Hosts(
+        tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]), request.module
+    )
+    yield hosts.make
+    hosts.cleanup()
+
+
+@pytest.fixture(scope="module")
+def shared_host(module_host_factory: Callable[..., HostProcess]) -> Iterator[HostProcess]:
+    """One host with the default test config for a whole module (see the module docstring)."""
+    h = module_host_factory().start()
+    yield h
+    if h.proc is not None and h.proc.poll() is None:
+        h.stop()
+
+
+def needs_fresh_host(request: pytest.FixtureRequest) -> bool:
+    """Whether the test stops, kills or reconfigures its host's processes (its markers say)."""
+    node = request.node
+    return bool(node.get_closest_marker("chaos") or node.get_closest_marker("fresh_host"))
+
+
+def shared_or_fresh(
+    request: pytest.FixtureRequest, shared: str, fresh: Callable[[], HostProcess]
+) -> Iterator[HostProcess]:
+    """The body of a host fixture: the module-scoped fixture named ``shared``, or for a test
+    that needs its own (:func:`needs_fresh_host`) one that ``fresh`` starts and this stops."""
+    if not needs_fresh_host(request):
+        h: HostProcess = request.getfixturevalue(shared)
+        assert h.proc is not None
+        if h.proc.poll() is not None:
+            raise AssertionError(f"the module's shared host exited:\n{h.log()}")
+        yield h
+        return
+    h = fresh()
+    yield h
+    if h.proc is not None and h.proc.poll() is None:
+        h.stop()
+
+
+@pytest.fixture
+def host(
+    host_factory: Callable[..., HostProcess], request: pytest.FixtureRequest
+) -> Iterator[HostProcess]:
+    if getattr(request.module, "SHARE_HOST", False):
+        yield from shared_or_fresh(request, "shared_host", lambda: host_factory().start())
+        return
     h = host_factory().start()
     yield h
     if h.proc is not None and h.proc.poll() is None:
         h.stop()
+
+
+@pytest.fixture(scope="module")
+def module_server() -> Iterator[FakeOmnigentServer]:
+    """The module's fake omnigent server (tests/fake_server.py), on its own thread."""
+    fake = FakeOmnigentServer()
+    with fake.serve_in_thread():
+        yield fake
+
+
+@pytest.fixture
+def server(module_server: FakeOmnigentServer) -> FakeOmnigentServer:
+    """A fake omnigent server for a host to talk to: the module's one (a host the module
+    shares points at it), with a fresh server's behaviour (policy, tool, ask, token, faults)
+    and no requests recorded yet. What tests add to it (agents, sessions) has unique ids.
+    Async tests that drive a server themselves start one in their nursery."""
+    defaults = FakeOmnigentServer()
+    for name in ("policy", "tool", "ask", "token", "token_mode"):
+        setattr(module_server, name, getattr(defaults, name))
+    module_server.faults.clear()
+    module_server.requests.clear()
+    return module_server
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> RunJournal:
+    """An empty run journal in a fresh directory."""
+    return RunJournal(tmp_path / "journal")
 
 
 def read_json(text: str) -> Any:

@@ -11,7 +11,7 @@ import pytest
 from corral.config import BUILTIN_ACTORS
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 def test_bench_up_times_real_hosts_against_an_actor_runtime_import() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "corral", "bench", "up", "--quick", "--json"],

@@ -16,6 +16,8 @@ from tests.conftest import HostProcess, corral
 
 #: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it.
 RUNS_ECHO = True
+#: The tests that only look at a host share one (tests/conftest.py).
+SHARE_HOST = True
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 
@@ -61,6 +63,7 @@ def test_status_table_for_humans(host: HostProcess) -> None:
     assert "echo" in out.stdout and "running" in out.stdout
 
 
+@pytest.mark.fresh_host  # it leaves durable work queued on the echo actor
 async def test_mailboxes_json_with_peek(host: HostProcess) -> None:
     async with open_peer("client", host.endpoint, liveness=FAST) as peer:
         await peer.cast("echo", EchoSleep(seconds=5), durable=True, session_id="s1")

@@ -11,30 +11,33 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from tests.conftest import FAST_LIVENESS, HostProcess
+from tests.conftest import FAST_LIVENESS, HostProcess, shared_or_fresh
 from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
 from tests.integration._gateway import fake_gateway, scripted_yaml
 from tests.integration.test_tools_policy import _verdict, restarted
 
 
-@pytest.fixture
-def server() -> Iterator[FakeOmnigentServer]:
-    fake = FakeOmnigentServer()
-    with fake.serve_in_thread():
-        yield fake
-
-
-@pytest.fixture
-def dhost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
-    h = host_factory(
+def _dhost(factory, server: FakeOmnigentServer) -> HostProcess:
+    return factory(
         FAST_LIVENESS
         + "[actors.dispatch.options]\n"
         + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
         + f'[actors.policy.options]\nserver_url = "{server.base_url}"\n'
     ).start()
+
+
+@pytest.fixture(scope="module")
+def shared_dhost(module_host_factory, module_server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    h = _dhost(module_host_factory, module_server)
     yield h
     if h.proc is not None and h.proc.poll() is None:
         h.stop()
+
+
+@pytest.fixture
+def dhost(request, host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    """The module's dispatch host; its own for a test marked chaos or fresh_host."""
+    yield from shared_or_fresh(request, "shared_dhost", lambda: _dhost(host_factory, server))
 
 
 def _session(server: FakeOmnigentServer, *steps: str, name: str = "agent") -> tuple[str, str]:
@@ -111,6 +114,7 @@ async def test_d29_d31_d33_buffered_message_runs_as_continuation_without_idle_be
         assert last[1][1].startswith("w w w")
 
 
+@pytest.mark.fresh_host
 async def test_d30_a_buffered_message_never_waits_on_the_harness(
     dhost: HostProcess, server
 ) -> None:
@@ -352,6 +356,7 @@ async def test_d32_reinit_keeps_the_session(dhost: HostProcess, server) -> None:
         }
 
 
+@pytest.mark.chaos
 async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess, server) -> None:
     """The resumed turn ends once, and what its worker streamed while dispatch restarted
     was held by the broker for the new incarnation: only the few deltas the killed process
@@ -376,6 +381,7 @@ async def test_kill9_dispatch_mid_turn_resumes_and_ends_once(dhost: HostProcess,
         ]
 
 
+@pytest.mark.chaos
 async def test_kill9_dispatch_mid_stream_true_turn_the_caller_still_gets_its_end(
     dhost: HostProcess, server
 ) -> None:
@@ -540,7 +546,7 @@ async def test_flood_of_messages_to_one_session_keeps_order(dhost: HostProcess, 
         assert users == [f"m{i}" for i in range(30)], "every message once, in order"
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 async def test_200_sessions_at_once(host_factory, server) -> None:
     config = (
         FAST_LIVENESS.replace("interval_s = 0.2", "interval_s = 1.0")
@@ -626,7 +632,11 @@ async def test_d07_d15_explicit_harness_opens_the_stream_and_a_spec_failure_ends
     h.stop()
 
 
-@pytest.mark.parametrize("kill_dispatch", [False, True], ids=["", "after-kill9-of-dispatch"])
+@pytest.mark.parametrize(
+    "kill_dispatch",
+    [False, pytest.param(True, marks=pytest.mark.chaos)],
+    ids=["", "after-kill9-of-dispatch"],
+)
 async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
     host_factory, server, kill_dispatch: bool
 ) -> None:

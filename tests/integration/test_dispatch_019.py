@@ -26,7 +26,7 @@ from corral.actors.dispatch import SessionRecord
 from corral.actors.dispatch._history import INTERRUPT_NOTE
 from corral.actors.journal import JournalRead
 from corral.routes import HttpRequest
-from tests.conftest import FAST_LIVENESS, HostProcess
+from tests.conftest import FAST_LIVENESS, HostProcess, shared_or_fresh
 from tests.fake_server import FakeOmnigentServer
 from tests.integration._gateway import FakeGateway, fake_gateway
 from tests.integration.test_tools_policy import restarted, tool
@@ -34,13 +34,6 @@ from tests.integration.test_tools_policy import restarted, tool
 SLOW = {"text": "s ", "repeat": 300, "delay_ms": 10}
 ECHO = {"echo_history": True}
 NOTE_ID = re.compile(r"^cancel_[0-9a-f]{32}$")
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOmnigentServer]:
-    fake = FakeOmnigentServer()
-    with fake.serve_in_thread():
-        yield fake
 
 
 def _config(server: FakeOmnigentServer | None, extra: str = "") -> str:
@@ -54,12 +47,20 @@ def _config(server: FakeOmnigentServer | None, extra: str = "") -> str:
     )
 
 
-@pytest.fixture
-def dhost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
-    h = host_factory(_config(server)).start()
+@pytest.fixture(scope="module")
+def shared_dhost(module_host_factory, module_server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    h = module_host_factory(_config(module_server)).start()
     yield h
     if h.proc is not None and h.proc.poll() is None:
         h.stop()
+
+
+@pytest.fixture
+def dhost(request, host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    """The module's dispatch host; its own for a test marked chaos or fresh_host."""
+    yield from shared_or_fresh(
+        request, "shared_dhost", lambda: host_factory(_config(server)).start()
+    )
 
 
 def _agent(server: FakeOmnigentServer, *turns: list[dict[str, Any]], **extra: Any) -> str:
@@ -269,6 +270,7 @@ async def test_e4_without_a_server_the_note_is_kept_in_history(host_factory) -> 
     host.stop()
 
 
+@pytest.mark.chaos
 async def test_e4_kill9_of_dispatch_after_an_interrupt_still_records_it(
     host_factory, server
 ) -> None:
@@ -422,6 +424,7 @@ async def test_b1_init_v2_fields_are_kept_durably_and_inference_config_is_not_cl
     assert dhost.log().count(f"session {sid} has a saved inference_config") == 1
 
 
+@pytest.mark.chaos
 async def test_b1_resume_interrupted_turn_keeps_a_live_turn_after_kill9_of_dispatch(
     dhost: HostProcess, server
 ) -> None:
@@ -495,6 +498,7 @@ async def test_i1_delete_of_an_unknown_session_is_answered_the_same(dhost: HostP
         assert (reply.status, json.loads(reply.body)) == (200, _deleted("never-seen"))
 
 
+@pytest.mark.chaos
 async def test_i1_kill9_of_dispatch_right_after_a_delete_does_not_resurrect_it(
     dhost: HostProcess, server
 ) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,6 @@ from tests.integration.test_tools_policy import (
 
 #: Short enough for a test to watch the idle watchdog act, long enough for a worker to start.
 IDLE_TIMEOUT_S = 3
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOmnigentServer]:
-    fake = FakeOmnigentServer()
-    with fake.serve_in_thread():
-        yield fake
 
 
 def _host(host_factory, server: FakeOmnigentServer, dispatch_extra: str = "") -> HostProcess:
@@ -72,6 +64,7 @@ async def _elicitation_state(host: HostProcess, eid: str, *states: str) -> dict[
     )
 
 
+@pytest.mark.chaos
 async def test_d18_kill9_dispatch_during_an_ask_then_ending_the_turn_cancels_the_ask(
     host_factory, server, tmp_path: Path
 ) -> None:
@@ -102,6 +95,7 @@ async def _ended_by_watchdog(gw: FakeGateway, sid: str) -> None:
     assert gw.events[sid][-1]["error"]["code"] == "turn_watchdog"
 
 
+@pytest.mark.chaos
 async def test_d22_kill9_dispatch_the_watchdog_spares_a_turn_only_while_it_waits(
     host_factory, server, tmp_path: Path
 ) -> None:
@@ -157,6 +151,7 @@ async def test_d22_kill9_dispatch_the_watchdog_spares_a_turn_only_while_it_waits
     host.stop()
 
 
+@pytest.mark.chaos
 async def test_d18_kill9_dispatch_while_it_prepares_a_tool_call_loses_nothing(
     host_factory, server, tmp_path: Path
 ) -> None:

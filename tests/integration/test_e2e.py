@@ -293,7 +293,7 @@ def test_chat_through_a_pipe(shared_host: HostProcess) -> None:
 # --- chaos -----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 def test_gateway_kill9_mid_stream_client_sees_every_event_once(fresh_host) -> None:
     host = fresh_host()
     url = _server(host)["url"]  # type: ignore[index]
@@ -331,7 +331,7 @@ def test_gateway_kill9_mid_stream_client_sees_every_event_once(fresh_host) -> No
     assert gateway["last_exit"]["code"] == -9
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 async def test_control_plane_kill9_while_parked_on_an_approval(fresh_host) -> None:
     host = await trio.to_thread.run_sync(fresh_host)
     before = await trio.to_thread.run_sync(_server, host)
@@ -374,7 +374,7 @@ async def test_control_plane_kill9_while_parked_on_an_approval(fresh_host) -> No
     assert after["last_exit"]["code"] == -9
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 def test_host_stop_and_kill9_leave_no_control_plane_behind(fresh_host) -> None:
     host = fresh_host()
     plane = _server(host)["pid"]  # type: ignore[index]

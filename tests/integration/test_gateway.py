@@ -662,6 +662,7 @@ async def test_reconnect_reinits_sessions_and_resumes_without_loss_or_duplicates
         assert state["buffer"]["duplicates"] == 0
 
 
+@pytest.mark.chaos
 async def test_kill9_gateway_mid_stream_every_event_once(host_factory, tunnels, server) -> None:
     text = numbered(300)
     agent_id = server.add_agent(scripted_yaml("long", f'{{text: "{text}", chunk: 4, delay_ms: 4}}'))

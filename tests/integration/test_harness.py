@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 import trio
 
 from corral.harnesses.protocol import (
@@ -15,6 +16,10 @@ from corral.harnesses.protocol import (
 )
 from tests.conftest import HostProcess
 from tests.integration._dispatch import fake_dispatch, scripted
+
+#: The tests share one host (tests/conftest.py); each runs its own session ids, and those that
+#: kill, stop or hang a worker are marked chaos and get a host of their own.
+SHARE_HOST = True
 
 
 def _worker_pid(host: HostProcess, session_id: str) -> int:
@@ -119,6 +124,7 @@ async def test_e02_decline_takes_the_on_decline_text(host: HostProcess) -> None:
         assert "".join(e.delta for e in d.of_turn(turn) if hasattr(e, "delta")) == "Not deployed."
 
 
+@pytest.mark.chaos
 async def test_kill9_worker_mid_stream_fails_the_turn_then_a_fresh_worker_serves(
     host: HostProcess,
 ) -> None:
@@ -138,6 +144,7 @@ async def test_kill9_worker_mid_stream_fails_the_turn_then_a_fresh_worker_serves
         assert [e.__struct_config__.tag for e in d.of_turn(turn)].count("response.failed") == 1
 
 
+@pytest.mark.chaos
 async def test_kill9_worker_while_parked_cancels_the_elicitation(host: HostProcess) -> None:
     spec = scripted({"elicit": {"message": "wait"}}, {"text": "never"})
     async with fake_dispatch(host.endpoint) as d:
@@ -158,6 +165,7 @@ async def test_kill9_worker_while_parked_cancels_the_elicitation(host: HostProce
         assert isinstance(late, InputAccepted) and late.status == 404
 
 
+@pytest.mark.chaos
 async def test_hung_worker_fails_the_turn_within_its_liveness_window(host: HostProcess) -> None:
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-h", scripted({"text": "a"}, {"hang": True}))
@@ -258,6 +266,7 @@ async def test_j31_nonstreaming_success_observes_once(host: HostProcess) -> None
         ]
 
 
+@pytest.mark.chaos
 async def test_kill9_worker_mid_tool_call_fails_the_turn_and_late_results_are_404(
     host: HostProcess,
 ) -> None:
@@ -276,6 +285,7 @@ async def test_kill9_worker_mid_tool_call_fails_the_turn_and_late_results_are_40
         assert isinstance(late, InputAccepted) and late.status == 404
 
 
+@pytest.mark.chaos
 async def test_sigstopped_worker_is_killed_and_the_turn_fails_within_the_window(
     host: HostProcess,
 ) -> None:

@@ -6,6 +6,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import trio
 
 from corral.actors._process import alive, start_time
@@ -94,6 +95,7 @@ async def test_h08_reaper_spares_in_flight_turns_and_reaps_idle_workers(host_fac
     host.stop()
 
 
+@pytest.mark.chaos
 async def test_kill9_harness_actor_mid_turn_ends_the_turn_exactly_once(host: HostProcess) -> None:
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-ha", scripted({"text": "x", "repeat": 1000, "delay_ms": 5}))
@@ -160,6 +162,7 @@ async def test_h07_workers_are_reaped_when_the_host_stops_and_shown_in_status(ho
         assert not alive(pid, started) or _zombie(pid)
 
 
+@pytest.mark.chaos
 async def test_kill9_harness_actor_while_parked_resolves_from_mailbox_state(
     host: HostProcess,
 ) -> None:

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import pytest
 import trio
 
 from corral.actors._process import start_time
@@ -30,6 +31,7 @@ async def test_ping_roundtrip_through_host(host: HostProcess) -> None:
     assert reply == EchoPong(text="hi")
 
 
+@pytest.mark.chaos
 async def test_kill9_actor_with_durable_messages_in_flight_loses_nothing(host: HostProcess) -> None:
     """Durable messages survive kill -9 of their recipient and take effect once each."""
     keys = [f"k{i}" for i in range(200)]
@@ -60,6 +62,7 @@ async def test_kill9_actor_with_durable_messages_in_flight_loses_nothing(host: H
     assert host.actor("echo")["last_exit"]["code"] == -9
 
 
+@pytest.mark.chaos
 async def test_hung_actor_is_replaced_within_its_liveness_window(host: HostProcess) -> None:
     pid = host.actor("echo")["pid"]
     os.kill(pid, signal.SIGSTOP)
@@ -82,6 +85,7 @@ async def test_hung_actor_is_replaced_within_its_liveness_window(host: HostProce
         assert await peer.call("echo", EchoPing(text="back"), timeout=5) == EchoPong(text="back")
 
 
+@pytest.mark.chaos
 async def test_crash_once_then_serving_again(host: HostProcess) -> None:
     async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
         await peer.cast("echo", EchoCrash(code=3))
@@ -99,6 +103,7 @@ async def test_crash_once_then_serving_again(host: HostProcess) -> None:
                     await trio.sleep(0.05)
 
 
+@pytest.mark.chaos
 def test_crash_loop_exceeds_intensity_and_stops_the_host(host_factory) -> None:
     h = host_factory(
         FAST_LIVENESS
@@ -129,6 +134,7 @@ def test_no_orphans_after_normal_stop(host: HostProcess) -> None:
     assert not host.instance.host_file.exists()
 
 
+@pytest.mark.chaos
 def test_no_orphans_after_sigkill_of_the_host(host: HostProcess) -> None:
     children = {a["pid"]: start_time(a["pid"]) for a in host.status()["actors"]}
     host.kill9()
@@ -142,6 +148,7 @@ def test_no_orphans_after_sigkill_of_the_host(host: HostProcess) -> None:
     assert processes_of(host.state_dir) == []
 
 
+@pytest.mark.chaos
 async def test_kill9_host_then_up_again_delivers_unacked_durable_messages(host_factory) -> None:
     h = host_factory().start()
     keys = [f"r{i}" for i in range(50)]

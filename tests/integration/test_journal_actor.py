@@ -345,6 +345,7 @@ async def _produce_durable(peer: Peer, session_id: str, run_id: str, messages: i
             await peer.cast("journal", msg, durable=True)
 
 
+@pytest.mark.chaos
 async def test_kill9_during_durable_appends_loses_and_duplicates_nothing(
     host: HostProcess,
 ) -> None:

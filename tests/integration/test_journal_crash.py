@@ -59,6 +59,7 @@ def burst_then_kill(root: Path, runs: int, kill_after: int, size: int) -> dict[s
         (4, 40, 1_000_000),
     ],
 )
+@pytest.mark.chaos
 def test_kill_9_mid_burst_keeps_every_record_reported_durable(
     tmp_path: Path, runs: int, kill_after: int, size: int
 ) -> None:

@@ -20,30 +20,33 @@ import trio
 from corral import __version__
 from corral.actors._process import start_time
 from corral.routes import HttpRequest
-from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, shared_or_fresh, wait_until
 from tests.fake_openai import FakeOpenAI, Reply, responses_events
 from tests.fake_server import FakeOmnigentServer, evaluate_problem
 from tests.integration._gateway import FakeGateway, fake_gateway
 
 
-@pytest.fixture
-def server() -> Iterator[FakeOmnigentServer]:
-    fake = FakeOmnigentServer()
-    with fake.serve_in_thread():
-        yield fake
-
-
-@pytest.fixture
-def thost(host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
+def _thost(factory, server: FakeOmnigentServer) -> HostProcess:
     url = json.dumps(server.base_url)
-    h = host_factory(
+    return factory(
         FAST_LIVENESS
         + f'[actors.dispatch.options]\nserver_url = {url}\nsubscribers = ["test-gateway"]\n'
         + f"[actors.policy.options]\nserver_url = {url}\n"
     ).start()
+
+
+@pytest.fixture(scope="module")
+def shared_thost(module_host_factory, module_server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    h = _thost(module_host_factory, module_server)
     yield h
     if h.proc is not None and h.proc.poll() is None:
         h.stop()
+
+
+@pytest.fixture
+def thost(request, host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
+    """The module's host; its own for a test marked chaos or fresh_host."""
+    yield from shared_or_fresh(request, "shared_thost", lambda: _thost(host_factory, server))
 
 
 def agent(
@@ -228,6 +231,7 @@ async def _verdict(gw: FakeGateway, sid: str, eid: str, action: str) -> Any:
     return reply
 
 
+@pytest.mark.fresh_host  # it checks the host's whole list of parked elicitations
 async def test_policy_ask_parks_until_accepted_then_runs(thost, server, tmp_path) -> None:
     server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
     agent_id, sid = agent(
@@ -275,7 +279,7 @@ async def test_policy_ask_declined_runs_nothing(thost, server, tmp_path) -> None
     assert not (tmp_path / "no.txt").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 async def test_kill9_policy_while_parked_the_verdict_still_lands(thost, server, tmp_path) -> None:
     server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
     agent_id, sid = agent(
@@ -294,7 +298,7 @@ async def test_kill9_policy_while_parked_the_verdict_still_lands(thost, server, 
     assert (tmp_path / "later.txt").read_text() == "landed"
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 async def test_kill9_tools_during_a_long_shell_call_ends_it_with_an_error(
     thost, server, tmp_path
 ) -> None:
@@ -320,7 +324,7 @@ async def test_kill9_tools_during_a_long_shell_call_ends_it_with_an_error(
         await trio.to_thread.run_sync(lambda: wait_until(lambda: process_gone(shell, started)))
 
 
-@pytest.mark.slow
+@pytest.mark.chaos
 async def test_t23_inbox_items_survive_kill9_of_the_tools_actor(thost, server, tmp_path) -> None:
     agent_id, sid = agent(
         server,

@@ -12,8 +12,8 @@ from corral.journal import InvalidCursorError, RunJournal
 
 
 @pytest.fixture
-def journal(tmp_path: Path) -> RunJournal:
-    journal = RunJournal(tmp_path / "journal")
+def journal(journal: RunJournal) -> RunJournal:
+    """The shared empty journal (tests/conftest.py) with five records in one run."""
     for index in range(1, 6):
         journal.append("session-a", "run-a", "token", {"text": str(index)})
     return journal

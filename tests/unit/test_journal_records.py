@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -29,11 +28,6 @@ RECORD_KEYS = [
     "terminal_state",
     "payload",
 ]
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> RunJournal:
-    return RunJournal(tmp_path / "journal")
 
 
 def test_j01_append_returns_the_record_read_back(journal: RunJournal) -> None:

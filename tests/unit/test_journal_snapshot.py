@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,11 +22,6 @@ def observation(
         "fallback_active": True,
         "phase": "observed_output",
     }
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> RunJournal:
-    return RunJournal(tmp_path / "journal")
 
 
 @pytest.mark.parametrize("malformed", ["bad observation", ["bad observation"], None])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +21,6 @@ def observation(
         "fallback_active": True,
         "phase": "observed_output",
     }
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> RunJournal:
-    return RunJournal(tmp_path / "journal")
 
 
 def runtime(journal: RunJournal, run_id: str = "run-a") -> Any:

@@ -50,11 +50,6 @@ def fsyncs(monkeypatch: pytest.MonkeyPatch) -> FsyncLog:
     return log
 
 
-@pytest.fixture
-def journal(tmp_path: Path) -> RunJournal:
-    return RunJournal(tmp_path / "journal")
-
-
 def observation(model: str) -> dict[str, Any]:
     return {
         "session_id": "session-a",
