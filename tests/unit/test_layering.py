@@ -71,7 +71,17 @@ RULES: dict[str, tuple[frozenset[str], str]] = {
 
 #: The supervision runtime (``corral.actors`` minus the actors themselves) and what it may
 #: not import, and why.
-SUPERVISOR = ("_actor", "_children", "_control", "_entry", "_process", "_restart", "host")
+SUPERVISOR = (
+    "_actor",
+    "_child_state",
+    "_children",
+    "_control",
+    "_entry",
+    "_process",
+    "_restart",
+    "_specs",
+    "host",
+)
 SUPERVISOR_MAY_NOT = ("corral.harnesses", "corral.tools", "corral.routes")
 SUPERVISOR_WHY = (
     "supervision is generic: a supervisor that knows an actor's messages or modules breaks "

@@ -1,0 +1,63 @@
+"""The host builds each actor's ChildSpec from its role (config.BUILTIN), never its name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from corral import config as config_module
+from corral.actors.host import Host
+from corral.config import BUILTIN, actor_plan, parse_config
+
+
+def _specs(host: Host) -> dict:
+    return {name: host._actor_spec(name, target, s) for name, target, s in actor_plan(host.config)}
+
+
+def _options(spec) -> dict:
+    return json.loads(spec.env["CORRAL_CHILD"])["options"]
+
+
+def test_an_actor_spec_is_its_role_overridden_where_corral_toml_allows(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "supervisor": {"shutdown_timeout_s": 4.0},
+            "actors": {
+                "tools": {"restart": "transient", "shutdown_timeout_s": 2.0},
+                "mine": {"target": "pkg.mod:Mine"},
+            },
+        }
+    )
+    specs = _specs(Host(config, tmp_path))
+    assert (specs["tools"].restart, specs["tools"].shutdown_timeout_s) == ("transient", 2.0)
+    for name, role in BUILTIN.items():
+        if name != "tools":
+            assert specs[name].restart == role.restart == "permanent"
+            assert specs[name].shutdown_timeout_s == 4.0, "the role names none: supervisor's"
+        assert specs[name].label == f"actor {name!r}" and specs[name].bus_peer
+    assert (specs["mine"].restart, specs["mine"].shutdown_timeout_s) == ("permanent", 4.0)
+    assert _options(specs["dispatch"])["harness_actor"] is True
+    assert "harness_actor" not in _options(specs["mine"])
+
+
+def test_what_the_host_hands_an_actor_follows_its_role_not_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Give the journal the tools' role fields and a restart type of its own: the host treats
+    it so, and the tools, stripped of theirs, get nothing."""
+    roles = dict(BUILTIN)
+    roles["journal"] = msgspec.structs.replace(
+        BUILTIN["journal"], gets_workspace=True, restart="transient", shutdown_timeout_s=1.5
+    )
+    roles["tools"] = msgspec.structs.replace(BUILTIN["tools"], gets_workspace=False)
+    monkeypatch.setattr(config_module, "BUILTIN", roles)
+    monkeypatch.setattr("corral.actors.host.BUILTIN", roles)
+    config = parse_config({"workspace": "/srv/ws", "actors": {"harness": {"enabled": False}}})
+    specs = _specs(Host(config, tmp_path))
+    assert _options(specs["journal"])["workspace"] == "/srv/ws"
+    assert (specs["journal"].restart, specs["journal"].shutdown_timeout_s) == ("transient", 1.5)
+    assert "workspace" not in _options(specs["tools"])
+    assert _options(specs["dispatch"])["harness_actor"] is False, "harness is disabled"
