@@ -276,7 +276,6 @@ class Host:
             self._stop.set()
             return
         plan = actor_plan(self.config)
-        _import_protocols([target for _, target, _ in plan])
         # Every actor starts at once, so their imports overlap; the broker holds stream
         # messages to one that has not said hello yet (its Spawning event), so no actor depends on
         # the order.
@@ -633,7 +632,7 @@ def check_actor_options(config: Config) -> None:
     The host does it before it starts anything, so that a typo in ``[actors.<name>.options]``
     stops ``corral up`` with the key named instead of crash-looping the actor. An actor whose
     ``target`` replaces the built-in class is left to check its own options, and so is one
-    whose module does not import here (its child reports that, as ``_import_protocols`` says).
+    whose module does not import here (its child process reports that, and crash-loops).
 
     Raises:
         ConfigError: naming the first bad key (``actors.dispatch.options.turn_timout_s``).
@@ -650,14 +649,3 @@ def check_actor_options(config: Config) -> None:
             continue
         check_options(name, settings.options, schema)
 
-
-def _import_protocols(targets: list[str]) -> None:
-    """Import each actor's module so the broker knows the message types it handles.
-
-    A module that fails to import is left to its child process to report (and crash-loop).
-    """
-    for target in targets:
-        try:
-            importlib.import_module(target.partition(":")[0])
-        except Exception as exc:
-            log.warning("cannot import %s in the host: %s", target, exc)

@@ -22,7 +22,14 @@ import trio
 from ..actors._control import request
 from ..bus import open_peer
 from ..config import LivenessSettings
-from ..harnesses.protocol import HARNESS_ACTOR, AnyOutput, Output, TurnStart, is_terminal
+from ..harnesses.protocol import (
+    HARNESS_ACTOR,
+    AnyOutput,
+    Output,
+    OutputTextDelta,
+    TurnStart,
+    is_terminal,
+)
 from ..instance import Instance
 from ._common import figure, percentile, raw_stream_rate, running_host
 
@@ -71,7 +78,7 @@ async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> floa
             msg = incoming.msg
             if not isinstance(msg, Output) or msg.turn_id != turn_id:
                 continue
-            if first is None and msg.__struct_config__.tag == "response.output_text.delta":
+            if first is None and isinstance(msg, OutputTextDelta):
                 first = time.perf_counter() - t0
             if is_terminal(msg):
                 if first is None:
@@ -90,7 +97,7 @@ async def _delta_rate(peer: Any, session_id: str, n: int) -> float:
             msg = incoming.msg
             if not isinstance(msg, Output) or msg.turn_id != turn_id:
                 continue
-            if msg.__struct_config__.tag == "response.output_text.delta":
+            if isinstance(msg, OutputTextDelta):
                 if got == 0:
                     t0 = time.perf_counter()
                 got += 1

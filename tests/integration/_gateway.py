@@ -72,7 +72,6 @@ class FakeGateway:
             durable=method == "POST",
             timeout=timeout,
         )
-        assert isinstance(reply, HttpResponse)
         return reply
 
     async def init(self, session_id: str, agent_id: str | None = None) -> HttpResponse:

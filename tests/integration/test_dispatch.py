@@ -579,7 +579,7 @@ async def test_every_event_of_a_turn_is_journaled_in_order(dhost: HostProcess, s
         with trio.fail_after(10):
             while True:
                 reply = await gw.peer.call("journal", JournalRead(session_id=sid, run_id=turn_id))
-                rows = reply.result["events"]  # type: ignore[attr-defined]
+                rows = reply.result["events"]
                 if rows and rows[-1]["event"] == "session.status" and len(rows) > 2:
                     break
                 await trio.sleep(0.05)

@@ -207,7 +207,7 @@ async def test_e4_an_interrupted_turn_ends_idle_with_a_note_and_no_terminal_upst
             while True:
                 rows = (
                     await gw.peer.call("journal", JournalRead(session_id=sid, run_id=turn_id))
-                ).result["events"]  # type: ignore[attr-defined]
+                ).result["events"]
                 if rows and rows[-1]["event"] == "session.status":
                     break
                 await trio.sleep(0.05)
@@ -532,7 +532,7 @@ async def test_i1_delete_closes_the_sessions_terminals(
             request_id="r", method="GET", path=f"/v1/sessions/{sid}/resources/terminals"
         )
         reply = await gw.peer.call("tools", request)
-        return [r["id"] for r in json.loads(reply.body)["data"]]  # type: ignore[attr-defined]
+        return [r["id"] for r in json.loads(reply.body)["data"]]
 
     async with fake_gateway(dhost.endpoint) as gw:
         await gw.init(sid, agent_id)
