@@ -171,6 +171,10 @@ class Actor:
             raise trio.WouldBlock
         queue.append((job, carried))
 
+    def has_queued(self, key: str) -> bool:
+        """True while ``key`` has in-order work waiting or running."""
+        return key in self._queues
+
     async def _run_queue(self, key: str, queue: deque[tuple[Job, tuple[Deferred, ...]]]) -> None:
         # The queue is taken down with no checkpoint between seeing it empty and dropping
         # it, so a job for the key either joins this queue (and runs here, after the earlier

@@ -89,7 +89,7 @@ class DispatchActor(SessionRoutes):
             # Events published after the last save were numbered past record.seq; a new
             # epoch starts above anything the previous incarnation could have used.
             record.seq = max(record.seq, self.epoch << EPOCH_SHIFT)
-            session = Session(record)
+            session = Session(record, saved_seq=record.seq)
             if record.turn_id:
                 session.turn = Turn.resume(record)  # its terminal still comes
             self.sessions[record.id] = session
@@ -203,7 +203,7 @@ class DispatchActor(SessionRoutes):
 
     @handles(PublishEvents)
     async def publish_events(self, msg: PublishEvents, incoming: Incoming) -> None:
-        session = self.sessions.get(msg.session_id)
+        session = await self._known(msg.session_id)
         if session is None:
             log.info("dropping %d events of unknown session %s", len(msg.events), msg.session_id)
             return
@@ -225,6 +225,11 @@ class DispatchActor(SessionRoutes):
         await self._terminal(session, msg)
 
     # --- the watchdog ----------------------------------------------------------------------
+
+    @every(1.0)
+    async def _reclaim_idle(self) -> None:
+        if self.options.session_idle_s > 0:
+            await self._reclaim(self.options.session_idle_s)
 
     @every(1.0)
     async def _watchdog(self) -> None:

@@ -53,10 +53,20 @@ class DispatchBase(Actor):
         self._draining: dict[str, tuple[str, trio.Event]] = {}
         #: The last stream sequence of each session deleted in this incarnation.
         self._deleted_seq: dict[str, int] = {}
-        self.stats = {"turns": 0, "buffered": 0, "failed": 0, "watchdog": 0}
+        #: Ids of sessions reclaimed from memory while idle (their records are in the store).
+        self._reclaimed: set[str] = set()
+        self.stats = {
+            "turns": 0,
+            "buffered": 0,
+            "failed": 0,
+            "watchdog": 0,
+            "reclaimed": 0,
+            "revived": 0,
+        }
 
-    def _session(self, session_id: str, runner_id: str | None) -> Session:
-        session = self.sessions.get(session_id)
+    async def _session(self, session_id: str, runner_id: str | None) -> Session:
+        """The session of this id: held, read back from the store, or new."""
+        session = await self._known(session_id)
         if session is None:
             # Numbered past a deleted session of the same id: the gateway drops events whose
             # sequence it has seen for the id.
@@ -66,10 +76,58 @@ class DispatchBase(Actor):
             )
         return session
 
+    async def _known(self, session_id: str) -> Session | None:
+        """The session of this id if it exists: held, or read back from the store when it was
+        reclaimed while idle (:meth:`_reclaim`)."""
+        if session_id in self._reclaimed and session_id not in self.sessions:
+            record = await self.store.find(session_id)
+            if session_id not in self.sessions:  # nothing brought it back meanwhile
+                self._reclaimed.discard(session_id)
+                if record is not None:
+                    # As at start: above anything published for it since the epoch began.
+                    record.seq = max(record.seq, self.epoch << EPOCH_SHIFT)
+                    self.sessions[session_id] = Session(record, saved_seq=record.seq)
+                    self.stats["revived"] += 1
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.used = time.monotonic()
+        return session
+
+    def _reclaimable(self, session: Session, unused_since: float) -> bool:
+        """Idle, unused since ``unused_since``, and nothing in memory only: no turn, nothing
+        buffered, queued or draining, no note to post, and a history the server can give
+        again (a session with no server keeps its history in memory alone)."""
+        return (
+            session.turn is None
+            and session.used < unused_since
+            and not session.record.buffer
+            and session.record.note_pending is None
+            and not self.has_queued(session.id)
+            and session.id not in self._draining
+            and (session.history is None or self._server(session) is not None)
+        )
+
+    async def _reclaim(self, idle_s: float) -> None:
+        """Drop the sessions idle for ``idle_s`` from memory (saved first if events were
+        numbered since their last save, so that the record read back numbers past them)."""
+        cutoff = time.monotonic() - idle_s
+        for session in [s for s in self.sessions.values() if self._reclaimable(s, cutoff)]:
+            if session.record.seq != session.saved_seq:
+                seq = session.record.seq
+                await self.store.append(session.record)
+                session.saved_seq = seq
+            if self.sessions.get(session.id) is session and self._reclaimable(session, cutoff):
+                del self.sessions[session.id]
+                self._reclaimed.add(session.id)
+                self.stats["reclaimed"] += 1
+
     async def _save(self, session: Session) -> None:
         if self.sessions.get(session.id) is not session:
             return  # deleted (or replaced) meanwhile: a late save must not bring it back
+        session.used = time.monotonic()
+        seq = session.record.seq
         await self.store.append(session.record)
+        session.saved_seq = seq
 
     async def _elicitation_closed(self, session: Session, elicitation_id: str) -> None:
         if elicitation_id in session.record.elicitations:

@@ -149,7 +149,7 @@ class ToolCalls(TurnFlow):
             )
         if self.options.policy is None:
             return error(501, "not_implemented", "Runner-side tools are not enabled.")
-        session = self._session(session_id, msg.runner_id)
+        session = await self._session(session_id, msg.runner_id)
         try:
             spec = await self._resolve_spec(session, session.record.agent_id)
         except Exception as exc:

@@ -50,7 +50,7 @@ class SessionRoutes(ToolCalls):
         session_id = body["session_id"]
         init = body.get("session_init") if isinstance(body.get("session_init"), dict) else None
         snapshot = (init or {}).get("snapshot") or {}
-        session = self._session(session_id, None)
+        session = await self._session(session_id, None)
         record = session.record
         # Re-init keeps the session's turn, buffer and state; only bindings refresh (D-32).
         # That is also how ``resume_interrupted_turn`` is honoured: a turn still running here
@@ -95,7 +95,7 @@ class SessionRoutes(ToolCalls):
         }
 
     async def get_session(self, msg: HttpRequest, session_id: str) -> HttpResponse:
-        session = self.sessions.get(session_id)
+        session = await self._known(session_id)
         if session is None:
             return error(404, "not_found", f"No session '{session_id}' on this runner.")
         return json_response(200, self._view(session))
@@ -109,7 +109,7 @@ class SessionRoutes(ToolCalls):
         before the answer, so a restart does not resurrect the session; the tools actor closes
         its terminals. An unknown session gets the same answer (idempotent).
         """
-        session = self.sessions.get(session_id)
+        session = await self._known(session_id)
         if session is not None:
             turn = session.turn
             transition(session.phase, Trigger.DELETE)
@@ -151,7 +151,7 @@ class SessionRoutes(ToolCalls):
 
     async def post_event(self, msg: HttpRequest, session_id: str) -> HttpResponse | None:
         event = parse_event(msg.body)
-        session = self._session(session_id, msg.runner_id)
+        session = await self._session(session_id, msg.runner_id)
         stream = parse_qs(msg.query).get("stream", [""])[0].lower() == "true"
         if isinstance(event, MessageEvent):
             return await self._message(session, event, msg if stream else None)

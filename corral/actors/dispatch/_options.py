@@ -34,4 +34,8 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     tools: str | None = "tools"
     journal: str | None = "journal"
     turn_timeout_s: float = 3600.0
+    #: A session with no turn, nothing buffered and nothing queued, unused this long, leaves
+    #: memory (its record stays in ``sessions.log`` and is read back on its next use; its
+    #: spec and history are fetched again, as after a restart, D-23). 0: never.
+    session_idle_s: float = 1800.0
     turn_idle_timeout_s: float = 900.0

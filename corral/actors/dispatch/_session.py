@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -76,6 +76,12 @@ class Session:
     turn: Turn | None = None
     #: The ``inference_config`` warning was logged (once per session and incarnation).
     warned_inference: bool = False
+    #: Last looked up or saved (``time.monotonic``): an idle session unused for
+    #: ``session_idle_s`` is reclaimed from memory.
+    used: float = field(default_factory=time.monotonic)
+    #: The stream sequence ``sessions.log`` holds for it (events published since numbered
+    #: past it): a session reclaimed with ``record.seq`` past it is saved first.
+    saved_seq: int = -1
 
     @property
     def id(self) -> str:

@@ -48,6 +48,11 @@ class SessionStore:
         """The live records, the last line of each id winning; tombstoned ids are left out."""
         return await trio.to_thread.run_sync(self._load, limiter=self._io)
 
+    async def find(self, session_id: str) -> SessionRecord | None:
+        """The live record of one id (None if it has none or was deleted): a read of the
+        whole log, for a session reclaimed from memory while idle and needed again."""
+        return await trio.to_thread.run_sync(self._find, session_id, limiter=self._io)
+
     async def append(self, record: SessionRecord) -> None:
         """Append ``record`` and fsync: it is what a restart sees of the session."""
         line = msgspec.json.encode(record) + b"\n"
@@ -81,6 +86,24 @@ class SessionStore:
         if len(data) > _REWRITE_BYTES:
             self._rewrite(live)
         return live
+
+    def _find(self, session_id: str) -> SessionRecord | None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        needle = msgspec.json.encode(session_id)
+        found: SessionRecord | None = None
+        for line in data.splitlines():
+            if needle not in line:
+                continue  # decoding only the lines that can be the id's keeps it fast
+            try:
+                record = msgspec.json.decode(line, type=SessionRecord)
+            except msgspec.DecodeError:
+                continue
+            if record.id == session_id:
+                found = record
+        return None if found is None or found.deleted else found
 
     def _rewrite(self, records: list[SessionRecord]) -> None:
         write_atomically(self.path, b"".join(msgspec.json.encode(r) + b"\n" for r in records))
