@@ -26,10 +26,11 @@ S = TypeVar("S", bound=msgspec.Struct)
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    pass
+    """A table of ``corral.toml``. Each subclass says ``frozen=True`` again: msgspec
+    inherits it anyway, but a type checker reads each class's own keywords."""
 
 
-class BusSettings(_Section):
+class BusSettings(_Section, frozen=True):
     """The broker and its durable mailboxes."""
 
     #: Largest encoded message; bigger ones are refused with an error and dead-lettered.
@@ -60,14 +61,14 @@ class BusSettings(_Section):
     stuck_after_s: Positive = 3900.0
 
 
-class LivenessSettings(_Section):
+class LivenessSettings(_Section, frozen=True):
     """Heartbeats: a peer silent for ``interval_s * liveness`` is treated as dead."""
 
     interval_s: Positive = 1.0
     liveness: PositiveInt = 3
 
 
-class SupervisorSettings(_Section):
+class SupervisorSettings(_Section, frozen=True):
     """Restart intensity (at most ``intensity`` restarts in ``period_s``) and shutdown."""
 
     intensity: Annotated[int, msgspec.Meta(ge=0)] = 5
@@ -76,7 +77,7 @@ class SupervisorSettings(_Section):
     shutdown_timeout_s: Positive = 5.0
 
 
-class ActorSettings(_Section):
+class ActorSettings(_Section, frozen=True):
     """One child actor of the host. Built-in actors need no table; others name a target."""
 
     #: ``module:Class`` of the actor; built-ins default to their own.
@@ -90,7 +91,7 @@ class ActorSettings(_Section):
     options: dict[str, Any] = {}
 
 
-class RunnerSettings(_Section):
+class RunnerSettings(_Section, frozen=True):
     """One ``[[runners]]`` table: a runner id this host serves for one server.
 
     The id is ``id`` if given, else derived from ``token`` (PROTOCOL_FACTS.md §i.1), else a
@@ -104,7 +105,7 @@ class RunnerSettings(_Section):
     token: str | None = None
 
 
-class PolicyRule(_Section):
+class PolicyRule(_Section, frozen=True):
     """One ``[[server.policies]]`` rule of the embedded control plane.
 
     The first rule whose ``tool`` pattern (``fnmatch``: ``sys_os_*``) and ``phase`` match a
@@ -118,7 +119,7 @@ class PolicyRule(_Section):
     message: str | None = None
 
 
-class ServerSettings(_Section):
+class ServerSettings(_Section, frozen=True):
     """``[server]``: the embedded control plane ``corral up`` starts when no runner is set."""
 
     enabled: bool = True
@@ -132,7 +133,7 @@ class ServerSettings(_Section):
     max_body_bytes: PositiveInt = 1024 * 1024
 
 
-class Config(_Section):
+class Config(_Section, frozen=True):
     """The whole of ``corral.toml``."""
 
     state_dir: str | None = None
@@ -146,7 +147,7 @@ class Config(_Section):
     server: ServerSettings = ServerSettings()
 
 
-class ActorRole(_Section):
+class ActorRole(_Section, frozen=True):
     """What the host knows of a built-in actor besides its code: how it is supervised and
     what the host hands it. Every difference between actors is a field here, so the host
     treats them all alike, by their role, never by name (docs/supervision.md)."""
