@@ -134,9 +134,8 @@ class HarnessActor(Actor):
                 intensity=opts.worker_intensity,
                 period_s=opts.worker_period_s,
                 intensity_per="child",
-                backoff=Backoff(
-                    first_s=opts.crash_backoff_s, max_s=max(10.0, opts.crash_backoff_s)
-                ),
+                # Every wait is capped at 10 s, the first one too.
+                backoff=Backoff(first_s=min(opts.crash_backoff_s, 10.0), max_s=10.0),
                 liveness=Liveness(window_s=self.liveness_s, check_s=0.25),
             ),
             run_dir=self.run_dir,
