@@ -93,6 +93,18 @@ class Child:
         """The running process id, if any."""
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
+    async def settled(self) -> bool:
+        """Wait until the child is ready (True) or its process has exited (False)."""
+        async with trio.open_nursery() as nursery:
+
+            async def until(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until, self.ready)
+            nursery.start_soon(until, self.exited)
+        return self.ready.is_set()
+
     def statistics(self) -> dict[str, Any]:
         """The row ``corral status`` prints."""
         return {

@@ -64,7 +64,7 @@ async def test_a_child_restarted_on_demand_waits_for_its_owner_then_its_backoff(
         await nursery.start(sup.run)
         first = await sup.start_child(spec)
         with trio.fail_after(30):
-            await first.exited.wait()
+            assert await first.settled() is False, "it exited before it was ready"
         assert first.state is ChildState.RESTARTING and first.pid is None, "not respawned"
         second = await sup.start_child(spec)  # the first restart in the period: at once
         with trio.fail_after(30):
@@ -83,4 +83,27 @@ async def test_a_child_restarted_on_demand_waits_for_its_owner_then_its_backoff(
         sup.forget("ok")
         sup.forget("w")
         assert sup.children == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_child_is_running_once_marked_ready(tmp_path: Path) -> None:
+    sup = ChildSupervisor(SupFlags(), run_dir=tmp_path)
+    spec = ChildSpec(
+        name="s",
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+        env=dict(os.environ),
+        shutdown_timeout_s=1.0,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        child = await sup.start_child(spec)
+        assert child.state is ChildState.STARTING
+        with pytest.raises(ValueError, match="already running"):
+            await sup.start_child(spec)
+        sup.mark_ready("s")
+        assert await child.settled() is True
+        assert child.state is ChildState.RUNNING
+        assert sup.statistics()[0]["uptime_s"] is not None
+        await sup.stop_all()
+        assert child.state is ChildState.STOPPED
         nursery.cancel_scope.cancel()

@@ -391,9 +391,7 @@ class HarnessActor(Actor):
         new.pid = child.pid
         self.stats["spawned"] += 1
         with trio.move_on_after(self.start_timeout_s):
-            while not child.ready.is_set() and not child.exited.is_set():
-                with trio.move_on_after(0.05):
-                    await child.ready.wait()
+            await child.settled()
         if child.ready.is_set():
             return None
         exit_info = child.last_exit if child.exited.is_set() else None
