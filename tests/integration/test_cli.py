@@ -28,6 +28,7 @@ def test_version() -> None:
     assert __version__ in out.stdout
 
 
+@pytest.mark.fresh_host  # it checks the host's uptime and the echo actor's restart count
 def test_status_json(host: HostProcess) -> None:
     out = corral("status", "--json", "--state-dir", str(host.state_dir))
     assert out.returncode == 0, out.stderr

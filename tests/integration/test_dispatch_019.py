@@ -465,6 +465,7 @@ def _deleted(sid: str) -> dict[str, Any]:
     return {"session_id": sid, "object": "session.deleted", "deleted": True}
 
 
+@pytest.mark.fresh_host  # it checks the host's dispatch restart count
 async def test_i1_delete_interrupts_the_turn_drops_the_buffer_and_forgets_the_session(
     dhost: HostProcess, server
 ) -> None:

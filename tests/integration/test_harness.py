@@ -72,6 +72,7 @@ async def test_tool_call_round_trip(host: HostProcess) -> None:
         assert (items[-1]["type"], items[-1]["content"][0]["text"]) == ("message", "done")
 
 
+@pytest.mark.fresh_host  # it checks the host's whole list of elicitations and parked count
 async def test_e01_elicitation_parked_then_accepted(host: HostProcess) -> None:
     spec = scripted(
         {"elicit": {"message": "May I deploy?"}},

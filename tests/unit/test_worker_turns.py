@@ -31,9 +31,13 @@ class _SlowCommitPeer:
     def __init__(self) -> None:
         self.commit = trio.Event()
         self.sent: list[Message] = []
+        #: Set once a ``response.completed`` has been sent, for a test to wait on.
+        self.completed = trio.Event()
 
     async def cast(self, to: str, msg: Message, *, durable: bool = False, **_: Any) -> str:
         self.sent.append(msg)
+        if isinstance(msg, ResponseCompleted):
+            self.completed.set()
         if durable:
             await self.commit.wait()
         return "id"
@@ -70,8 +74,7 @@ async def test_h03_next_turn_is_taken_while_the_last_terminal_commits() -> None:
         first = await worker._on_input(_start("turn_1"), nursery)
         assert first is not None and first.status == 200
         with trio.fail_after(5):
-            while not any(isinstance(m, ResponseCompleted) for m in peer.sent):
-                await trio.sleep(0.01)
+            await peer.completed.wait()
         second = await worker._on_input(_start("turn_2"), nursery)
         assert second is not None and second.status == 200, second
         assert worker.turn is not None and worker.turn.turn_id == "turn_2"
