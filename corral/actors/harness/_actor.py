@@ -498,6 +498,13 @@ class HarnessActor(Actor):
         turn = self.turns.pop(session_id, None)
         if turn is None:
             return
+        # Nothing can answer an elicitation of an ended turn (an interrupt ends it at an
+        # approval): cancelled before the terminal, so that the prompt closes in order and
+        # the broker holds nothing parked for it.
+        for elicitation_id in sorted(turn.elicitations):
+            parked = self.parked.get(elicitation_id)
+            if parked is not None:
+                await self._cancel_parked(parked, "turn_ended")
         await self._emit(turn.start.reply_to, event, session_id)
         turn.deferred.ack()
         state = self.workers.get(session_id)

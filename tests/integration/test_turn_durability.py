@@ -1,0 +1,158 @@
+"""What a turn leaves behind survives ``kill -9`` of dispatch, and an interrupt leaves nothing
+parked: checked end to end (``corral up`` with its embedded control plane, scripted workers),
+by what the next turn's harness is given and by what the host still holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from corral.cli._client import ControlPlane, StreamEvent, TurnFollower, run_turn
+from tests.conftest import HostProcess, wait_until
+from tests.integration.test_e2e import _config, _start, _stop
+
+AGENTS = {
+    # Turn 1 parks on the harness's own approval; turn 2 says what history it was given.
+    "asks.yaml": """
+        name: asks
+        executor:
+          harness: scripted
+          script:
+            turns:
+              - - {text: "asking. "}
+                - {elicit: {message: "May I?"}}
+                - {text: "allowed.", on_decline: "refused."}
+              - - {echo_history: true}
+        """,
+}
+
+
+@pytest.fixture
+def asks_host(tmp_path: Path) -> Iterator[Callable[[], HostProcess]]:
+    hosts: list[HostProcess] = []
+
+    def make() -> HostProcess:
+        agents = tmp_path / "agents"
+        agents.mkdir(exist_ok=True)
+        for name, text in AGENTS.items():
+            (agents / name).write_text(textwrap.dedent(text))
+        hosts.append(HostProcess(tmp_path / "state", _config(agents)))
+        return _start(hosts[-1])
+
+    yield make
+    for host in hosts:
+        _stop(host)
+
+
+async def _kill9(host: HostProcess, name: str) -> None:
+    before = host.actor(name)
+    os.kill(before["pid"], signal.SIGKILL)
+
+    def again() -> bool:
+        now = host.actor(name)
+        return now["restarts"] > before["restarts"] and now["state"] == "running"
+
+    await trio.to_thread.run_sync(lambda: wait_until(again, 20, f"{name} restarted"))
+
+
+async def _turn(
+    api: ControlPlane, sid: str, text: str, decide: Any = None
+) -> tuple[TurnFollower, list[StreamEvent]]:
+    async def accept(_event: StreamEvent) -> str:
+        return "accept"
+
+    session = await api.session(sid)
+    seen: list[StreamEvent] = []
+    turn = await run_turn(
+        api,
+        sid,
+        str(session["last_event_id"]),
+        text,
+        on_event=seen.append,
+        decide=decide or accept,
+        follower=TurnFollower(sid),
+    )
+    return turn, seen
+
+
+def _parked(host: HostProcess) -> list[dict[str, Any]]:
+    rows = host.ask("elicitations")["elicitations"]
+    return [r for r in rows if r["state"] == "parked"]
+
+
+def _terminal_edges(turn: TurnFollower) -> list[str]:
+    return [
+        e["status"]
+        for e in turn.events
+        if e["type"] == "session.status" and e["status"] in ("idle", "failed")
+    ]
+
+
+@pytest.mark.chaos
+async def test_d23_kill9_dispatch_parked_on_a_harness_approval_keeps_the_history(
+    asks_host,
+) -> None:
+    """Dispatch killed while the turn waits on its harness's approval: the turn completes
+    once, and the next turn is given the whole conversation (user, answer, user)."""
+    host = await trio.to_thread.run_sync(asks_host)
+    killed: list[int] = []
+
+    async def kill_dispatch_then_accept(_event: StreamEvent) -> str:
+        killed.append(host.actor("dispatch")["pid"])
+        await _kill9(host, "dispatch")
+        return "accept"
+
+    with trio.fail_after(90):
+        async with ControlPlane(host.state_dir) as api:
+            sid = (await api.create_session("asks"))["id"]
+            first, _ = await _turn(api, sid, "first", kill_dispatch_then_accept)
+            assert killed, "the turn never asked for the approval"
+            assert (first.status, first.text) == ("idle", "asking. allowed.")
+            assert _terminal_edges(first) == ["idle"]
+            second, _ = await _turn(api, sid, "second")
+    assert second.status == "idle"
+    assert json.loads(second.text) == [
+        ["user", "first"],
+        ["assistant", "asking. allowed."],
+        ["user", "second"],
+    ]
+    assert _parked(host) == []
+
+
+@pytest.mark.chaos
+async def test_e4_an_interrupt_at_a_harness_approval_cancels_the_parked_elicitation(
+    asks_host,
+) -> None:
+    """Interrupted while its harness waits on an approval: the turn ends once, and the
+    elicitation is cancelled in the broker at once, not left parked until a restart."""
+    host = await trio.to_thread.run_sync(asks_host)
+    asked: list[str] = []
+
+    with trio.fail_after(90):
+        async with ControlPlane(host.state_dir) as api:
+            sid = (await api.create_session("asks"))["id"]
+
+            async def interrupt(event: StreamEvent) -> None:
+                asked.append(str(event.data["elicitation_id"]))
+                await api.interrupt(sid)
+                return None
+
+            turn, _ = await _turn(api, sid, "first", interrupt)
+    assert asked, "the turn never asked for the approval"
+    assert turn.status == "idle"
+    assert _terminal_edges(turn) == ["idle"]
+    resolved = [e for e in turn.events if e["type"] == "response.elicitation_resolved"]
+    assert [(e["elicitation_id"], e["action"]) for e in resolved] == [(asked[0], "cancel")]
+    rows = host.ask("elicitations")["elicitations"]
+    row = next(r for r in rows if r["elicitation_id"] == asked[0])
+    assert row["state"] == "cancelled"
+    assert _parked(host) == []
