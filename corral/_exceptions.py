@@ -18,6 +18,7 @@ Every error corral raises on purpose derives from :class:`CorralError`, branched
       + HostNotRunning         no host answers on the state dir's control socket
       + HostAlreadyRunning     another host owns the state dir
       + SpecError              an agent spec or bundle is invalid; names the field (a ValueError)
+      + BadInput               a request breaks a rule where it enters; its 4xx (a ValueError)
       + ServerError            a runner → server HTTP call failed
         + ServerUnavailable    no usable answer: connection failed, or 502/503/504
         | + ServerTimeout      the server did not answer before the deadline
@@ -133,6 +134,20 @@ class SpecError(CorralError, ValueError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class BadInput(CorralError, ValueError):
+    """A request's body or id breaks a rule where it enters (:mod:`corral._input`).
+
+    ``status`` and ``code`` are what it is answered with (400 ``invalid_json``, 400
+    ``invalid_session_id``, ...); the message names the rule. A ``ValueError``, so a caller that
+    already refuses a body it cannot parse refuses this one too.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 class ServerError(CorralError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ._input import load_json
 from .bus import Message, Request
 
 
@@ -34,8 +35,13 @@ class HttpRequest(Request["HttpResponse"], tag="http.request"):
     reply_to: str = "gateway"
 
     def json(self) -> Any:
-        """The body parsed as JSON (raises ValueError)."""
-        return json.loads(self.body) if self.body else None
+        """The body parsed as JSON, None if there is none.
+
+        Raises:
+            BadInput: (a ``ValueError``) not UTF-8, not JSON, a lone surrogate escape, or
+                nested too deep (:func:`corral._input.load_json`); the message says which.
+        """
+        return load_json(self.body) if self.body else None
 
 
 class HttpResponse(Message, tag="http.response"):

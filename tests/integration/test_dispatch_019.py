@@ -359,7 +359,11 @@ async def test_c3_forwarded_control_events_answer_like_omnigents_runner(
             assert error["code"] == "invalid_event" and isinstance(error["message"], str)
         reply = await _post(gw, sid, raw=b"not json")
         assert json.loads(reply.body) == {
-            "error": {"code": "invalid_request", "message": "the event body is not JSON"}
+            "error": {
+                "code": "invalid_json",
+                "message": "The event body is not valid JSON: JSON is malformed: invalid "
+                "character (byte 4).",
+            }
         }
         assert gw.statuses(sid) == [], "no control event starts a turn"
 

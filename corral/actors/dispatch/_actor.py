@@ -38,6 +38,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..._exceptions import BadInput
+from ..._input import check_session_id
 from ...bus import Incoming
 from ...harnesses.protocol import (
     ElicitationRequest,
@@ -54,9 +56,8 @@ from ...routes import HttpRequest, HttpResponse
 from .._actor import every, handles
 from .._deferred import Deferred
 from ..policy.messages import PolicyEvaluate
-from ._events import BadEvent
 from ._http import SessionRoutes
-from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route
+from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route, refused
 from ._session import Session
 from ._store import EPOCH_SHIFT
 from ._turn import Turn
@@ -120,6 +121,11 @@ class DispatchActor(SessionRoutes):
             return no_route(msg.method, msg.path)
         route, params = found
         session_id = params.get("session_id", "")
+        if "session_id" in params:
+            try:
+                check_session_id(session_id)
+            except BadInput as exc:
+                return refused(msg, exc)
         if route.needs_harness and not self.options.harness_actor:
             return error(501, "not_implemented", NO_HARNESS_DETAIL.format(session_id))
         handler = functools.partial(getattr(self, route.handler), msg, **params)
@@ -140,8 +146,9 @@ class DispatchActor(SessionRoutes):
         incoming = deferred.incoming
         try:
             response = await handler()
-        except BadEvent as exc:
-            response = error(exc.status, exc.code, str(exc))
+        except BadInput as exc:  # a BadEvent too
+            assert isinstance(incoming.msg, HttpRequest)
+            response = refused(incoming.msg, exc)
         except Exception:
             log.exception("request %s failed", incoming.env.id)
             response = error(500, "runner_error", GENERIC_DETAIL)

@@ -132,10 +132,7 @@ class ToolCalls(TurnFlow):
 
     async def mcp_execute(self, msg: HttpRequest, session_id: str) -> HttpResponse:
         """``POST .../mcp/execute`` (§ii.9): the server's leg of a tool round trip."""
-        try:
-            body = msg.json()
-        except ValueError:
-            raise BadEvent(400, "invalid_request", "the body is not JSON") from None
+        body = msg.json()
         params = body.get("params") if isinstance(body, dict) else None
         if (
             not isinstance(body, dict)

@@ -8,12 +8,12 @@ with; nothing else in dispatch looks at the raw body.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
 
-from ..._exceptions import CorralError
+from ..._exceptions import BadInput
+from ..._input import load_json
 from ...harnesses.protocol import Approval
 
 
@@ -23,7 +23,8 @@ class _Event(msgspec.Struct, tag_field="type", kw_only=True):
 
 class MessageEvent(_Event, tag="message"):
     role: str = "user"
-    content: Any = None
+    #: A list of items or blocks (D-02); a plain string is taken as one text block.
+    content: str | list[dict[str, Any]] | None = None
     model: str | None = None
     agent_id: str | None = None
     harness: str | None = None
@@ -130,26 +131,23 @@ SessionEventBody = (
 _event_decoder = msgspec.json.Decoder(SessionEventBody)
 
 
-class BadEvent(CorralError):
+class BadEvent(BadInput):
     """A session event that is malformed or of an unknown type (answered 4xx)."""
-
-    def __init__(self, status: int, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
 
 
 def parse_event(body: bytes) -> SessionEventBody:
     """Decode one session event strictly.
 
     Raises:
-        BadEvent: 400 for a body that is not a JSON object, 422 for an unknown type or
-            wrong field types.
+        BadEvent: 400 ``invalid_json`` for a body that is not UTF-8 JSON, holds a lone
+            surrogate escape or nests too deep (:func:`corral._input.load_json`); 400 for one
+            that is not an object with a string type; 422 for an unknown type or a field of
+            the wrong type (the message names the field).
     """
     try:
-        raw = json.loads(body)
-    except ValueError:
-        raise BadEvent(400, "invalid_request", "the event body is not JSON") from None
+        raw = load_json(body, "the event body")
+    except BadInput as exc:
+        raise BadEvent(exc.status, exc.code, str(exc)) from None
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise BadEvent(400, "invalid_request", "an event is a JSON object with a string type")
     try:

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 import trio
 
+from ..._input import check_session_id
 from ...harnesses.protocol import Approval, InputAccepted, Interrupt
 from ...routes import HttpRequest, HttpResponse, empty_response, json_response
 from ._calls import ToolCalls
@@ -41,13 +42,11 @@ class SessionRoutes(ToolCalls):
     """The session routes: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
 
     async def create_session(self, msg: HttpRequest) -> HttpResponse:
-        try:
-            body = msg.json()
-        except ValueError:
-            raise BadEvent(400, "invalid_request", "the body is not JSON") from None
+        body = msg.json()
         if not isinstance(body, dict) or not isinstance(body.get("session_id"), str):
             raise BadEvent(400, "invalid_request", "session_id is required")
         session_id = body["session_id"]
+        check_session_id(session_id)  # an id in a path is checked before routing
         init = body.get("session_init") if isinstance(body.get("session_init"), dict) else None
         snapshot = (init or {}).get("snapshot") or {}
         session = await self._session(session_id, None)

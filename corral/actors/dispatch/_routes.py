@@ -16,11 +16,15 @@ a trailing or leading ``/`` is ignored. Every error body is the 0.19 shape
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
+from ..._exceptions import BadInput
 from ...harnesses.protocol import InputAccepted
-from ...routes import HttpResponse, empty_response, json_response
+from ...routes import HttpRequest, HttpResponse, empty_response, json_response
+
+log = logging.getLogger("corral.actors.dispatch")
 
 GENERIC_DETAIL = "Request failed on the runner; see runner logs for details."
 #: D-03's answer on a host without a harness actor (the original names its missing part).
@@ -89,6 +93,12 @@ def accepted() -> HttpResponse:
 def error(status: int, code: str, message: str) -> HttpResponse:
     """The 0.19 error body (PROTOCOL_0_19.md §H.2): the server reads ``error.message``."""
     return json_response(status, {"error": {"code": code, "message": message}})
+
+
+def refused(request: HttpRequest, exc: BadInput) -> HttpResponse:
+    """The 4xx of a request that broke a rule where it entered, logged once (no traceback)."""
+    log.warning("refused %s %s: %d %s: %s", request.method, request.path, exc.status, exc.code, exc)
+    return error(exc.status, exc.code, str(exc))
 
 
 def from_harness(reply: InputAccepted | None) -> HttpResponse:

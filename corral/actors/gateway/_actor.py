@@ -66,7 +66,8 @@ from typing import Any
 import msgspec
 import trio
 
-from ..._exceptions import BusError, ConfigError
+from ..._exceptions import BadInput, BusError, ConfigError, MessageTooLarge
+from ..._input import check_session_id
 from ...bus import Incoming
 from ...config import check_runners
 from ...harnesses import HARNESSES, availability
@@ -258,6 +259,12 @@ class GatewayActor(Actor):
             return
         method, rest = frame.method.upper(), parts[3:]
         session_id = parts[2] if len(parts) > 2 else ""
+        if len(parts) > 2:
+            try:
+                check_session_id(session_id)
+            except BadInput as exc:
+                await responder.respond(refused(frame, exc))
+                return
         if session_id:
             if method == "GET" and rest == ["stream"]:
                 await self._session_stream(responder, session_id)
@@ -269,8 +276,8 @@ class GatewayActor(Actor):
         try:
             body = _request_body(frame)
         except ValueError:
-            message = "The request body is not valid base64."
-            await responder.respond(error_response(400, "invalid_input", message))
+            bad = BadInput(400, "invalid_input", "The request body is not valid base64.")
+            await responder.respond(refused(frame, bad))
             return
         await self._forward(tunnel, frame, responder, body, session_id or None, rest)
 
@@ -304,6 +311,16 @@ class GatewayActor(Actor):
                 reply = await self.peer.call(
                     owner, request, durable=durable, timeout=timeout, session_id=session_id
                 )
+            except MessageTooLarge:
+                # Refused before it was sent: the owner gets nothing, the session is as it was.
+                limit = self.peer.bus.max_message_bytes
+                message = (
+                    f"The request body of {len(body)} bytes does not fit in a message on "
+                    f"this runner's bus (the limit is {limit} bytes, [bus] max_message_bytes)."
+                )
+                too_large = BadInput(413, "payload_too_large", message)
+                await responder.respond(refused(frame, too_large))
+                return
             except BusError as exc:
                 log.warning("%s %s: %s did not answer: %s", frame.method, frame.path, owner, exc)
                 reply = None
@@ -410,6 +427,12 @@ class GatewayActor(Actor):
         last = batch[-1][0]
         text = "".join(sse_data(event) for _, event in batch)
         await responder.text(text, on_sent=lambda: self.buffer.delivered(session_id, last))
+
+
+def refused(frame: RequestFrame, exc: BadInput) -> HttpResponse:
+    """The 4xx of a request the gateway refuses itself, logged once (no traceback)."""
+    log.warning("refused %s %s: %d %s: %s", frame.method, frame.path, exc.status, exc.code, exc)
+    return error_response(exc.status, exc.code, str(exc))
 
 
 def _request_body(frame: RequestFrame) -> bytes:

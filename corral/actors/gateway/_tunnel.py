@@ -9,7 +9,8 @@ frames each run in a task of their own and are answered through a :class:`Respon
 (``response.head``, ``response.body`` pieces, ``response.end``); one writer task sends every
 outgoing frame, so a cancelled request never cuts one in half.
 
-Failure handling. Malformed frames are logged and ignored; frames over ``max_frame_bytes``
+Failure handling. Malformed frames are logged and ignored (a ``request`` frame whose id can
+still be read is answered 400, so the server does not wait); frames over ``max_frame_bytes``
 are refused (a request gets 413), and ones over four times that close the tunnel. Close codes
 4001, 4002, 4004 and 4500 are fatal for that runner (the reason is logged and shown in
 ``corral status``). A server recycle (close 1001 or 1012, or HTTP 502 on the upgrade) resets
@@ -452,6 +453,7 @@ class Tunnel:
             frame = decode_frame(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._malformed(str(exc), raw[:200])
+            await self._refuse_malformed(raw, exc)
             return
         if isinstance(frame, RequestFrame):
             if frame.id in self.requests:
@@ -494,6 +496,15 @@ class Tunnel:
                 why,
                 preview,
             )
+
+    async def _refuse_malformed(self, raw: str, why: object) -> None:
+        """Answer 400 to a ``request`` frame that does not decode, if its id can be found:
+        the server would otherwise wait for an answer until its own timeout."""
+        match = OVERSIZED_REQUEST_ID.search(raw[:2048])
+        if match is None or match.group(1) in self.requests:
+            return
+        message = f"The request frame is not valid: {why}."
+        await Responder(self, match.group(1)).respond(error_response(400, "invalid_input", message))
 
     async def _refuse_oversized(self, raw: str) -> None:
         self.stats["oversized"] += 1
