@@ -40,6 +40,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .. import __version__
+from .._exceptions import BadInput
+from .._input import check_session_id, load_json
 from ..server_client import runner_id_for_token
 from ._plane import SERVER_VERSION, ControlPlane, Refused
 from ._store import UnknownCursor
@@ -146,6 +148,17 @@ def _check_origin(headers: Any) -> None:
     raise Refused(403, "forbidden_origin", f"Requests from origin {origin!r} are not accepted.")
 
 
+def _check_session_id(request: Request) -> None:
+    """A session id in the path keeps the rule (:data:`corral._input.SESSION_ID_RULE`)."""
+    session_id = request.path_params.get("session_id")
+    if session_id is None:
+        return
+    try:
+        check_session_id(session_id)
+    except BadInput as exc:
+        raise Refused(exc.status, exc.code, str(exc)) from None
+
+
 Handler = Callable[["_Api", Request], Awaitable[Response]]
 
 
@@ -157,8 +170,18 @@ def endpoint(fn: Handler) -> Callable[[_Api, Request], Awaitable[Response]]:
         try:
             _check_origin(request.headers)
             self._check_access(request)
+            _check_session_id(request)
             return await fn(self, request)
         except Refused as exc:
+            # Once per refusal, without a traceback: the client's mistake, not the plane's.
+            log.info(
+                "%s %s refused: %d %s: %s",
+                request.method,
+                request.url.path,
+                exc.status,
+                exc.slug,
+                exc.detail,
+            )
             return error(exc.status, exc.slug, exc.detail)
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
@@ -235,9 +258,9 @@ class _Api:
     async def _json(self, request: Request, limit: int | None = None) -> Any:
         raw = await self._body(request, limit)
         try:
-            return json.loads(raw)
-        except ValueError:
-            raise Refused(400, "invalid_json", "The request body is not valid JSON.") from None
+            return load_json(raw)
+        except BadInput as exc:
+            raise Refused(exc.status, exc.code, str(exc)) from None
 
     # -- general -----------------------------------------------------------------------------
 
@@ -493,8 +516,8 @@ class _Api:
         if message["type"] == "websocket.disconnect":
             return None
         try:
-            frame = json.loads(message.get("text") or "")
-        except ValueError:
+            frame = load_json((message.get("text") or "").encode(), "the hello frame")
+        except BadInput:
             frame = None
         if not isinstance(frame, dict) or frame.get("kind") != "hello":
             await _close(ws, 4001, "expected hello frame")
