@@ -83,7 +83,9 @@ class HostProcess:
             start_new_session=True,
         )
         if wait:
-            wait_until(self._all_running, 20, "every actor running")
+            # A host is up in ~1.6 s; 60 s only matters on a VM other test runs load (at a load
+            # of 10 on 2 cores, 3 of 1,359 starts took more than 20 s).
+            wait_until(self._all_running, 60, "every actor running")
         return self
 
     def _all_running(self) -> bool:
