@@ -306,7 +306,8 @@ def send_command(
 
     async def work(api: ControlPlane) -> TurnFollower:
         session = await _open_session(api, session_id, agent)
-        turn = TurnFollower(str(session["id"]))
+        # A session that runs a turn runs this message as its own turn after that one (§E.3).
+        turn = TurnFollower(str(session["id"]), busy=session.get("status") == "running")
 
         async def decide(event: StreamEvent) -> str:
             action = "accept" if approve else "decline"

@@ -175,11 +175,21 @@ class TurnFollower:
     drops events it has already seen (a reconnect replays from the last id), and is
     :attr:`done` at the first ``session.status`` ``idle``/``failed`` after a ``running``, or
     at a ``session.delivery_failed`` for :attr:`item_id` (the turn's message, once posted).
+
+    With :attr:`item_id` known, the turn is the one of that message. A message to a busy
+    session runs as its own turn after the running one (PROTOCOL_0_19.md §E.3), so with
+    :attr:`busy` the running turn's events are dropped up to its end (its terminal edge, or
+    the ``running`` of the next turn); the control plane's ``session.input.consumed`` of the
+    message says ``buffered`` when the runner queued it, which also catches a turn another
+    client started after the cursor was read. The turn ends at its own edge, or at the
+    ``running`` of a turn after it (messages buffered behind it run on, no ``idle`` between).
     """
 
     session_id: str
     #: The id of the user message that starts the turn (from the POST's answer).
     item_id: str | None = None
+    #: The session ran a turn when the cursor was read: the message waits behind it.
+    busy: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     status: str | None = None
     error: dict[str, Any] | None = None
@@ -198,9 +208,40 @@ class TurnFollower:
         return "".join(self._text)
 
     def feed(self, event: StreamEvent) -> bool:
-        """Record ``event``; False if it is a repeat (or came after the end) and was dropped."""
-        if self.done:
+        """Record ``event``; False if it is a repeat, came after the end or belongs to
+        another turn, and was dropped."""
+        if self.done or not self._new(event):
             return False
+        if self.item_id is None:
+            return self._record(event)
+        if event.type == "session.input.consumed":
+            data = v if isinstance(v := event.data.get("data"), dict) else {}
+            if data.get("item_id") == self.item_id and data.get("runner_status") == "buffered":
+                if self.running:
+                    # Another client's turn began between the cursor and this message,
+                    # which waits behind it: that turn is not this one.
+                    self._forget()
+                else:
+                    self.busy = True
+                return False
+        if self.busy and not self.running:
+            if _is_running(event):
+                self.busy = False  # the turn of the message, straight after the running one
+            elif event.type == "session.status" and event.data.get("status") in TERMINAL_STATUSES:
+                self.busy = False  # the running turn is over; the next to start is this one
+                return False
+            elif event.type != "session.delivery_failed":
+                return False
+        return self._record(event)
+
+    def _forget(self) -> None:
+        """Drop what was collected of a turn that turned out to be another's."""
+        self.events.clear()
+        self._text.clear()
+        self.running, self._failure, self.busy = False, None, True
+
+    def _new(self, event: StreamEvent) -> bool:
+        """Whether ``event`` was not seen before (and note it as seen)."""
         if event.id is not None:
             number = _event_number(event.id)
             if event.id in self._seen or (
@@ -211,6 +252,16 @@ class TurnFollower:
             self.last_id = event.id
             if number is not None:
                 self._newest = number
+        return True
+
+    def _record(self, event: StreamEvent) -> bool:
+        """Add ``event`` to the turn; False if it is the start of the turn after it."""
+        if self.item_id is not None and self.running and _is_running(event):
+            # The next turn (messages buffered behind this one) began: this one is over.
+            self.done = True
+            self.status = "failed" if self._failure is not None else "idle"
+            self.error = self._failure
+            return False
         self.events.append(event.record())
         data = event.data
         if event.type == "response.output_text.delta":
@@ -255,6 +306,10 @@ class TurnFollower:
             "error": self.error,
             "events": self.events,
         }
+
+
+def _is_running(event: StreamEvent) -> bool:
+    return event.type == "session.status" and event.data.get("status") == "running"
 
 
 # --- finding and calling the control plane ---------------------------------------------------
@@ -533,8 +588,11 @@ async def run_turn(
             turn.item_id = answer["item_id"]
 
     async def handle(event: StreamEvent) -> bool:
-        if not turn.feed(event):
-            return False
+        if turn.feed(event):
+            await show(event)
+        return turn.done
+
+    async def show(event: StreamEvent) -> None:
         on_event(event)
         if event.type == "response.elicitation_resolved":
             answered.add(str(event.data.get("elicitation_id")))
@@ -552,7 +610,6 @@ async def run_turn(
                         # Already answered or gone (an interrupt cancelled it): the turn
                         # still ends with its own edge, so keep following.
                         log.warning("approval %s was not taken: %s", elicitation_id, exc)
-        return turn.done
 
     await api.follow(session_id, after, handle, on_open=post)
     return turn

@@ -921,3 +921,72 @@ def test_up_with_server_flag_serves_that_runner_and_no_control_plane(tmp_path: P
             for pid in processes_of(state):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def _consumed(n: int, item_id: str, runner_status: str | None) -> StreamEvent:
+    data = {"item_id": item_id, "type": "message", "runner_status": runner_status}
+    return ev(n, "session.input.consumed", data=data)
+
+
+def test_follower_of_a_message_to_a_busy_session_takes_only_its_own_turn() -> None:
+    """Busy (§E.3): the running turn's tail is not this turn's; the next turn is, and it
+    ends at its own edge."""
+    turn = TurnFollower("s1", item_id="item_2", busy=True)
+    fed = [
+        turn.feed(e)
+        for e in [
+            ev(5, "response.output_text.delta", delta="theirs "),
+            _consumed(6, "item_2", "buffered"),
+            ev(7, "response.output_text.delta", delta="theirs"),
+            ev(8, "response.completed"),
+            ev(9, "session.status", status="running"),
+            ev(10, "response.output_text.delta", delta="mine"),
+            ev(11, "response.completed"),
+            ev(12, "session.status", status="idle"),
+        ]
+    ]
+    assert fed == [False] * 4 + [True] * 4
+    assert (turn.done, turn.status, turn.text) == (True, "idle", "mine")
+    assert [e["event_id"] for e in turn.events] == [9, 10, 11, 12]
+    # The running turn ended before the message came: its edge, then the message's turn.
+    turn = TurnFollower("s1", item_id="item_2", busy=True)
+    for e in [
+        ev(5, "response.output_text.delta", delta="theirs"),
+        ev(6, "session.status", status="idle"),
+        ev(7, "session.status", status="running"),
+        _consumed(8, "item_2", "accepted"),
+        ev(9, "response.output_text.delta", delta="mine"),
+        ev(10, "session.status", status="idle"),
+    ]:
+        turn.feed(e)
+    assert (turn.done, turn.text, turn.events[0]["event_id"]) == (True, "mine", 7)
+
+
+def test_follower_of_a_message_ends_at_the_next_turn_and_skips_another_client_s() -> None:
+    """A turn of messages buffered behind this one ends it (no idle between). A turn another
+    client started after the cursor was read is dropped once the consumed of this message
+    says it waits behind it."""
+    turn = TurnFollower("s1", item_id="item_1")
+    for e in [
+        ev(1, "session.status", status="running"),
+        _consumed(2, "item_1", "accepted"),
+        ev(3, "response.output_text.delta", delta="a"),
+        ev(4, "response.completed"),
+    ]:
+        assert turn.feed(e)
+    assert not turn.feed(ev(5, "session.status", status="running"))
+    assert (turn.done, turn.status, turn.text) == (True, "idle", "a")
+    turn = TurnFollower("s1", item_id="item_1")
+    for e in [
+        ev(1, "session.status", status="running"),
+        ev(2, "response.output_text.delta", delta="theirs"),
+        _consumed(3, "item_1", "buffered"),
+        ev(4, "response.failed", error={"code": "x", "message": "y"}),
+        ev(5, "session.status", status="failed"),
+        ev(6, "session.status", status="running"),
+        ev(7, "response.output_text.delta", delta="mine"),
+        ev(8, "session.status", status="idle"),
+    ]:
+        turn.feed(e)
+    assert (turn.done, turn.status, turn.text) == (True, "idle", "mine")
+    assert [e["event_id"] for e in turn.events] == [6, 7, 8]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from corral.cli._client import ControlPlane, StreamEvent, TurnFollower, run_turn
 from tests.conftest import HostProcess, wait_until
 from tests.integration.test_e2e import _config, _start, _stop
 
+FIRST_ANSWER = "one two three four five six seven eight "
 AGENTS = {
     # Turn 1 parks on the harness's own approval; turn 2 says what history it was given.
     "asks.yaml": """
@@ -32,6 +34,16 @@ AGENTS = {
                 - {elicit: {message: "May I?"}}
                 - {text: "allowed.", on_decline: "refused."}
               - - {echo_history: true}
+        """,
+    # Turn 1 streams for about 5 s; turn 2 says what history it was given.
+    "talks.yaml": f"""
+        name: talks
+        executor:
+          harness: scripted
+          script:
+            turns:
+              - - {{text: "{FIRST_ANSWER}", chunk: 4, delay_ms: 500}}
+              - - {{echo_history: true}}
         """,
 }
 
@@ -156,3 +168,56 @@ async def test_e4_an_interrupt_at_a_harness_approval_cancels_the_parked_elicitat
     row = next(r for r in rows if r["elicitation_id"] == asked[0])
     assert row["state"] == "cancelled"
     assert _parked(host) == []
+
+
+async def test_send_to_a_busy_session_prints_its_own_turn(asks_host) -> None:
+    """``corral send --session S`` while S runs a turn: the message runs as its own turn after
+    the running one (§E.3), and ``send`` prints that turn alone and ends on its edge."""
+    host = await trio.to_thread.run_sync(asks_host)
+    with trio.fail_after(90):
+        async with ControlPlane(host.state_dir) as api, trio.open_nursery() as nursery:
+            sid = (await api.create_session("talks"))["id"]
+            streaming = trio.Event()
+            first: list[TurnFollower] = []
+
+            async def first_turn() -> None:
+                def on_event(event: StreamEvent) -> None:
+                    if event.type == "response.output_text.delta":
+                        streaming.set()
+
+                session = await api.session(sid)
+                first.append(
+                    await run_turn(
+                        api,
+                        sid,
+                        str(session["last_event_id"]),
+                        "first",
+                        on_event=on_event,
+                        decide=None,  # type: ignore[arg-type]
+                    )
+                )
+
+            nursery.start_soon(first_turn)
+            await streaming.wait()
+            send = await trio.run_process(
+                [
+                    *(sys.executable, "-m", "corral", "send", "--state-dir", str(host.state_dir)),
+                    *("--session", sid, "--timeout", "30", "--json", "second"),
+                ],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    assert send.returncode == 0, send.stderr.decode()
+    second = json.loads(send.stdout)
+    assert second["status"] == "idle"
+    assert json.loads(second["text"]) == [
+        ["user", "first"],
+        ["assistant", FIRST_ANSWER],
+        ["user", "second"],
+    ]
+    deltas = [e for e in second["events"] if e["type"] == "response.output_text.delta"]
+    assert "".join(e["delta"] for e in deltas) == second["text"], "only its own turn's text"
+    statuses = [e["status"] for e in second["events"] if e["type"] == "session.status"]
+    assert statuses[-1] == "idle" and statuses.count("idle") == 1
+    assert first[0].text == FIRST_ANSWER

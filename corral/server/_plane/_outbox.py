@@ -118,6 +118,7 @@ class OutboxDelivery(PlaneParts):
             entry.kind == "message" and status is not None and status >= 400
         )
         if entry.kind == "message" and not refused:
+            runner = answer.json() if answer is not None else None
             events.append(
                 {
                     "sequence_number": None,
@@ -126,6 +127,9 @@ class OutboxDelivery(PlaneParts):
                         "item_id": body.get("persisted_item_id"),
                         "type": "message",
                         "data": {"role": "user", "content": body.get("content")},
+                        # "accepted" (it started a turn) or "buffered" (it runs as the
+                        # next turn, §E.3): how a client finds the turn of its message.
+                        "runner_status": runner.get("status") if isinstance(runner, dict) else None,
                     },
                 }
             )
