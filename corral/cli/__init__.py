@@ -1,38 +1,53 @@
-"""The ``corral`` command line: one click group, one module per family of verbs."""
+"""The ``corral`` command line: one click group, one module per family of verbs.
+
+A verb's module is imported only when that verb runs: ``corral status`` has no use for the
+host, the chat client or the benchmarks, and every CLI call (every ``corral up`` too) would
+pay for importing them all.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from .. import __version__
-from ._bench import bench_command
-from ._chat import agents_command, chat_command, send_command
-from ._inspect import (
-    dead_letters_command,
-    elicitations_command,
-    mailboxes_command,
-    status_command,
-)
-from ._journal import journal_group
-from ._up import up_command
+
+#: Each verb and where it lives (``module:attribute`` under ``corral.cli``), in help order.
+COMMANDS: dict[str, str] = {
+    "up": "_up:up_command",
+    "status": "_inspect:status_command",
+    "mailboxes": "_inspect:mailboxes_command",
+    "dead-letters": "_inspect:dead_letters_command",
+    "elicitations": "_inspect:elicitations_command",
+    "bench": "_bench:bench_command",
+    "journal": "_journal:journal_group",
+    "agents": "_chat:agents_command",
+    "send": "_chat:send_command",
+    "chat": "_chat:chat_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """A group whose commands are imported on first use (``--help`` imports them all)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module, attr = where.split(":")
+        command = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        assert isinstance(command, click.Command), where
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="corral")
 def cli() -> None:
     """corral: a crash-proof host for AI-agent runner sessions."""
-
-
-cli.add_command(up_command)
-cli.add_command(status_command)
-cli.add_command(mailboxes_command)
-cli.add_command(dead_letters_command)
-cli.add_command(elicitations_command)
-cli.add_command(bench_command)
-cli.add_command(journal_group)
-cli.add_command(agents_command)
-cli.add_command(send_command)
-cli.add_command(chat_command)
 
 
 def main() -> None:
