@@ -20,6 +20,7 @@ import trio
 
 from corral._input import MAX_JSON_DEPTH, SESSION_ID_RULE
 from tests.conftest import FAST_LIVENESS
+from tests.fake_server import user_message
 from tests.fake_tunnel_server import FakeTunnelServer, Response, Tunnel
 from tests.integration._gateway import fake_gateway, scripted_yaml
 from tests.integration.test_gateway import bind, host_config, message, running
@@ -129,6 +130,15 @@ async def test_d02_bad_bodies_and_session_ids_are_4xx_at_the_tunnel_and_the_sess
         # The session goes on: the next turn's history holds both good messages, no bad one.
         assert user_texts(await turn(tunnels, t, sid, agent_id, "after")) == ["first", "after"]
         assert tunnels.statuses(sid) == ["running", "idle", "running", "idle"]
+
+        # The real server stores a message before it forwards it, so the one refused 413 is in
+        # every later history it gives; it is left out with a note, and the turn runs.
+        stored = server.add_session(agent_id)["id"]
+        server.add_item(stored, user_message("y" * (5 * 1024 * 1024)))
+        await bind(t, stored, agent_id)
+        [note, after] = user_texts(await turn(tunnels, t, stored, agent_id, "after"))
+        assert note.startswith("[System: a message of ") and "is left out here" in note
+        assert after == "after"
         assert t.violations == [] and tunnels.stream_violations == []
     log = host.log()
     assert "Traceback" not in log

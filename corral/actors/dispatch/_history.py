@@ -9,6 +9,8 @@ Pure functions plus one async media resolver; the dispatch actor owns the cache.
   trailing stored user message stays (D-25) — and the new message is appended (D-26).
 * Blocks that reference a ``file_id`` are resolved to ``data:`` URLs before forwarding; no
   ``file_id`` reaches a worker (D-27).
+* A stored item too large for a turn's message is replaced by a note saying so
+  (:func:`left_out_note`), so that one refused message does not stop every later turn.
 * An interrupted turn leaves no assistant text, only a user-role note saying so
   (:func:`interrupt_note`, PROTOCOL_0_19.md §E.4), so the next request reads
   ``[user1, note, user2]``.
@@ -20,9 +22,12 @@ import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 FetchFile = Callable[[str], Awaitable[tuple[bytes, str]]]
 
 _TEXT_BLOCKS = {"input_text", "output_text", "text"}
+_LEFT_OUT = "[System: a message of"
 
 
 def user_item(content: Any) -> dict[str, Any]:
@@ -47,6 +52,34 @@ INTERRUPT_NOTE = (
     "it finished, and any answer to it may be cut short. Do not carry it on unless the user "
     "asks again; take the next user message as what they want now."
 )
+
+
+def left_out_note(size: int) -> dict[str, Any]:
+    """The history item standing for a message too large for a turn to carry.
+
+    The gateway refuses a message over the bus limit (413), but the 0.19 server has stored it
+    by then, and gives it back in every later history; without this, each later turn of the
+    session would fail to start (PROTOCOL_0_19.md §C.1: the item is saved before it is sent).
+    """
+    text = (
+        f"{_LEFT_OUT} {size} bytes is left out here: it is over this runner's message size "
+        "limit, so it was never run]"
+    )
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def largest(items: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """The index and encoded size of the largest item before the last (the new message) that
+    is not a :func:`left_out_note` already, or None if there is none."""
+    sizes = [
+        (len(msgspec.json.encode(item)), i)
+        for i, item in enumerate(items[:-1])
+        if not texts([item])[0].startswith(_LEFT_OUT)
+    ]
+    if not sizes:
+        return None
+    size, index = max(sizes)
+    return index, size
 
 
 def interrupt_note() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import trio
 
+from ..._exceptions import MessageTooLarge
 from ...harnesses.protocol import (
     HARNESS_ACTOR,
     Interrupt,
@@ -135,22 +136,46 @@ class TurnFlow(DispatchBase):
         if stream is not None:
             turn.stream_to = (stream.reply_to, stream.request_id)
             response = HttpResponse(status=200, headers=list(_STREAM_HEADERS), streaming=True)
-        start = TurnStart(
-            session_id=session.id,
-            turn_id=turn.turn_id,
-            spec=spec,
-            message=_turn_message(session.id, last, spec, content),
-            harness=harness,
-            model_override=session.record.model_override,
-            harness_override=session.record.harness_override,
-            reply_to=self.peer.name,
+        while True:
+            start = TurnStart(
+                session_id=session.id,
+                turn_id=turn.turn_id,
+                spec=spec,
+                message=_turn_message(session.id, last, spec, content),
+                harness=harness,
+                model_override=session.record.model_override,
+                harness_override=session.record.harness_override,
+                reply_to=self.peer.name,
+            )
+            try:
+                await self.peer.cast(HARNESS_ACTOR, start, durable=True, session_id=session.id)
+            except MessageTooLarge as exc:
+                if self._leave_out_largest(session, content):
+                    continue
+                log.warning("could not start turn %s: %s", turn.turn_id, exc)
+                await self._setup_failed(session, turn, exc)
+            except Exception as exc:
+                log.warning("could not start turn %s: %s", turn.turn_id, exc)
+                await self._setup_failed(session, turn, exc)
+            return response
+
+    def _leave_out_largest(self, session: Session, content: list[dict[str, Any]]) -> bool:
+        """Replace the largest earlier item of a history too large to send by a note (in the
+        session's history too, so later turns do not try again); False if none is left."""
+        found = history.largest(content)
+        if found is None:
+            return False
+        index, size = found
+        note = history.left_out_note(size)
+        log.warning(
+            "session %s: a history item of %d bytes is left out of the turn: over the bus limit",
+            session.id,
+            size,
         )
-        try:
-            await self.peer.cast(HARNESS_ACTOR, start, durable=True, session_id=session.id)
-        except Exception as exc:
-            log.warning("could not start turn %s: %s", turn.turn_id, exc)
-            await self._setup_failed(session, turn, exc)
-        return response
+        if session.history is not None and len(session.history) == len(content):
+            session.history[index] = note
+        content[index] = note
+        return True
 
     async def _drained(self, session_id: str) -> None:
         """Wait until the worker has wound down the turn of a deleted session of this id:
