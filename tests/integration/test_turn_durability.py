@@ -221,3 +221,45 @@ async def test_send_to_a_busy_session_prints_its_own_turn(asks_host) -> None:
     statuses = [e["status"] for e in second["events"] if e["type"] == "session.status"]
     assert statuses[-1] == "idle" and statuses.count("idle") == 1
     assert first[0].text == FIRST_ANSWER
+
+
+def _policy_in_flight(host: HostProcess) -> list[dict[str, Any]]:
+    [box] = host.ask("mailboxes", actor="policy", peek=10)["mailboxes"]
+    return [p for p in box.get("peek", []) if p["type"] == "policy.evaluate"]
+
+
+@pytest.mark.chaos
+async def test_e4_an_interrupt_cancels_an_llm_request_evaluation_the_server_holds(
+    host_factory, server, tmp_path: Path
+) -> None:
+    """The server holds a turn's PHASE_LLM_REQUEST evaluation (an ASK nobody has answered):
+    an interrupt ends the turn once, and the policy actor lets the evaluation go at once
+    instead of holding it (in flight in its mailbox) until the server gives up."""
+    from tests.integration._gateway import fake_gateway
+
+    url = json.dumps(server.base_url)
+    host = host_factory(
+        "[liveness]\ninterval_s = 0.5\nliveness = 10\n"
+        + f'[actors.dispatch.options]\nserver_url = {url}\nsubscribers = ["test-gateway"]\n'
+        + f"[actors.policy.options]\nserver_url = {url}\n"
+    ).start()
+    server.fail("POST", r"/v1/sessions/.*/policies/evaluate", mode="hang")
+    agent_id = server.add_agent(
+        "name: held\nexecutor:\n  harness: openai-agents\n  model: gpt-x\n"
+        "  auth: {type: api_key, api_key: k, base_url: 'http://127.0.0.1:9'}\n"
+    )
+    sid = server.add_session(agent_id)["id"]
+    async with fake_gateway(host.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: _policy_in_flight(host), 30, "the held evaluation")
+        )
+        reply = await gw.request("POST", f"/v1/sessions/{sid}/events", {"type": "interrupt"})
+        assert reply.status == 204
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: not _policy_in_flight(host), 10, "the evaluation let go")
+        )
+        assert gw.statuses(sid) == ["running", "idle"]
+    host.stop()

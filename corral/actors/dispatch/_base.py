@@ -148,6 +148,9 @@ class DispatchBase(Actor):
         handler: awaiting the broker's acceptance in a handler stalls once the inbox is full
         (the handler is what drains it)."""
         assert self.options.policy is not None
+        session = self.sessions.get(msg.session_id)
+        if isinstance(msg, PolicyEvaluate) and session is not None and session.turn is not None:
+            session.turn.evaluated = True
         await self.peer.cast(self.options.policy, msg, durable=True, session_id=msg.session_id)
 
     def _server(self, session: Session) -> Any:

@@ -173,6 +173,9 @@ class Turn:
     #: An ``interrupt`` or ``stop_session`` asked it to stop (in the record too): its
     #: ``response.cancelled`` ends it the way §E.4 records an interruption.
     interrupted: bool = False
+    #: It sent policy an evaluation (the server may hold one until a person answers), so
+    #: its end tells policy. Assumed of a resumed turn: a restart forgets it.
+    evaluated: bool = False
 
     @property
     def phase(self) -> Phase:
@@ -216,4 +219,5 @@ class Turn:
             | {_ELICITATION + e for e in record.elicitations},
             answered=answered,
             interrupted=record.interrupted,
+            evaluated=True,
         )

@@ -317,7 +317,7 @@ class TurnFlow(DispatchBase):
         if session.turn is not turn:
             return
         session.turn = None
-        if session.record.tool_calls and self.options.policy is not None:
+        if (session.record.tool_calls or turn.evaluated) and self.options.policy is not None:
             ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
             self.in_order(session.id, lambda: self._to_policy(ended))
         if turn.stream_to is not None:

@@ -143,6 +143,9 @@ class PolicyActor(Actor):
         self.parked: dict[str, ParkedCall] = {}
         #: Calls in progress (call_id → the scope to cancel when the turn ends).
         self.running: dict[str, tuple[ToolCall, trio.CancelScope]] = {}
+        #: Evaluations in progress, per session (evaluation id → its scope): the server may
+        #: hold one until a person answers, and the turn's end lets it go.
+        self.evaluating: dict[str, dict[str, trio.CancelScope]] = {}
         self.stats = {"calls": 0, "allowed": 0, "denied": 0, "asked": 0, "failed_closed": 0}
 
     async def setup(self) -> None:
@@ -323,6 +326,10 @@ class PolicyActor(Actor):
 
     @handles(TurnEnded)
     async def turn_ended(self, msg: TurnEnded, incoming: Incoming) -> None:
+        # A session runs one turn at a time, and its next turn's evaluations come after this
+        # message: every evaluation of the session in progress is the ended turn's.
+        for scope in self.evaluating.pop(msg.session_id, {}).values():
+            scope.cancel()
         for call, scope in list(self.running.values()):
             if call.session_id == msg.session_id and call.turn_id == msg.turn_id:
                 scope.cancel()
@@ -448,13 +455,31 @@ class PolicyActor(Actor):
     async def evaluate(self, msg: PolicyEvaluate, incoming: Incoming) -> None:
         deferred = self.defer(incoming)
         assert self.nursery is not None
-        self.nursery.start_soon(self._evaluate, msg, deferred)
+        # Registered here, not in the task: a TurnEnded handled next must find it.
+        scope = trio.CancelScope()
+        self.evaluating.setdefault(msg.session_id, {})[msg.evaluation_id] = scope
+        self.nursery.start_soon(self._evaluate, msg, deferred, scope)
 
-    async def _evaluate(self, msg: PolicyEvaluate, deferred: Deferred) -> None:
+    async def _evaluate(
+        self, msg: PolicyEvaluate, deferred: Deferred, scope: trio.CancelScope
+    ) -> None:
         event = {"type": msg.phase, "data": msg.data}
-        action, reason, failed = await self._verdict(
-            msg.session_id, msg.runner_id, event, msg.evaluation_id
-        )
+        with scope:
+            try:
+                action, reason, failed = await self._verdict(
+                    msg.session_id, msg.runner_id, event, msg.evaluation_id
+                )
+            finally:
+                held = self.evaluating.get(msg.session_id, {})
+                if held.get(msg.evaluation_id) is scope:
+                    del held[msg.evaluation_id]
+                    if not held:
+                        del self.evaluating[msg.session_id]
+        if scope.cancelled_caught:
+            # The turn ended (an interrupt while the server held an ASK): nothing waits on
+            # the verdict any more, and the held request is closed.
+            deferred.ack()
+            return
         verdict = PolicyVerdict(
             session_id=msg.session_id,
             evaluation_id=msg.evaluation_id,
