@@ -45,7 +45,30 @@ AGENTS = {
               - - {{text: "{FIRST_ANSWER}", chunk: 4, delay_ms: 500}}
               - - {{echo_history: true}}
         """,
+    # Text, a tool call that takes a while, text; turn 2 says what history it was given.
+    "tools.yaml": """
+        name: tools
+        executor:
+          harness: scripted
+          script:
+            turns:
+              - - {text: "Let me look. "}
+                - {tool: sys_os_shell, arguments: {command: "sleep 1; echo looked"}}
+                - {text: "Done."}
+              - - {echo_history: true}
+        """,
 }
+
+#: What turn 2 of ``tools`` is given, as ``[role, text]``: the tool call and its output are
+#: items without a role, between the assistant's two messages (as the server saves them).
+TOOLS_HISTORY = [
+    ["user", "first"],
+    ["assistant", "Let me look. "],
+    ["None", ""],
+    ["None", ""],
+    ["assistant", "Done."],
+    ["user", "second"],
+]
 
 
 @pytest.fixture
@@ -263,3 +286,68 @@ async def test_e4_an_interrupt_cancels_an_llm_request_evaluation_the_server_hold
         )
         assert gw.statuses(sid) == ["running", "idle"]
     host.stop()
+
+
+@pytest.mark.chaos
+async def test_d23_the_history_after_a_tool_turn_is_the_same_with_or_without_a_restart(
+    asks_host,
+) -> None:
+    """Warm (no restart), cold (dispatch killed between the turns) and killed mid-tool: the
+    next turn is given the same history each time, tool call and output included, as
+    omnigent's runner gives it from the server's items."""
+    host = await trio.to_thread.run_sync(asks_host)
+
+    async def history_after(kill: str | None) -> list[list[str]]:
+        async with ControlPlane(host.state_dir) as api:
+            sid = (await api.create_session("tools"))["id"]
+            killed = []
+
+            async def on_item(event: StreamEvent) -> None:
+                item = event.data.get("item") or {}
+                if kill == "mid-tool" and item.get("status") == "in_progress" and not killed:
+                    killed.append(item["call_id"])
+                    await _kill9(host, "dispatch")
+
+            first = await _turn_with(api, sid, "first", on_item)
+            assert (first.status, first.text) == ("idle", "Let me look. Done.")
+            assert _terminal_edges(first) == ["idle"]
+            outputs = [
+                e["item"]["output"]
+                for e in first.events
+                if e["type"] == "response.output_item.done"
+                and e["item"]["type"] == "function_call_output"
+            ]
+            assert len(outputs) == 1 and "looked" in outputs[0], "the tool ran once"
+            if kill == "between":
+                await _kill9(host, "dispatch")
+            assert bool(killed) == (kill == "mid-tool")
+            second, _ = await _turn(api, sid, "second")
+            assert second.status == "idle"
+            return json.loads(second.text)
+
+    with trio.fail_after(120):
+        assert await history_after(None) == TOOLS_HISTORY
+        assert await history_after("between") == TOOLS_HISTORY
+        assert await history_after("mid-tool") == TOOLS_HISTORY
+    assert _parked(host) == []
+
+
+async def _turn_with(api: ControlPlane, sid: str, text: str, on_event: Any) -> TurnFollower:
+    """A turn whose events go to an async ``on_event`` as they arrive."""
+    session = await api.session(sid)
+
+    async def accept(_event: StreamEvent) -> str:
+        return "accept"
+
+    turn = TurnFollower(sid)
+    async with trio.open_nursery() as nursery:
+        await run_turn(
+            api,
+            sid,
+            str(session["last_event_id"]),
+            text,
+            on_event=lambda e: nursery.start_soon(on_event, e),
+            decide=accept,
+            follower=turn,
+        )
+    return turn

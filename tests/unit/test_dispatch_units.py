@@ -90,7 +90,57 @@ def test_d24_d26_rehydrate_drops_exactly_the_persisted_item() -> None:
     ]
     assert history.texts(history.rehydrate(stored, "i3")) == ["prior", "answer"]
     assert history.texts(history.rehydrate(stored, None)) == ["prior", "answer", "new"]
-    assert history.rehydrate([{"type": "function_call"}, *stored], "zzz")[0]["role"] == "user"
+    resource = {"type": "resource_event", "event_type": "session.resource.created"}
+    assert history.rehydrate([resource, *stored], "zzz")[0]["role"] == "user"
+
+
+def test_d23_tool_calls_and_outputs_come_back_as_omnigent_s_runner_gives_them() -> None:
+    stored = [
+        _user("go", "i1"),
+        {"id": "i2", "type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"},
+        {"id": "i3", "type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
+    assert history.rehydrate(stored, None)[1:] == [
+        {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
+
+
+def test_d33_a_turn_is_cached_as_the_server_saves_it() -> None:
+    """Text, a call, its output, a whole message, text: the draft becomes a message before
+    the call and at the end; a whole message replaces the deltas streamed for it; the call's
+    action_required copy is not saved. An interrupted turn keeps what it saved, not its draft."""
+    items: list = []
+    draft: list[str] = []
+    draft += ["Let me ", "look. "]
+    call = {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"}
+    history.take_item(items, draft, {**call, "status": "action_required"})
+    history.take_item(items, draft, {**call, "status": "completed", "agent": "a"})
+    history.take_item(
+        items, draft, {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    )
+    draft += ["Do", "ne"]
+    whole = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "Done"}],
+    }
+    history.take_item(items, draft, whole)
+    draft += ["tail"]
+    assert history.texts(history.commit(items, draft, keep_draft=True)) == [
+        "Let me look. ",
+        "",
+        "",
+        "Done",
+        "tail",
+    ]
+    assert [i["type"] for i in history.commit(items, draft, keep_draft=False)] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    assert history.commit(items, draft, keep_draft=True)[1] == call
 
 
 def test_d28_items_are_normalised() -> None:

@@ -56,6 +56,7 @@ from ...routes import HttpRequest, HttpResponse
 from .._actor import every, handles
 from .._deferred import Deferred
 from ..policy.messages import PolicyEvaluate
+from . import _history as history
 from ._http import SessionRoutes
 from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route, refused
 from ._session import Session
@@ -169,6 +170,8 @@ class DispatchActor(SessionRoutes):
         turn.heard()
         if isinstance(msg, OutputTextDelta):
             turn.text.append(msg.delta)
+        elif isinstance(msg, OutputItemDone):
+            history.take_item(turn.items, turn.text, msg.item)
         elif isinstance(msg, ElicitationRequest):
             turn.wait_on_elicitation(msg.elicitation_id)
             if msg.elicitation_id not in session.record.elicitations:

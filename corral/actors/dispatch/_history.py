@@ -2,8 +2,16 @@
 
 Pure functions plus one async media resolver; the dispatch actor owns the cache.
 
-* A cold cache is filled from the server's ``/items`` (D-23), normalised to
-  ``{"type": "message", "role", "content": [blocks]}`` (D-28).
+* A cold cache is filled from the server's ``/items`` (D-23): messages normalised to
+  ``{"type": "message", "role", "content": [blocks]}`` (D-28), tool calls and their outputs
+  as ``{"type": "function_call", "call_id", "name", "arguments"}`` and
+  ``{"type": "function_call_output", "call_id", "output"}`` — what omnigent's runner gives its
+  harness from the same items; other items (resource events) are left out.
+* A warm cache is kept the way the server saves a turn (:func:`take_item`, :func:`commit`):
+  the streamed text is a draft that becomes one assistant message when a whole message item
+  replaces it, before a completed tool call, and at completion; completed calls and their
+  outputs follow in stream order. So the next turn is given the same history whether or not
+  dispatch restarted in between (a restart empties the cache; ``/items`` fills it again).
 * Exactly the stored item named by ``persisted_item_id`` is dropped and the runner's own copy
   of the message is appended (D-24); with no ``persisted_item_id`` nothing is dropped — a
   trailing stored user message stays (D-25) — and the new message is appended (D-26).
@@ -104,15 +112,56 @@ def _blocks(content: Any, text_type: str) -> list[dict[str, Any]]:
 
 
 def normalise(item: dict[str, Any]) -> dict[str, Any] | None:
-    """A stored item as a history message, or None for items that are not messages."""
+    """A stored item as a history item, or None for items a harness is not given."""
     if not isinstance(item, dict):
         return None
     kind = item.get("type", "message")
+    if kind == "function_call":
+        keys = ("call_id", "name", "arguments")
+        return {"type": "function_call", **{k: item.get(k) for k in keys}}
+    if kind == "function_call_output":
+        return {
+            "type": "function_call_output",
+            "call_id": item.get("call_id"),
+            "output": item.get("output"),
+        }
     role = item.get("role")
     if kind != "message" or role not in ("user", "assistant", "system", "developer"):
         return None
     text_type = "output_text" if role == "assistant" else "input_text"
     return {"type": "message", "role": role, "content": _blocks(item.get("content"), text_type)}
+
+
+def take_item(items: list[dict[str, Any]], draft: list[str], item: dict[str, Any]) -> None:
+    """Add a turn's finished output ``item`` to the turn's ``items`` as the server saves it;
+    ``draft`` is the text streamed since the last message the turn saved."""
+    kind = item.get("type")
+    if kind == "message" and item.get("role", "assistant") == "assistant":
+        draft.clear()  # the message is whole: the deltas streamed for it are in it
+        normalised = normalise({**item, "role": "assistant"})
+        if normalised is not None:
+            items.append(normalised)
+    elif kind == "function_call" and item.get("status") == "completed":
+        _flush(items, draft)
+        items.append(normalise(item) or {})
+    elif kind == "function_call_output":
+        items.append(normalise(item) or {})
+
+
+def commit(items: list[dict[str, Any]], draft: list[str], *, keep_draft: bool) -> list[dict]:
+    """What a turn adds to the history when it ends: its saved items, and the draft as the
+    last assistant message when the turn kept its answer (an interrupted turn does not)."""
+    out = list(items)
+    if keep_draft:
+        _flush(out, list(draft))
+    return out
+
+
+def _flush(items: list[dict[str, Any]], draft: list[str]) -> None:
+    text = "".join(draft)
+    draft.clear()
+    if text:
+        items.append(assistant_item(text))
 
 
 def rehydrate(stored: list[dict[str, Any]], persisted_item_id: str | None) -> list[dict[str, Any]]:

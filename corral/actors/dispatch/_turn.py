@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..._exceptions import CorralError
 
@@ -162,7 +162,10 @@ class Turn:
     turn_id: str
     started: float = field(default_factory=time.monotonic)
     last_event: float = field(default_factory=time.monotonic)
+    #: The text streamed since the turn's last saved message (``_history.take_item``), and
+    #: the items it saved so far: what it adds to the cached history when it ends.
     text: list[str] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
     stream_to: tuple[str, str] | None = None  # (reply_to, request_id) of a ?stream=true POST
     spec_resolved: bool = True
     #: Tool calls still waiting on their outcome (a turn waiting on a tool or a human's

@@ -241,13 +241,19 @@ class TurnFlow(DispatchBase):
         self.fanout.to_stream(turn.stream_to, msg)
         self.fanout.publish(session.record, msg, run_id=turn.turn_id, upstream=end.upstream)
         if isinstance(msg, ResponseFailed):
+            if session.history is not None:
+                # The server saves the streamed text at the response's terminal event, a
+                # failed one too (its relay flushes the draft there).
+                session.history.extend(history.commit(turn.items, turn.text, keep_draft=True))
             failure = dict(msg.error)
             code = str(failure.get("code") or failure.get("type") or "runner_error")
             message = str(failure.get("message") or "turn failed")
             await self._finish(session, turn, "failed", {"code": code, "message": message})
             return
-        if end.keep_answer and session.history is not None and turn.text:
-            session.history.append(history.assistant_item("".join(turn.text)))
+        if session.history is not None:
+            session.history.extend(
+                history.commit(turn.items, turn.text, keep_draft=end.keep_answer)
+            )
         if not end.note:
             await self._finish(session, turn, "idle", None)
             return
