@@ -292,9 +292,9 @@ async def test_e4_an_interrupt_cancels_an_llm_request_evaluation_the_server_hold
 async def test_d23_the_history_after_a_tool_turn_is_the_same_with_or_without_a_restart(
     asks_host,
 ) -> None:
-    """Warm (no restart), cold (dispatch killed between the turns) and killed mid-tool: the
-    next turn is given the same history each time, tool call and output included, as
-    omnigent's runner gives it from the server's items."""
+    """Warm (no restart), cold (dispatch killed between the turns), killed mid-tool and
+    mid-stream: the next turn is given the same history each time, tool call and output
+    included, as omnigent's runner gives it from the server's items."""
     host = await trio.to_thread.run_sync(asks_host)
 
     async def history_after(kill: str | None) -> list[list[str]]:
@@ -304,8 +304,10 @@ async def test_d23_the_history_after_a_tool_turn_is_the_same_with_or_without_a_r
 
             async def on_item(event: StreamEvent) -> None:
                 item = event.data.get("item") or {}
-                if kill == "mid-tool" and item.get("status") == "in_progress" and not killed:
-                    killed.append(item["call_id"])
+                mid_tool = kill == "mid-tool" and item.get("status") == "in_progress"
+                mid_stream = kill == "mid-stream" and event.type == "response.output_text.delta"
+                if (mid_tool or mid_stream) and not killed:
+                    killed.append(event.id)
                     await _kill9(host, "dispatch")
 
             first = await _turn_with(api, sid, "first", on_item)
@@ -320,15 +322,16 @@ async def test_d23_the_history_after_a_tool_turn_is_the_same_with_or_without_a_r
             assert len(outputs) == 1 and "looked" in outputs[0], "the tool ran once"
             if kill == "between":
                 await _kill9(host, "dispatch")
-            assert bool(killed) == (kill == "mid-tool")
+            assert bool(killed) == (kill in ("mid-tool", "mid-stream"))
             second, _ = await _turn(api, sid, "second")
             assert second.status == "idle"
             return json.loads(second.text)
 
-    with trio.fail_after(120):
+    with trio.fail_after(150):
         assert await history_after(None) == TOOLS_HISTORY
         assert await history_after("between") == TOOLS_HISTORY
         assert await history_after("mid-tool") == TOOLS_HISTORY
+        assert await history_after("mid-stream") == TOOLS_HISTORY
     assert _parked(host) == []
 
 
