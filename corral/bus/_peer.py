@@ -82,8 +82,8 @@ class Peer(Receiving):
         liveness: LivenessSettings,
         ctx: zmq.SyncContext | None = None,
         inbox_size: int = 10_000,
-        accepts: object = (),
         heartbeat: bool = True,
+        accepts: object = (),
     ) -> None:
         self.name = name
         #: Whether this peer heartbeats the broker when otherwise silent. A harness worker
@@ -473,7 +473,7 @@ async def open_peer(
 ) -> AsyncIterator[Peer]:
     """Connect a peer to the broker at ``endpoint`` for the duration of the block.
 
-    ``accepts`` (passed on to :class:`Peer`, like ``inbox_size``) is what
+    ``accepts`` (passed on to :class:`Peer`, like ``inbox_size`` and ``heartbeat``) is what
     the peer decodes of what arrives unasked: a message union, a class, or a tuple of them.
     A peer that only calls and casts declares nothing; replies are decoded per request.
     """

@@ -597,8 +597,8 @@ async def run_worker(spec: dict[str, Any]) -> None:
             spec["endpoint"],
             bus=bus,
             liveness=liveness,
-            accepts=WorkerInbound,
             heartbeat=False,
+            accepts=WorkerInbound,
         ) as peer:
             worker = Worker(peer, spec["session_id"], kind, liveness)
             async with trio.open_nursery() as nursery:
