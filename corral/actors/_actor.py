@@ -50,7 +50,7 @@ log = logging.getLogger("corral.actors")
 Handler = Callable[[Any, Any, Incoming], Awaitable[Message | None]]
 H = TypeVar("H", bound=Handler)
 Periodic = TypeVar("Periodic", bound=Callable[[Any], Awaitable[None]])
-Job = Callable[[], Awaitable[None]]
+Job = Callable[[], Awaitable[object]]
 
 #: Jobs waiting in one key's queue, at most (past it :meth:`Actor.in_order` raises
 #: :class:`trio.WouldBlock`, so the handler fails and its message is nacked).

@@ -8,6 +8,7 @@ inspect or steer it. Requests are ``{"op": "status", ...}``; responses are
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -43,14 +44,14 @@ async def serve_control(
         async with trio.open_nursery() as nursery:
             task_status.started()
             await trio.serve_listeners(
-                lambda stream: _serve_one(stream, ops), [listener], handler_nursery=nursery
+                functools.partial(_serve_one, ops=ops), [listener], handler_nursery=nursery
             )
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
 
-async def _serve_one(stream: trio.SocketStream, ops: dict[str, Op]) -> None:
+async def _serve_one(stream: trio.abc.Stream, ops: dict[str, Op]) -> None:
     async with stream:
         buf = b""
         with trio.move_on_after(30):

@@ -475,8 +475,10 @@ class Worker:
             return InputAccepted(status=204)
         key = _wait_key(msg)
         if key is not None:
-            value = Verdict(msg.action, msg.content or None) if isinstance(msg, Approval) else msg
-            if isinstance(msg, ToolResult):
+            value: object = msg
+            if isinstance(msg, Approval):
+                value = Verdict(msg.action, msg.content or None)
+            elif isinstance(msg, ToolResult):
                 value = msg.output
             if turn is not None and turn.resolve(key, value):
                 return InputAccepted(status=204)

@@ -101,7 +101,12 @@ class ToolCalls(TurnFlow):
     async def tool_outcome(self, msg: ToolOutcome, incoming: Incoming) -> None:
         session = self.sessions.get(msg.session_id)
         turn = session.turn if session is not None else None
-        if turn is None or turn.turn_id != msg.turn_id or msg.call_id in turn.answered:
+        if (
+            session is None
+            or turn is None
+            or turn.turn_id != msg.turn_id
+            or msg.call_id in turn.answered
+        ):
             log.info("dropping the outcome of tool call %s: its turn is over", msg.call_id)
             return
         turn.answered.add(msg.call_id)

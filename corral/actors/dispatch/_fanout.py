@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import trio
 
-from ...bus import Outbox, Peer
+from ...bus import Outbox, Peer, tag_of
 from ...harnesses.protocol import Output
 from ...routes import HttpChunk, sse_frame
 from ..gateway.messages import SessionEvent, SessionEvents
@@ -84,7 +84,7 @@ class Fanout:
         not ``upstream``) and the journal run ``run_id`` (the active turn's by default);
         ``terminal`` marks the run's last event."""
         # Output events encode to exactly their protocol JSON; no dict in between.
-        kind = event["type"] if isinstance(event, dict) else event.__struct_config__.tag
+        kind = str(event["type"]) if isinstance(event, dict) else tag_of(type(event))
         record.seq += 1
         data = msgspec.json.encode(event)
         for name in self.subscribers if upstream else ():
@@ -116,7 +116,7 @@ class Fanout:
         """Queue ``msg`` as an SSE frame for the ``?stream=true`` caller, if there is one."""
         if stream_to is None:
             return
-        frame = sse_frame(msg.__struct_config__.tag, msgspec.json.encode(msg))
+        frame = sse_frame(tag_of(type(msg)), msgspec.json.encode(msg))
         self.outbox.put_nowait(stream_to[0], HttpChunk(request_id=stream_to[1], data=frame))
 
     async def end_stream(self, stream_to: tuple[str, str]) -> None:

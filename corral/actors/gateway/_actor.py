@@ -91,7 +91,13 @@ SSE_HEADERS = [
 HEARTBEAT = 'data: {"type": "session.heartbeat"}\n\n'
 #: Ends a session stream cleanly: the server's relay stops without retrying (§D.1).
 DONE = "data: [DONE]\n\n"
-_EMPTY_LIST = {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+_EMPTY_LIST: dict[str, Any] = {
+    "object": "list",
+    "data": [],
+    "first_id": None,
+    "last_id": None,
+    "has_more": False,
+}
 #: How long a DELETE waits for the session's streams to send their [DONE].
 _STREAM_END_WAIT_S = 5.0
 
@@ -197,7 +203,8 @@ class GatewayActor(Actor):
 
     def _runner_ids(self) -> list[str]:
         """Each runner's id (the host passes them resolved; a bare gateway resolves here)."""
-        return [r.id for r in resolve_runner_ids(list(self.options.runners), self.ctx.data_dir)]
+        resolved = resolve_runner_ids(list(self.options.runners), self.ctx.data_dir)
+        return [r.id for r in resolved if r.id is not None]
 
     # --- bus messages ----------------------------------------------------------------------
 

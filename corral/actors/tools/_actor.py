@@ -51,7 +51,7 @@ import trio
 from ...bus import Incoming
 from ...routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
 from ...tools import registry
-from ...tools._api import ToolContext, ToolError
+from ...tools._api import ToolContext, ToolError, ToolStatus
 from ...tools.async_calls import AsyncCalls
 from ...tools.calls import CallLog
 from ...tools.changed_files import ChangedFilesSignal, changed_files_event
@@ -162,7 +162,7 @@ class ToolsActor(Actor):
         if record is not None and record.state == "done":
             self.stats["replayed"] += 1
             return ToolExecResult(
-                call_id=msg.call_id, output=record.output or "", status=record.status or "failed"
+                call_id=msg.call_id, output=record.output or "", status=_status(record.status)
             )
         if record is not None or msg.call_id in self.scopes:
             if msg.call_id in self.scopes:
@@ -187,7 +187,7 @@ class ToolsActor(Actor):
         await self.calls.started(msg.call_id)
         ctx = self._context(msg)
         timeout = msg.timeout_s or self.options.timeout_s
-        status = "completed"
+        status: ToolStatus = "completed"
         output: str | None = None
         with trio.CancelScope() as scope:
             self.scopes[msg.call_id] = scope
@@ -211,7 +211,7 @@ class ToolsActor(Actor):
         )
         deferred.ack()
 
-    async def _run(self, ctx: ToolContext, name: str, arguments: str) -> tuple[str, str]:
+    async def _run(self, ctx: ToolContext, name: str, arguments: str) -> tuple[str, ToolStatus]:
         try:
             args = json.loads(arguments or "{}")
         except ValueError:
@@ -408,3 +408,11 @@ def _find(resources: list[dict[str, Any]], resource_id: str, what: str) -> dict[
 
 def _error(message: str) -> str:
     return json.dumps({"error": message})
+
+
+def _status(recorded: str | None) -> ToolStatus:
+    """A status read back from the call log; one this version does not know is ``failed``."""
+    match recorded:
+        case "completed" | "failed" | "denied" | "cancelled":
+            return recorded
+    return "failed"
