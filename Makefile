@@ -2,7 +2,7 @@
 #   make run   — create the virtualenv if needed, install corral, start `corral up`
 #   make test  — the same set-up (plus the real omnigent server for tests/interop), then the
 #                whole test suite
-#   make test-fast — the same set-up, then all but the interop and chaos tests (≤ 5 min)
+#   make test-fast — the same set-up, then all but the interop and chaos tests
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
