@@ -648,4 +648,3 @@ def check_actor_options(config: Config) -> None:
             log.warning("cannot import %s in the host: %s", where, exc)
             continue
         check_options(name, settings.options, schema)
-
