@@ -91,6 +91,9 @@ class ParkedElicitation:
 
     incoming: Incoming
     msg: ElicitationParked
+    #: The verdict on its way to the worker: the worker may end the turn before the verdict's
+    #: reply is in, and the turn's end must not cancel what is being resolved.
+    verdict: str | None = None
 
 
 class HarnessOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -445,6 +448,7 @@ class HarnessActor(Actor):
     async def _deliver_verdict(
         self, msg: Approval, deferred: Deferred, parked: ParkedElicitation
     ) -> None:
+        parked.verdict = msg.action
         try:
             reply = await self._call_worker(parked.msg.owner, msg, 10)
         except Exception as exc:
@@ -457,6 +461,13 @@ class HarnessActor(Actor):
             turn = self.turns.get(msg.session_id)
             if turn is not None:
                 turn.elicitations.discard(msg.elicitation_id)
+        else:
+            parked.verdict = None
+            turn = self.turns.get(msg.session_id)
+            ended = turn is None or msg.elicitation_id not in turn.elicitations
+            if ended and self.parked.get(msg.elicitation_id) is parked:
+                # Its turn ended while the verdict was on its way: nothing can answer it now.
+                await self._cancel_parked(parked, "turn_ended")
         await self.peer.reply(deferred.incoming, reply)
         deferred.ack()
 
@@ -503,7 +514,7 @@ class HarnessActor(Actor):
         # the broker holds nothing parked for it.
         for elicitation_id in sorted(turn.elicitations):
             parked = self.parked.get(elicitation_id)
-            if parked is not None:
+            if parked is not None and parked.verdict is None:
                 await self._cancel_parked(parked, "turn_ended")
         await self._emit(turn.start.reply_to, event, session_id)
         turn.deferred.ack()
