@@ -28,6 +28,13 @@ from corral.journal import RunJournal
 from tests.fake_server import FakeOmnigentServer
 
 
+def _all_running(status: dict[str, Any]) -> bool:
+    # Actors start one after another: the host says when the last one has.
+    return status["host"]["state"] == "running" and all(
+        a["state"] == "running" for a in status["actors"]
+    )
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
     """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -85,19 +92,62 @@ class HostProcess:
         if wait:
             # A host is up in ~1.6 s; 60 s only matters on a VM other test runs load (at a load
             # of 10 on 2 cores, 3 of 1,359 starts took more than 20 s).
-            wait_until(self._all_running, 60, "every actor running")
+            self.wait_for(_all_running, 60, "every actor running")
         return self
 
-    def _all_running(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"host exited early ({self.proc.returncode}):\n{self.log()}")
-        try:
-            status = self.ask("status")
-        except (OSError, RuntimeError, ValueError):
-            return False
-        # Actors start one after another: the host says when the last one has.
-        return status["host"]["state"] == "running" and all(
-            a["state"] == "running" for a in status["actors"]
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], Any], timeout: float, what: str
+    ) -> Any:
+        """Wait until ``predicate(status)`` is truthy, asking the host once per change of its
+        own status (the control socket's ``wait``), and return what it returned.
+
+        Only for what the host itself shows (its state, its actors' rows, the control
+        plane's): what actors keep (workers, elicitations) does not wake a waiter, so waits on
+        that use :func:`wait_until`. Until the host listens, its socket is looked for every
+        20 ms; a host that exits fails the wait with its log.
+        """
+        deadline = time.monotonic() + timeout
+        after = -1
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"host exited early ({self.proc.returncode}):\n{self.log()}")
+            try:
+                status = request(
+                    self.instance.control_path,
+                    "wait",
+                    timeout=remaining + 5,
+                    after=after,
+                    wait_s=remaining,
+                )
+            except (OSError, RuntimeError, ValueError):
+                time.sleep(0.02)  # not listening yet, or it went away mid-answer
+                continue
+            value = predicate(status)
+            if value:
+                return value
+            after = status["host"]["changes"]
+
+    def wait_actor(
+        self, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float, what: str
+    ) -> dict[str, Any]:
+        """Wait until actor ``name``'s status row satisfies ``predicate``; return the row."""
+
+        def row(status: dict[str, Any]) -> dict[str, Any] | None:
+            found = next(a for a in status["actors"] if a["name"] == name)
+            return found if predicate(found) else None
+
+        return self.wait_for(row, timeout, what)
+
+    def restarted(self, name: str, before: dict[str, Any], timeout: float = 20) -> dict[str, Any]:
+        """Wait until actor ``name`` runs again, restarted since ``before`` (its status row)."""
+        return self.wait_actor(
+            name,
+            lambda a: a["restarts"] > before["restarts"] and a["state"] == "running",
+            timeout,
+            f"{name} restarted",
         )
 
     def ask(self, op: str, **args: Any) -> Any:

@@ -44,6 +44,12 @@ class Spawning(msgspec.Struct, frozen=True):
     name: str
 
 
+class Ready(msgspec.Struct, frozen=True):
+    """The child said hello (or is otherwise ready): it is ``running``."""
+
+    name: str
+
+
 class Exited(msgspec.Struct, frozen=True):
     """The child's process exited (``last_exit``: code, reason, at, pid)."""
 
@@ -68,7 +74,7 @@ class GaveUp(msgspec.Struct, frozen=True):
         )
 
 
-ChildEvent = Spawning | Exited | GaveUp
+ChildEvent = Spawning | Ready | Exited | GaveUp
 
 
 @dataclass(slots=True)
@@ -206,6 +212,7 @@ class ChildSupervisor:
         if child is not None and child.state is ChildState.STARTING:
             child.state = step(child.state, "ready")
             child.ready.set()
+            self.on_event(Ready(name))
 
     def kill(self, name: str, reason: str) -> None:
         """SIGKILL a child (e.g. it stopped heartbeating); it is restarted per its spec."""

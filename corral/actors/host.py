@@ -61,6 +61,7 @@ from ..config import (
 )
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
+from ._changes import Changes
 from ._child_state import ChildState
 from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
 from ._control import serve_control
@@ -151,13 +152,24 @@ class Host:
         #: The control plane's ``server.json`` as last read (embedded mode only).
         self.control_plane: dict[str, Any] | None = None
         self._plan: dict[str, tuple[str, ActorSettings]] = {}
-        #: ``starting`` until every actor has been started in order, then ``running``,
-        #: then ``stopping``.
-        self.state = "starting"
+        #: Bumped on every change of what ``status`` shows of the host itself.
+        self.changes = Changes()
+        self._state = "starting"
         self._stop = trio.Event()
         self.broker: Broker | None = None
         self.children: ChildSupervisor | None = None
         self._peer: Any = None
+
+    @property
+    def state(self) -> str:
+        """``starting`` until every actor has been started in order, then ``running``, then
+        ``stopping``."""
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+        self.changes.bump()
 
     # --- the whole life of a host --------------------------------------------------------
 
@@ -291,6 +303,7 @@ class Host:
 
     def _on_child_event(self, event: ChildEvent) -> None:
         assert self.broker is not None and self.children is not None
+        self.changes.bump()
         child = self.children.children.get(event.name)
         # The control plane is a child too, but never joins the bus: no mailbox, no hold.
         bus_peer = child is not None and child.spec.bus_peer
@@ -453,6 +466,7 @@ class Host:
 
     def _bind(self, info: dict[str, Any]) -> None:
         self.control_plane = info
+        self.changes.bump()
         log.info(
             "control plane at %s (pid %s, runner %s)",
             info["url"],
@@ -543,6 +557,7 @@ class Host:
     def _ops(self) -> dict[str, Any]:
         return {
             "status": self._op_status,
+            "wait": self._op_wait,
             "mailboxes": self._op_mailboxes,
             "dead_letters": self._op_dead_letters,
             "inspect": self._op_inspect,
@@ -566,10 +581,21 @@ class Host:
                 "state_dir": str(self.instance.state_dir),
                 "uptime_s": round(time.monotonic() - self.started, 3),
                 "version": __version__,
+                # What ``wait`` waits past: bumped on each change of the host's own rows.
+                "changes": self.changes.version,
             },
             "actors": [c.statistics() for c in self.children.children.values() if c.spec.bus_peer],
             "server": self._server_status(),
         }
+
+    async def _op_wait(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``status`` once the host's own status has changed past version ``after``, or after
+        ``wait_s`` (at most 60 s) either way: a long poll, so that a waiter for a restart or
+        for the host to be running asks once per change instead of every few milliseconds."""
+        after = int(request.get("after", -1))
+        wait_s = min(max(float(request.get("wait_s", 10.0)), 0.0), 60.0)
+        await self.changes.wait_past(after, wait_s)
+        return await self._op_status(request)
 
     def _server_status(self) -> dict[str, Any] | None:
         """The embedded control plane's row of ``corral status``; None when there is none."""

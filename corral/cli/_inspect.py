@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ._output import ask_host, emit_json, json_option, state_dir_option
+from ._output import NoHost, ask_host, emit_json, json_option, state_dir_option
 
 
 def _age(value: float | None) -> str:
@@ -18,11 +18,20 @@ def _age(value: float | None) -> str:
 
 
 @click.command("status")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Wait up to SECONDS for a host whose every actor is running (exit 1 if it is not, "
+    "3 if no host appears).",
+)
 @state_dir_option
 @json_option
-def status_command(state_dir: Path | None, as_json: bool) -> None:
+def status_command(state_dir: Path | None, wait_s: float | None, as_json: bool) -> None:
     """Show the host and every actor: state, pid, restarts, last exit."""
-    data = ask_host(state_dir, "status")
+    data = ask_host(state_dir, "status") if wait_s is None else _wait_running(state_dir, wait_s)
     if as_json:
         emit_json(data)
         return
@@ -50,6 +59,40 @@ def status_command(state_dir: Path | None, as_json: bool) -> None:
             f"control plane {server['url'] or '-'}  {server['state']}  pid {server['pid'] or '-'}"
             f"  restarts {server.get('restarts', 0)}"
         )
+
+
+def _all_running(data: dict[str, Any]) -> bool:
+    return data["host"]["state"] == "running" and all(
+        a["state"] == "running" for a in data["actors"]
+    )
+
+
+def _wait_running(state_dir: Path | None, wait_s: float) -> dict[str, Any]:
+    """The status of the host once it and every actor run; asks once per change of the
+    host's status (the control socket's ``wait``), and looks for a host that is not up yet
+    every 50 ms."""
+    deadline = time.monotonic() + wait_s
+    after = -1
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            data = ask_host(
+                state_dir, "wait", timeout=remaining + 10, after=after, wait_s=max(remaining, 0)
+            )
+        except NoHost:
+            if remaining <= 0:
+                raise
+            time.sleep(min(0.05, remaining))
+            continue
+        if _all_running(data):
+            return data
+        if remaining <= 0:
+            waiting = [a["name"] for a in data["actors"] if a["state"] != "running"]
+            raise click.ClickException(
+                f"the host is {data['host']['state']} after {wait_s:g}s; not running: "
+                + (", ".join(waiting) or "-")
+            )
+        after = data["host"]["changes"]
 
 
 @click.command("mailboxes")

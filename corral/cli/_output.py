@@ -56,8 +56,9 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data) + "\n")
 
 
-def ask_host(state_dir: Path | None, op: str, **args: Any) -> Any:
-    """Send one control request to the host running on ``state_dir``.
+def ask_host(state_dir: Path | None, op: str, *, timeout: float = 10.0, **args: Any) -> Any:
+    """Send one control request to the host running on ``state_dir`` (``timeout``: for its
+    answer).
 
     Raises:
         NoHost: nothing runs there (exit code 3).
@@ -67,7 +68,7 @@ def ask_host(state_dir: Path | None, op: str, **args: Any) -> Any:
     host = inst.read_host()
     path = Path(host["control"]) if host and "control" in host else inst.control_path
     try:
-        return request(path, op, **args)
+        return request(path, op, timeout=timeout, **args)
     except (FileNotFoundError, ConnectionRefusedError, ConnectionError) as exc:
         raise NoHost(
             f"no corral host is running on {inst.state_dir} (start one with `corral up`)"

@@ -647,7 +647,7 @@ async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
         FAST_LIVENESS
         + "[actors.dispatch.options]\n"
         + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
-        + "turn_idle_timeout_s = 0.5\n"
+        + "turn_idle_timeout_s = 1.5\n"
     ).start()
     agent_id, sid = _session(
         server,
@@ -661,8 +661,9 @@ async def test_d22_a_turn_whose_harness_waits_on_a_human_is_not_silent(
             before = host.actor("dispatch")
             os.kill(before["pid"], signal.SIGKILL)
             await restarted(host, "dispatch", before)
-        # Several watchdog rounds (one a second) pass while the human decides.
-        await trio.sleep(2.5)
+        # Twice the idle timeout and more (watchdog rounds run once a second) pass while
+        # the human decides.
+        await trio.sleep(3.5)
         assert gw.statuses(sid) == ["running"]
         await _verdict(gw, sid, req["elicitation_id"], "accept")
         assert await gw.until_status(sid, timeout=15) == ["running", "failed"]

@@ -76,7 +76,7 @@ def _host(root: Path, extra: str = "") -> HostProcess:
 
 def _start(host: HostProcess) -> HostProcess:
     host.start()
-    wait_until(lambda: _server(host) and _server(host)["state"] == "running", 30, "control plane")
+    host.wait_for(lambda s: s["server"] and s["server"]["state"] == "running", 30, "control plane")
     wait_until(lambda: _tunnel_connected(host), 30, "the runner's tunnel")
     return host
 

@@ -28,7 +28,7 @@ import trio
 from corral.actors.tools.messages import ToolExec
 from corral.routes import HttpRequest
 from corral.tools import env_files
-from tests.conftest import FAST_LIVENESS, HostProcess, processes_of, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, processes_of
 from tests.integration._gateway import FakeGateway, fake_gateway
 
 SECRET = "corral-env-routes-secret-0d5e"
@@ -601,12 +601,7 @@ async def test_t07_the_root_follows_the_spec_the_sessions_tools_ran_with(
         assert after["metadata"]["root"] == str(cwd)
         before_kill = ehost.actor("tools")
         os.kill(before_kill["pid"], signal.SIGKILL)
-
-        def restarted() -> bool:
-            now = ehost.actor("tools")
-            return now["restarts"] > before_kill["restarts"] and now["state"] == "running"
-
-        await trio.to_thread.run_sync(lambda: wait_until(restarted, 20, "tools restarted"))
+        await trio.to_thread.run_sync(ehost.restarted, "tools", before_kill)
         _, listed = await call(gw, "GET", sess.fs)
         assert [entry["id"] for entry in listed["data"]] == ["from-spec.txt"]
         sandboxed = {"os_env": {**spec["os_env"], "sandbox": {"type": "bwrap"}}}

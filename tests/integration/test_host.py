@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,7 +14,15 @@ from corral.actors._process import start_time
 from corral.bus import Dedup, open_peer
 from corral.config import LivenessSettings
 from tests._echo import EchoCrash, EchoPing, EchoPong, EchoRecord, EchoSleep
-from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, processes_of, wait_until
+from tests.conftest import (
+    FAST_LIVENESS,
+    HostProcess,
+    _all_running,
+    corral,
+    process_gone,
+    processes_of,
+    wait_until,
+)
 
 #: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it.
 RUNS_ECHO = True
@@ -46,7 +55,9 @@ async def test_kill9_actor_with_durable_messages_in_flight_loses_nothing(host: H
             await peer.cast("echo", EchoRecord(key=key), durable=True)
         os.kill(echo_pid, signal.SIGKILL)
         await trio.to_thread.run_sync(
-            lambda: wait_until(lambda: host.actor("echo")["pid"] not in (None, echo_pid), 10)
+            lambda: host.wait_actor(
+                "echo", lambda a: a["pid"] not in (None, echo_pid), 10, "a new echo"
+            )
         )
         with trio.fail_after(30):
             while len(await _records(host)) < len(keys):
@@ -68,12 +79,11 @@ async def test_hung_actor_is_replaced_within_its_liveness_window(host: HostProce
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     await trio.to_thread.run_sync(
-        lambda: wait_until(
-            lambda: (
-                host.actor("echo")["pid"] not in (None, pid)
-                and host.actor("echo")["state"] == "running"
-            ),
+        lambda: host.wait_actor(
+            "echo",
+            lambda a: a["pid"] not in (None, pid) and a["state"] == "running",
             10,
+            "the hung echo replaced",
         )
     )
     elapsed = time.monotonic() - stopped_at
@@ -90,7 +100,7 @@ async def test_crash_once_then_serving_again(host: HostProcess) -> None:
     async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
         await peer.cast("echo", EchoCrash(code=3))
         await trio.to_thread.run_sync(
-            lambda: wait_until(lambda: host.actor("echo")["restarts"] == 1, 10)
+            lambda: host.wait_actor("echo", lambda a: a["restarts"] == 1, 10, "echo restarted")
         )
         assert host.actor("echo")["last_exit"]["code"] == 3
         assert host.actor("echo")["last_exit"]["reason"] == "exited with code 3"
@@ -174,12 +184,9 @@ async def test_kill9_host_then_up_again_delivers_unacked_durable_messages(host_f
     for _ in range(2):
         os.kill(pid, signal.SIGKILL)
         pid = await trio.to_thread.run_sync(
-            lambda p=pid: wait_until(
-                lambda: (
-                    (a := h2.actor("echo"))["state"] == "running" and a["pid"] != p and a["pid"]
-                ),
-                10,
-            )
+            lambda p=pid: h2.wait_actor(
+                "echo", lambda a: a["state"] == "running" and a["pid"] != p, 10, "a new echo"
+            )["pid"]
         )
         if h2.ask("dead_letters")["dead_letters"]:
             break
@@ -201,3 +208,47 @@ def test_second_host_on_the_same_state_dir_is_refused(host: HostProcess, host_fa
     assert other.proc.wait(20) == 1
     assert "already runs on" in other.log()
     assert host.status()["actors"][0]["state"] == "running"
+
+
+def test_wait_holds_until_the_hosts_status_changes(host: HostProcess) -> None:
+    """The control socket's ``wait`` is a long poll: it answers at once for a version already
+    passed, holds while nothing the host shows changes, and answers as soon as something does
+    (an actor killed) — what ``corral status --wait`` and the tests' ``wait_for`` use instead
+    of asking every few milliseconds."""
+    now = host.ask("wait", after=-1)
+    version = now["host"]["changes"]
+    assert version > 0 and _all_running(now)
+    started = time.monotonic()
+    held = host.ask("wait", after=version, wait_s=0.3)
+    assert held["host"]["changes"] == version
+    assert time.monotonic() - started >= 0.3
+    pid = host.actor("echo")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    changed = host.ask("wait", after=version, wait_s=20, timeout=30)
+    assert changed["host"]["changes"] > version
+    echo = next(a for a in changed["actors"] if a["name"] == "echo")
+    assert (echo["state"], echo["pid"]) != ("running", pid)
+    assert host.restarted("echo", {"restarts": 0})["pid"] != pid
+
+
+def test_status_wait_exits_when_every_actor_runs_or_names_the_ones_that_do_not(
+    host_factory,
+) -> None:
+    """``corral status --wait S``: 0 with the status once every actor runs, 3 when no host
+    appears, 1 naming the actor that never came up (here one that crash-loops)."""
+    h = host_factory(
+        FAST_LIVENESS
+        + '[supervisor]\nintensity = 1000\n[actors.broken]\ntarget = "corral.no_such_module:Nope"\n'
+    )
+    missing = corral("status", "--wait", "0.2", "--state-dir", str(h.state_dir))
+    assert missing.returncode == 3, missing.stderr
+    h.start(wait=False)
+    out = corral("status", "--wait", "5", "--json", "--state-dir", str(h.state_dir))
+    assert out.returncode == 1, out.stdout
+    assert "broken" in out.stderr.split("not running: ")[1]
+    h.kill9()
+    ok = host_factory(name="ok")
+    ok.start(wait=False)
+    out = corral("status", "--wait", "60", "--json", "--state-dir", str(ok.state_dir))
+    assert out.returncode == 0, out.stderr
+    assert _all_running(json.loads(out.stdout))

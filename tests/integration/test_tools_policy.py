@@ -210,12 +210,7 @@ async def test_policy_result_deny_withholds_the_output(thost, server, tmp_path) 
 
 async def restarted(host: HostProcess, name: str, before: dict[str, Any]) -> None:
     """Wait until actor ``name`` runs again, restarted since ``before`` (its status row)."""
-
-    def again() -> bool:
-        now = host.actor(name)
-        return now["restarts"] > before["restarts"] and now["state"] == "running"
-
-    await trio.to_thread.run_sync(lambda: wait_until(again, 20, f"{name} restarted"))
+    await trio.to_thread.run_sync(host.restarted, name, before)
 
 
 async def _ask(gw: FakeGateway, sid: str) -> dict[str, Any]:
@@ -437,7 +432,7 @@ async def test_d22_a_turn_waiting_on_an_approval_is_not_silent(
     host = host_factory(
         FAST_LIVENESS
         + f"[actors.dispatch.options]\nserver_url = {url}\n"
-        + 'subscribers = ["test-gateway"]\nturn_idle_timeout_s = 0.5\n'
+        + 'subscribers = ["test-gateway"]\nturn_idle_timeout_s = 1.5\n'
         + f"[actors.policy.options]\nserver_url = {url}\n"
     ).start()
     server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
@@ -446,8 +441,9 @@ async def test_d22_a_turn_waiting_on_an_approval_is_not_silent(
         await gw.init(sid, agent_id)
         await gw.message(sid, "go")
         ask = await _ask(gw, sid)
-        # Several watchdog rounds (one a second) pass while the call waits on the verdict.
-        await trio.sleep(2.5)
+        # Twice the idle timeout and more (watchdog rounds run once a second) pass while
+        # the call waits on the verdict.
+        await trio.sleep(3.5)
         assert gw.statuses(sid) == ["running"]
         await _verdict(gw, sid, ask["elicitation_id"], "accept")
         assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
