@@ -281,14 +281,23 @@ def fence(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
 
 
 def append_runner_events(
-    con: sqlite3.Connection, session_id: str, events: list[dict[str, Any]]
+    con: sqlite3.Connection,
+    session_id: str,
+    events: list[dict[str, Any]],
+    runner_seq: int | None = None,
 ) -> int:
-    """Store a batch of runner events (heartbeats dropped); returns the last event id."""
+    """Store a batch of runner events (heartbeats dropped) and, with ``runner_seq``, the
+    runner's seq they reach; returns the last event id."""
     stored = EventLog(con, session_id)
     for event in events:
         if event.get("type") in HEARTBEATS:
             continue
         stored.runner_event(event)
+    if runner_seq is not None:
+        con.execute(
+            "UPDATE sessions SET runner_seq = MAX(runner_seq, ?) WHERE id = ?",
+            (runner_seq, session_id),
+        )
     return stored.save()
 
 

@@ -153,27 +153,39 @@ class SseParser:
 
     Chunks may hold several events (coalesced) or a part of one (a big event cut into
     frames); :meth:`feed` returns every event completed so far. ``data: [DONE]`` sets
-    :attr:`done`. Lines that are not ``data:`` (comments, ``event:``, ``id:``) are ignored.
+    :attr:`done`. An ``id:`` line is the event's ``seq`` in the runner's stream (corral's
+    gateway sends one on a stream opened with ``Last-Event-ID``); :attr:`last_id` is the
+    highest seen, also of events that are not kept. Other lines (comments, ``event:``) are
+    ignored.
     """
 
     def __init__(self, max_event_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_event_bytes = max_event_bytes
         self.done = False
         self.malformed = 0
+        self.last_id: int | None = None
         self._buffer = ""
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Add a chunk of stream text; returns the events it completed."""
+        return [event for _, event in self.feed_with_ids(text)]
+
+    def feed_with_ids(self, text: str) -> list[tuple[int | None, dict[str, Any]]]:
+        """Like :meth:`feed`, each event with its ``id`` (None when it has none)."""
         # Search only the new text (and the character before it): a big event arriving in
         # many frames is then scanned once, not once per frame.
         start = max(len(self._buffer) - 1, 0)
         self._buffer += text.replace("\r\n", "\n")
-        events: list[dict[str, Any]] = []
+        events: list[tuple[int | None, dict[str, Any]]] = []
         while (end := self._buffer.find("\n\n", start)) != -1:
             block, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
             start = 0
+            lines = block.split("\n")
+            seq = _event_id(lines)
+            if seq is not None:
+                self.last_id = seq if self.last_id is None else max(self.last_id, seq)
             data = "\n".join(
-                line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:")
+                line[5:].removeprefix(" ") for line in lines if line.startswith("data:")
             )
             if not data:
                 continue
@@ -190,10 +202,20 @@ class SseParser:
                     "ignoring a runner stream event that is not a typed object: %.200r", data
                 )
                 continue
-            events.append(event)
+            events.append((seq, event))
         if len(self._buffer) > self.max_event_bytes:
             raise RunnerGone(f"a runner stream event is over {self.max_event_bytes} bytes")
         return events
+
+
+def _event_id(lines: list[str]) -> int | None:
+    """The integer ``id:`` of an SSE block, if it has one."""
+    for line in lines:
+        if line.startswith("id:"):
+            text = line[3:].strip()
+            if text.isascii() and text.isdigit() and len(text) <= 18:
+                return int(text)
+    return None
 
 
 class RunnerLink:
@@ -432,8 +454,10 @@ class RunnerLink:
         body: bytes | None = None,
         query: str = "",
         head_timeout_s: float = 60.0,
+        headers: list[tuple[str, str]] | None = None,
     ) -> AsyncIterator[TunnelCall]:
-        """Send a request and yield its call once the head arrived.
+        """Send a request (with ``headers`` besides the usual ones) and yield its call once
+        the head arrived.
 
         On leaving, a call that has not ended is abandoned: its late frames are ignored and the
         runner gets a ``request.cancel`` (so it can stop a stream it no longer needs to send).
@@ -442,16 +466,19 @@ class RunnerLink:
             RunnerGone: the link closed, or no head within ``head_timeout_s``.
         """
         call = TunnelCall(uuid.uuid4().hex)
-        headers = [list(h) for h in _BASE_HEADERS]
+        sent_headers = [list(h) for h in _BASE_HEADERS] + [list(h) for h in headers or ()]
         if body is not None:
-            headers += [["content-length", str(len(body))], ["content-type", "application/json"]]
+            sent_headers += [
+                ["content-length", str(len(body))],
+                ["content-type", "application/json"],
+            ]
         frame = {
             "kind": "request",
             "id": call.id,
             "method": method,
             "path": path,
             "query_string": query,
-            "headers": headers,
+            "headers": sent_headers,
             "body": None if body is None else body.decode(),
             "encoding": "utf-8",
             "stream": True,

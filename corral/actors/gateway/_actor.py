@@ -122,22 +122,50 @@ def _upstream(event: bytes) -> bool:
 
 
 class _Stream:
-    """One open ``GET .../stream``: ``finish`` asks it to end with ``[DONE]``."""
+    """One open ``GET .../stream``: ``finish`` asks it to end with ``[DONE]``.
 
-    __slots__ = ("ended", "finish")
+    A stream opened with ``Last-Event-ID`` (``cursors``) tags each event with its ``seq``
+    and leaves ``keep`` read events unconfirmed (see :meth:`StreamBuffer.received`); one
+    opened without is the 0.19 wire format exactly.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("cursors", "ended", "finish", "keep")
+
+    def __init__(self, cursors: bool, keep: int) -> None:
         self.finish = False
+        self.cursors = cursors
+        self.keep = keep if cursors else 0
         self.ended = trio.Event()
 
 
-def sse_data(event: bytes) -> str:
-    """One SSE frame, ``data: <json>\\n\\n``, with ``json.dumps``'s separators (§ii.6)."""
+def stream_cursor(headers: list[tuple[str, str]]) -> int | None:
+    """A stream request's ``Last-Event-ID``: the server has every event up to it (a
+    server that stores events by ``seq`` sends it; omnigent's sends none).
+
+    Raises:
+        BadInput: 400 for a value that is not a non-negative integer.
+    """
+    for name, value in headers:
+        if name.lower() != "last-event-id":
+            continue
+        text = value.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            message = f"Last-Event-ID must be an event seq (a non-negative integer), not {value!r}."
+            raise BadInput(400, "invalid_input", message)
+        return int(text)
+    return None
+
+
+def sse_data(event: bytes, seq: int | None = None) -> str:
+    """One SSE frame, ``[id: <seq>\\n]data: <json>\\n\\n``, with ``json.dumps``'s separators
+    (§ii.6). The ``id`` is the event's ``seq``, for a server that resumes its stream by it."""
     try:
         text = json.dumps(json.loads(event))
     except ValueError:
         text = event.decode(errors="replace")
-    return f"data: {text}\n\n"
+    if seq is None:
+        return f"data: {text}\n\n"
+    return f"id: {seq}\ndata: {text}\n\n"
 
 
 class GatewayActor(Actor):
@@ -196,6 +224,7 @@ class GatewayActor(Actor):
             "harnesses": self.harnesses,
             "streams": len(self._streams),
             "pending_events": self.buffer.pending_count(),
+            "unsent_events": self.buffer.unsent_count(),
             "buffer": dict(self.buffer.stats),
             "off_stream": dict(self.off_stream),
             "after_delete": self.after_delete,
@@ -274,7 +303,12 @@ class GatewayActor(Actor):
                 return
         if session_id:
             if method == "GET" and rest == ["stream"]:
-                await self._session_stream(responder, session_id)
+                try:
+                    cursor = stream_cursor(frame.headers)
+                except BadInput as exc:
+                    await responder.respond(refused(frame, exc))
+                    return
+                await self._session_stream(responder, session_id, cursor)
                 return
             local = _local_answer(method, rest)
             if local is not None:
@@ -380,16 +414,25 @@ class GatewayActor(Actor):
             for stream in streams:
                 await stream.ended.wait()
 
-    async def _session_stream(self, responder: Responder, session_id: str) -> None:
+    async def _session_stream(
+        self, responder: Responder, session_id: str, cursor: int | None
+    ) -> None:
         """``GET /v1/sessions/{id}/stream``: buffered then live events, until the session is
-        deleted (then ``[DONE]`` and the end)."""
+        deleted (then ``[DONE]`` and the end).
+
+        The stream starts after ``cursor`` (its ``Last-Event-ID``) if it has one, else after
+        the last event a ping proved read: what an earlier stream wrote and the server may
+        not have goes again.
+        """
         opts = self.options
-        me = _Stream()
+        me = _Stream(cursor is not None, opts.replay_window_events)
         self._streams[session_id] = me  # the newest stream of a session takes its events
         self._open.setdefault(session_id, set()).add(me)
         self._notify(session_id)
         lock = self._stream_locks.setdefault(session_id, trio.Lock())
         try:
+            async with lock:  # after any frame an older stream of it has in flight
+                self.buffer.rewind(session_id, cursor)
             await responder.head(200, SSE_HEADERS)
             await responder.text(HEARTBEAT)
             quiet_since = trio.current_time()
@@ -398,7 +441,7 @@ class GatewayActor(Actor):
                 if self._streams.get(session_id) is me and self.buffer.has_pending(session_id):
                     async with lock:
                         if self._streams.get(session_id) is me:
-                            await self._send_batch(responder, session_id)
+                            await self._send_batch(responder, session_id, me)
                             quiet_since = trio.current_time()
                     continue
                 with trio.move_on_at(quiet_since + opts.heartbeat_s):
@@ -416,7 +459,7 @@ class GatewayActor(Actor):
             if self._streams.get(session_id) is me:
                 del self._streams[session_id]
 
-    async def _send_batch(self, responder: Responder, session_id: str) -> None:
+    async def _send_batch(self, responder: Responder, session_id: str, stream: _Stream) -> None:
         opts = self.options
         # Busy: events already on their way in (queued in our inbox) join this frame. Each
         # checkpoint lets the actor loop take more messages; an idle inbox stops at once,
@@ -432,8 +475,13 @@ class GatewayActor(Actor):
         if not batch:
             return
         last = batch[-1][0]
-        text = "".join(sse_data(event) for _, event in batch)
-        await responder.text(text, on_sent=lambda: self.buffer.delivered(session_id, last))
+        text = "".join(sse_data(event, seq if stream.cursors else None) for seq, event in batch)
+        keep, mark = stream.keep, not stream.cursors
+        await responder.text(
+            text,
+            on_sent=lambda: self.buffer.sent(session_id, last, mark=mark),
+            on_read=lambda: self.buffer.received(session_id, last, keep=keep),
+        )
 
 
 def refused(frame: RequestFrame, exc: BadInput) -> HttpResponse:

@@ -36,6 +36,9 @@ class GatewayOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     sse_batch_bytes: PositiveInt = 256 * 1024
     #: Undelivered events kept per session; past it the oldest are dropped (and logged).
     max_buffered_events: PositiveInt = 100_000
+    #: On a stream opened with ``Last-Event-ID``, this many events the server's process read
+    #: stay in the buffer until a cursor confirms them: it may die before storing them.
+    replay_window_events: PositiveInt = 1024
     #: The buffer file is compacted once it is this large and mostly delivered.
     compact_bytes: PositiveInt = 16 * 1024 * 1024
     #: Frames queued for one tunnel's writer before request tasks wait.

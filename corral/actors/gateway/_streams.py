@@ -1,8 +1,23 @@
 """The durable per-session event buffer: :class:`StreamBuffer` and its file, ``streams.log``.
 
 Every session event the gateway receives is kept here before it goes anywhere, and stays
-until its frame has been handed to the kernel; the buffer survives ``kill -9`` of the
-gateway, so events are neither lost nor sent twice.
+until the server is known to have it — not when its frame was handed to the kernel: a kernel
+that took a frame loses it with the socket when either end is killed. The buffer survives
+``kill -9`` of the gateway, so events are neither lost nor sent twice.
+
+Each session's events move through three states:
+
+* *unsent* — not yet written on the session's current stream;
+* *sent* — written, not yet confirmed (kept in memory and in the file: a stream that opens
+  again sends them again);
+* *confirmed* — the server has them: a kind-1 record says so and they leave the buffer.
+
+What confirms an event depends on the server (:meth:`StreamBuffer.received`,
+:meth:`StreamBuffer.rewind`): a server that opens the stream with ``Last-Event-ID`` (corral's
+control plane, which stores each event's ``seq``) confirms everything up to that id, and the
+events after it are sent again whatever the gateway had written before; a server that does
+not (omnigent's, which has no acknowledgement for stream events) confirms what a WebSocket
+ping sent after the frame proved its process read.
 """
 
 from __future__ import annotations
@@ -41,14 +56,22 @@ def _record(kind: int, session_id: str, seq: int, data: bytes = b"") -> bytes:
 
 
 class _Session:
-    __slots__ = ("done", "events", "last")
+    __slots__ = ("done", "events", "last", "marked", "sent")
 
     def __init__(self) -> None:
-        #: Undelivered events, oldest first: (seq, JSON bytes).
+        #: Unsent events, oldest first: (seq, JSON bytes).
         self.events: deque[tuple[int, bytes]] = deque()
-        #: The highest seq seen, and the highest one no longer pending (delivered or dropped).
+        #: Events written on the current stream and not confirmed, oldest first.
+        self.sent: deque[tuple[int, bytes]] = deque()
+        #: The highest seq seen, and the highest one no longer pending (confirmed or dropped).
         self.last = 0
         self.done = 0
+        #: The highest seq the file says is no longer pending (at least ``done``): a stream
+        #: without a cursor marks what it wrote at once (see :meth:`StreamBuffer.sent`).
+        self.marked = 0
+
+    def __len__(self) -> int:
+        return len(self.events) + len(self.sent)
 
 
 class StreamBuffer:
@@ -70,7 +93,18 @@ class StreamBuffer:
         self.compact_bytes = compact_bytes
         self.sessions: dict[str, _Session] = {}
         self.stats = dict.fromkeys(
-            ("events", "duplicates", "dropped", "forgotten", "syncs", "compactions"), 0
+            (
+                "events",
+                "duplicates",
+                "dropped",
+                "forgotten",
+                "syncs",
+                "compactions",
+                "resent",
+                "confirmed_by_cursor",
+                "confirmed_by_ping",
+            ),
+            0,
         )
         self._fd = -1
         self._size = 0
@@ -135,9 +169,14 @@ class StreamBuffer:
             log.info("stream buffer: %d undelivered events no longer go upstream", left_out)
 
     def __len__(self) -> int:
-        return sum(1 for s in self.sessions.values() if s.events)
+        return sum(1 for s in self.sessions.values() if len(s))
 
     def pending_count(self) -> int:
+        """Events the server is not known to have (unsent and sent)."""
+        return sum(len(s) for s in self.sessions.values())
+
+    def unsent_count(self) -> int:
+        """Events not yet written on any stream."""
         return sum(len(s.events) for s in self.sessions.values())
 
     # -- the event path --------------------------------------------------------------------
@@ -158,10 +197,11 @@ class StreamBuffer:
         s.events.append((seq, event))
         self._unwritten.append(_record(_EVENT, session_id, seq, event))
         self._live += len(event) + _OVERHEAD
-        if len(s.events) > self.max_events:
-            dropped, data = s.events.popleft()
+        if len(s) > self.max_events:
+            dropped, data = (s.sent or s.events).popleft()
             self._live -= len(data) + _OVERHEAD
             s.done = dropped
+            s.marked = max(s.marked, dropped)
             self._unwritten.append(_record(_DONE, session_id, dropped))
             self.stats["dropped"] += 1
             self._warn_dropped(session_id)
@@ -193,7 +233,7 @@ class StreamBuffer:
         s = self.sessions.get(session_id)
         if s is None:
             return 0
-        count = len(s.events)
+        count = len(s)
         if s.last > s.done:
             self._done(session_id, s.last)
             self._write(_record(_DONE, session_id, s.done))
@@ -206,15 +246,17 @@ class StreamBuffer:
         self._wanted.set()
 
     def has_pending(self, session_id: str) -> bool:
+        """Whether the session has unsent events."""
         s = self.sessions.get(session_id)
         return bool(s and s.events)
 
     def pending_in(self, session_id: str) -> int:
+        """How many unsent events the session has."""
         s = self.sessions.get(session_id)
         return len(s.events) if s else 0
 
     def take(self, session_id: str, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        """The oldest pending events of a session (they stay pending until :meth:`delivered`)."""
+        """The oldest unsent events of a session (they stay unsent until :meth:`sent`)."""
         s = self.sessions.get(session_id)
         out: list[tuple[int, bytes]] = []
         size = 0
@@ -225,22 +267,89 @@ class StreamBuffer:
             size += len(event)
         return out
 
-    def delivered(self, session_id: str, seq: int) -> None:
-        """Every event of the session up to ``seq`` reached the kernel: never send it again."""
+    def sent(self, session_id: str, seq: int, *, mark: bool = False) -> None:
+        """Every unsent event of the session up to ``seq`` was written on its stream: not
+        sent again on that stream, kept in memory until confirmed.
+
+        With ``mark`` the file says at once that they are no longer pending, so that a
+        gateway restarted after ``kill -9`` does not send them again. That is for a server
+        that cannot tell a replay (omnigent's relay reads no event id, and appends a
+        replayed delta to its text a second time): after a restart it is not known which
+        of them its process had read. A tunnel that drops while this process lives still
+        sends what no ping proved read again (:meth:`rewind`): that server lost them with
+        its process.
+        """
+        s = self.sessions.get(session_id)
+        if s is None:
+            return
+        while s.events and s.events[0][0] <= seq:
+            s.sent.append(s.events.popleft())
+        if mark and seq > s.marked:
+            s.marked = seq
+            self._write(_record(_DONE, session_id, seq))
+
+    def rewind(self, session_id: str, cursor: int | None) -> None:
+        """A stream of the session opened: what the server may not have goes again.
+
+        ``cursor`` is its ``Last-Event-ID``: the server has every event up to it (they are
+        confirmed) and none after it, so every later event is unsent again, even one written
+        before. Without a cursor the sent events that no ping confirmed go again (a server
+        that read them and died with them in memory gets them once more: at least once).
+        """
+        s = self.sessions.get(session_id)
+        if s is None:
+            s = self.sessions[session_id] = _Session()
+        if cursor is not None and cursor > s.done:
+            self.delivered(session_id, cursor, "confirmed_by_cursor")
+        if s.sent:
+            self.stats["resent"] += len(s.sent)
+            s.events.extendleft(reversed(s.sent))
+            s.sent.clear()
+        if s.events:
+            self._wanted.set()
+
+    def received(self, session_id: str, seq: int, *, keep: int = 0) -> None:
+        """A ping answered after the frame that carried ``seq``: the server's process read
+        every sent event up to it.
+
+        With ``keep`` 0 that confirms them. A server that confirms by cursor may still lose
+        what it read and had not stored when it dies, so the newest ``keep`` of them stay,
+        to go again if its next cursor is behind them; older ones are confirmed, which
+        bounds the buffer of a stream that stays open for days.
+        """
         s = self.sessions.get(session_id)
         if s is None or seq <= s.done:
             return
+        upto = seq
+        if keep:
+            excess = len(s.sent) - keep
+            if excess <= 0:
+                return
+            upto = min(upto, s.sent[excess - 1][0])
+        self.delivered(session_id, upto)
+
+    def delivered(self, session_id: str, seq: int, how: str = "confirmed_by_ping") -> None:
+        """The server has every event of the session up to ``seq``: never send it again
+        (``how`` names the stat that counts them)."""
+        s = self.sessions.get(session_id)
+        if s is None or seq <= s.done:
+            return
+        before, unmarked = len(s), seq > s.marked
         self._done(session_id, seq)
-        self._write(_record(_DONE, session_id, seq))
+        self.stats[how] += before - len(s)
+        if unmarked:
+            self._write(_record(_DONE, session_id, seq))
 
     def _done(self, session_id: str, seq: int) -> None:
         s = self.sessions.get(session_id)
         if s is None:
             s = self.sessions[session_id] = _Session()
         s.done = max(s.done, seq)
+        s.marked = max(s.marked, seq)
         s.last = max(s.last, seq)
-        while s.events and s.events[0][0] <= s.done:
-            self._live -= len(s.events.popleft()[1]) + _OVERHEAD
+        for queue in (s.sent, s.events):
+            while queue and queue[0][0] <= s.done:
+                self._live -= len(queue.popleft()[1]) + _OVERHEAD
 
     def _warn_dropped(self, session_id: str) -> None:
         now = time.monotonic()
@@ -284,8 +393,9 @@ class StreamBuffer:
         self._write()
         parts = [_MAGIC]
         for session_id, s in self.sessions.items():
-            if s.done:
-                parts.append(_record(_DONE, session_id, s.done))
+            if s.marked:
+                parts.append(_record(_DONE, session_id, s.marked))
+            parts.extend(_record(_EVENT, session_id, seq, ev) for seq, ev in s.sent)
             parts.extend(_record(_EVENT, session_id, seq, ev) for seq, ev in s.events)
         data = b"".join(parts)
         write_atomically(self.path, data)

@@ -134,12 +134,39 @@ def recycle_delay(low: float, high: float, rand: Callable[[], float] = random.ra
 class _Outgoing:
     """A frame queued for a tunnel's writer; ``sent`` is set once it was sent or dropped."""
 
-    __slots__ = ("on_sent", "sent", "text")
+    __slots__ = ("on_read", "on_sent", "sent", "text")
 
-    def __init__(self, text: str, on_sent: Callable[[], None] | None, wait: bool) -> None:
+    def __init__(
+        self,
+        text: str,
+        on_sent: Callable[[], None] | None,
+        wait: bool,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
         self.text = text
         self.on_sent = on_sent
+        self.on_read = on_read
         self.sent = trio.Event() if wait else None
+
+
+class _Reads:
+    """One connection's callbacks of frames sent and not yet proven read by the server.
+
+    A write that returned only means the kernel took the frame; a kernel loses what it holds
+    when either end is killed. A WebSocket ping sent after the frame and answered proves the
+    server's process read it (it reads its socket in order, and answers a ping when it reads
+    it), so :meth:`Tunnel._confirmer` runs these callbacks after such a round trip.
+    """
+
+    __slots__ = ("callbacks", "wanted")
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+        self.wanted = trio.Event()
+
+    def add(self, callback: Callable[[], None]) -> None:
+        self.callbacks.append(callback)
+        self.wanted.set()
 
 
 class Responder:
@@ -171,10 +198,19 @@ class Responder:
             body = base64.b64encode(data[i : i + BODY_PIECE]).decode("ascii")
             await self.tunnel.send(ResponseBodyFrame(id=self.id, body=body, encoding="base64"))
 
-    async def text(self, text: str, on_sent: Callable[[], None] | None = None) -> None:
-        """Send a UTF-8 body piece; with ``on_sent``, wait until it was sent (or dropped)."""
+    async def text(
+        self,
+        text: str,
+        on_sent: Callable[[], None] | None = None,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
+        """Send a UTF-8 body piece; with ``on_sent``, wait until it was sent (or dropped).
+
+        ``on_read`` runs later, once the server's process is known to have read the frame (a
+        ping after it was answered); never if the connection drops first.
+        """
         frame = ResponseBodyFrame(id=self.id, body=text, encoding="utf-8")
-        await self.tunnel.send(frame, on_sent=on_sent, wait=on_sent is not None)
+        await self.tunnel.send(frame, on_sent=on_sent, wait=on_sent is not None, on_read=on_read)
 
     async def end(self) -> None:
         self.ended = True
@@ -208,7 +244,16 @@ class Tunnel:
         self.event_ready = False
         self.requests: dict[str, trio.CancelScope] = {}
         self.stats = dict.fromkeys(
-            ("frames_in", "frames_out", "requests", "malformed", "oversized", "event_acks"), 0
+            (
+                "frames_in",
+                "frames_out",
+                "requests",
+                "malformed",
+                "oversized",
+                "event_acks",
+                "read_confirmations",
+            ),
+            0,
         )
         self._out: trio.MemorySendChannel[_Outgoing] | None = None
         self._drop_reason: str | None = None
@@ -351,10 +396,12 @@ class Tunnel:
         )
         out, queue = trio.open_memory_channel[_Outgoing](self.options.send_queue)
         self._out = out
+        reads = _Reads()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, ws, queue, nursery.cancel_scope)
+                nursery.start_soon(self._writer, ws, queue, reads, nursery.cancel_scope)
                 nursery.start_soon(self._pinger, ws, nursery.cancel_scope)
+                nursery.start_soon(self._confirmer, ws, reads, nursery.cancel_scope)
                 await self._reader(ws, nursery)
                 nursery.cancel_scope.cancel()
         finally:
@@ -365,6 +412,7 @@ class Tunnel:
         self,
         ws: WebSocketConnection,
         queue: trio.MemoryReceiveChannel[_Outgoing],
+        reads: _Reads,
         scope: trio.CancelScope,
     ) -> None:
         # The only task that writes frames, so a cancelled request never cuts one in half.
@@ -373,6 +421,8 @@ class Tunnel:
             async for item in queue:
                 await ws.send_message(item.text)
                 self.stats["frames_out"] += 1
+                if item.on_read is not None:
+                    reads.add(item.on_read)
                 if item.on_sent is not None:
                     try:
                         item.on_sent()
@@ -412,14 +462,45 @@ class Tunnel:
                 scope.cancel()
                 return
 
-    async def send(
-        self, frame: Frame, *, on_sent: Callable[[], None] | None = None, wait: bool = False
+    async def _confirmer(
+        self, ws: WebSocketConnection, reads: _Reads, scope: trio.CancelScope
     ) -> None:
-        """Queue a frame for the writer; with ``wait``, return once it was sent or dropped."""
+        """Prove frames read: one ping round trip for every frame sent since the last one."""
+        rounds = 0
+        while True:
+            await reads.wanted.wait()
+            reads.wanted = trio.Event()
+            callbacks, reads.callbacks = reads.callbacks, []
+            rounds += 1
+            try:
+                # A payload of our own: the pinger's random ones can never clash with it.
+                await ws.ping(b"read %d" % rounds)
+            except ConnectionClosed:
+                scope.cancel()
+                return
+            self.stats["read_confirmations"] += 1
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("tunnel %s: a read-callback failed", self.runner_id)
+
+    async def send(
+        self,
+        frame: Frame,
+        *,
+        on_sent: Callable[[], None] | None = None,
+        wait: bool = False,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue a frame for the writer; with ``wait``, return once it was sent or dropped.
+
+        ``on_read`` runs once a ping sent after the frame was answered (see :class:`_Reads`).
+        """
         out = self._out
         if out is None:
             raise TunnelDown(f"tunnel {self.runner_id} is not connected")
-        item = _Outgoing(encode_frame(frame).decode(), on_sent, wait)
+        item = _Outgoing(encode_frame(frame).decode(), on_sent, wait, on_read)
         try:
             await out.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

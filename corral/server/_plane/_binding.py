@@ -174,10 +174,14 @@ class RunnerBinding(PlaneParts):
             try:
                 await self._init_session(link, session_id)
                 announce()
+                # The runner's seq of the last event stored: the runner sends every later
+                # one, also those it wrote to a tunnel that died before they were stored.
+                cursor = await self.store.runner_seq(session_id)
                 async with link.open(
                     "GET",
                     f"/v1/sessions/{session_id}/stream",
                     head_timeout_s=opts.request_timeout_s,
+                    headers=[("last-event-id", str(cursor))],
                 ) as call:
                     if call.status != 200:
                         raise _InitFailed(f"GET .../stream answered {call.status}")
@@ -186,7 +190,7 @@ class RunnerBinding(PlaneParts):
                         nursery.start_soon(self._deliver_loop, link, session_id, binding)
                         delivering = True
                     delay = opts.retry_base_s
-                    why = await self._relay(session_id, call)
+                    why = await self._relay(session_id, call, cursor)
                 log.info("session %s: the runner stream %s; opening it again", session_id, why)
             except UnknownSession:
                 log.warning("session %s vanished from the store; not binding it", session_id)
@@ -251,8 +255,10 @@ class RunnerBinding(PlaneParts):
             detail = error_detail(answer.json(), answer.body)
             raise _InitFailed(f"POST /v1/sessions answered {answer.status}: {detail}")
 
-    async def _relay(self, session_id: str, call: Any) -> str:
-        """Store every event of an open runner stream; returns why the stream stopped."""
+    async def _relay(self, session_id: str, call: Any, cursor: int) -> str:
+        """Store every event of an open runner stream after the runner's seq ``cursor``
+        (an event at or below it is stored already: a replay is dropped by its seq);
+        returns why the stream stopped."""
         parser = SseParser()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         while True:
@@ -262,13 +268,21 @@ class RunnerBinding(PlaneParts):
                 return f"was silent for {self.options.stream_dead_s:g}s"
             if chunk is None:
                 return "ended"
-            events = parser.feed(decoder.decode(chunk))
+            events = [
+                event
+                for seq, event in parser.feed_with_ids(decoder.decode(chunk))
+                if seq is None or seq > cursor
+            ]
             if events and session_id in self._fenced:
                 events, fenced = fence(events)
                 if not fenced:
                     self._fenced.discard(session_id)
-            if events:
-                await self.store.append_runner_events(session_id, events)
-                self.notify(session_id)
+            # The cursor moves with every event that carried a seq, kept or fenced out.
+            seq = parser.last_id if parser.last_id is not None and parser.last_id > cursor else None
+            if events or seq is not None:
+                await self.store.append_runner_events(session_id, events, seq)
+                cursor = seq if seq is not None else cursor
+                if events:
+                    self.notify(session_id)
             if parser.done:
                 return "said [DONE]"

@@ -25,7 +25,7 @@ from ._elicitations import (
 )
 from ._outbox import _count_attempt, _finish_outbox, _has_pending_message, _next_outbox
 from ._rows import ElicitationRow, OutboxEntry, SessionRow
-from ._schema import _SCHEMA, SCHEMA_VERSION, T, _connect, _in_transaction
+from ._schema import _SCHEMA, SCHEMA_VERSION, T, _connect, _in_transaction, _migrate
 from ._sessions import (
     _add_item,
     _add_user_message,
@@ -36,6 +36,7 @@ from ._sessions import (
     _list_items,
     _list_sessions,
     _patch_session,
+    _runner_seq,
     _sessions_for_runner,
     _snapshot_extras,
 )
@@ -66,6 +67,7 @@ class Store:
                 f"{self.path} has schema version {version}; this corral knows {SCHEMA_VERSION}"
             )
         writer.executescript(_SCHEMA)
+        _migrate(writer)
         writer.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._writer = writer
         self._reader = _connect(self.path)
@@ -171,15 +173,25 @@ class Store:
 
     # -- events ----------------------------------------------------------------------------
 
-    async def append_runner_events(self, session_id: str, events: list[dict[str, Any]]) -> int:
+    async def append_runner_events(
+        self, session_id: str, events: list[dict[str, Any]], runner_seq: int | None = None
+    ) -> int:
         """Store events relayed from the runner (heartbeats are dropped), building items.
 
+        ``runner_seq`` is the runner's ``seq`` of the last of them (their SSE ``id``), kept
+        in the same transaction: the cursor this server resumes the runner's stream from.
         Returns the session's last event id afterwards.
 
         Raises:
             UnknownSession: no such session.
         """
-        return await self._write(append_runner_events, session_id, events, durable=False)
+        return await self._write(
+            append_runner_events, session_id, events, runner_seq, durable=False
+        )
+
+    async def runner_seq(self, session_id: str) -> int:
+        """The runner's ``seq`` of the last runner event stored for the session (0: none)."""
+        return await self._read(_runner_seq, session_id)
 
     async def append_server_events(self, session_id: str, events: list[dict[str, Any]]) -> int:
         """Store events the server itself publishes; returns the last event id."""

@@ -13,7 +13,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-SCHEMA_VERSION = 1
+#: 2 added ``sessions.runner_seq`` and ``message_keys`` (a database of version 1 gets them
+#: when it is opened: :func:`_migrate`).
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
@@ -27,7 +29,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     last_event_id INTEGER NOT NULL DEFAULT 0,
-    draft TEXT
+    draft TEXT,
+    runner_seq INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS items (
     pos INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -72,6 +75,12 @@ CREATE TABLE IF NOT EXISTS outbox (
     result TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_by_session ON outbox (session_id, state, id);
+CREATE TABLE IF NOT EXISTS message_keys (
+    session_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
 """
 
 _encode = msgspec.json.Encoder().encode
@@ -84,6 +93,16 @@ def _connect(path: Path) -> sqlite3.Connection:
     con.execute("PRAGMA journal_mode = WAL")
     con.execute("PRAGMA synchronous = FULL")  # per transaction: see Store._write
     return con
+
+
+def _migrate(con: sqlite3.Connection) -> None:
+    """Bring a database of an older schema version up to :data:`SCHEMA_VERSION`.
+
+    ``CREATE TABLE IF NOT EXISTS`` adds new tables but not new columns of old ones.
+    """
+    columns = {row[1] for row in con.execute("PRAGMA table_info(sessions)")}
+    if "runner_seq" not in columns:
+        con.execute("ALTER TABLE sessions ADD COLUMN runner_seq INTEGER NOT NULL DEFAULT 0")
 
 
 def _in_transaction(

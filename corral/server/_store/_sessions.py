@@ -63,6 +63,11 @@ def _get_session(con: sqlite3.Connection, session_id: str) -> SessionRow | None:
     return None if row is None else _session_row(row)
 
 
+def _runner_seq(con: sqlite3.Connection, session_id: str) -> int:
+    row = con.execute("SELECT runner_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
 def _list_sessions(con: sqlite3.Connection, limit: int) -> list[SessionRow]:
     rows = con.execute(
         f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC LIMIT ?",
@@ -148,7 +153,7 @@ def _add_item(con: sqlite3.Connection, session_id: str, fields: dict[str, Any]) 
 
 
 def _delete_session(con: sqlite3.Connection, session_id: str) -> bool:
-    for table in ("items", "events", "elicitations", "outbox"):
+    for table in ("items", "events", "elicitations", "outbox", "message_keys"):
         con.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
     return con.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 

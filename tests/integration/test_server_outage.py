@@ -1,0 +1,254 @@
+"""Runner → server events survive the server's death (issue #15, item 3), and a message POST
+the control plane dropped is posted again, once (item 2).
+
+A real ``corral up`` with its embedded control plane and the real ``corral send``. The worst
+moment for the events is a control plane that stopped reading its tunnel: the gateway's frames
+are taken by the kernel (a write returns) but never reach the process, and ``kill -9`` then
+throws them away with the socket. The plane is stopped with SIGSTOP for exactly that window,
+the gateway is seen to write the turn's events into it, and the plane is killed. What the
+client must see afterwards is the whole-system invariant: every event the runner published
+reaches it once and in order, the turn has exactly one terminal edge, nothing hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.actors.gateway import StreamBuffer
+from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
+
+FIRST = "abcdefghijklmnopqrstuvwxyz0123456789"
+SECOND = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+APPROVED = "approved-and-done"
+
+AGENTS = {
+    # ~60 deltas over ~4 s with a tool call between.
+    "slow.yaml": f"""
+        name: slow
+        executor:
+          harness: scripted
+          script:
+            turns:
+              - - {{text: "{FIRST}", chunk: 1, delay_ms: 60}}
+                - {{tool: sys_os_shell, arguments: {{command: "echo mid-turn"}}}}
+                - {{text: "{SECOND}", chunk: 1, delay_ms: 60}}
+        """,
+    # Streams, then asks for an approval: the request is the event a client must not miss.
+    "asks.yaml": f"""
+        name: asks
+        executor:
+          harness: scripted
+          script:
+            turns:
+              - - {{text: "{FIRST}", chunk: 1, delay_ms: 40}}
+                - elicit:
+                    message: "May I finish?"
+                    requestedSchema:
+                      type: object
+                      properties:
+                        ok: {{type: boolean}}
+                - {{text: "{APPROVED}", on_decline: "declined"}}
+        """,
+}
+
+
+def _config(agents_dir: Path) -> str:
+    return (
+        FAST_LIVENESS
+        + "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
+        + f"[server]\nagents_dirs = [{json.dumps(str(agents_dir))}]\n"
+    )
+
+
+@pytest.fixture
+def plane_host(tmp_path: Path, host_factory: Callable[..., HostProcess]) -> HostProcess:
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    for name, text in AGENTS.items():
+        (agents / name).write_text(textwrap.dedent(text))
+    host = host_factory(_config(agents)).start()
+    wait_until(lambda: (_plane(host) or {}).get("state") == "running", 30, "the control plane")
+    wait_until(
+        lambda: any(t["state"] == "connected" for t in host.status()["tunnels"]),
+        30,
+        "the runner's tunnel",
+    )
+    return host
+
+
+def _plane(host: HostProcess) -> dict[str, Any] | None:
+    return host.status()["server"]
+
+
+def _gateway(host: HostProcess) -> dict[str, Any]:
+    return host.ask("inspect", actor="gateway")["state"]
+
+
+def _unsent(state: dict[str, Any]) -> int:
+    # Events not yet written on a stream (before item 3 every written event left the
+    # buffer, so pending_events said the same).
+    return int(state.get("unsent_events", state["pending_events"]))
+
+
+def _send(host: HostProcess, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "corral", "send", *args, "--json", "--timeout", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CORRAL_STATE_DIR": str(host.state_dir)},
+    )
+
+
+def _finish(send: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
+    try:
+        out, err = send.communicate(timeout=120)
+    finally:
+        if send.poll() is None:
+            send.kill()
+            send.wait(10)
+    try:
+        result = json.loads(out)
+    except ValueError:
+        raise AssertionError(f"send printed no JSON (exit {send.returncode}): {err}") from None
+    return send.returncode, result, err
+
+
+def _last_event_id(url: str, agent: str) -> int:
+    try:
+        sessions = httpx.get(f"{url}/v1/sessions", timeout=5).json()["data"]
+    except httpx.HTTPError:
+        return 0
+    return max((s["last_event_id"] for s in sessions if s["agent"] == agent), default=0)
+
+
+def _check_once_in_order(events: list[dict[str, Any]]) -> None:
+    """Stream ids unique and contiguous, one running and one terminal edge, at the end."""
+    ids = [e["event_id"] for e in events]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), ids
+    edges = [e["status"] for e in events if e["type"] == "session.status"]
+    assert edges == ["running", "idle"], edges
+
+
+def _stop_plane_while_the_gateway_writes(host: HostProcess, url: str, agent: str) -> int:
+    """Let the turn stream a little, SIGSTOP the plane, wait until the gateway has written
+    more of the turn into the stopped plane's socket, then ``kill -9`` it. Returns its pid."""
+    pid = _plane(host)["pid"]  # type: ignore[index]
+    wait_until(lambda: _last_event_id(url, agent) >= 6, 30, "the turn to stream")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        written = _gateway(host)["buffer"]["events"]
+        # The gateway takes more events and writes every one of them to the tunnel: the
+        # kernel takes them, the stopped plane never reads them.
+        wait_until(
+            lambda: (s := _gateway(host))["buffer"]["events"] >= written + 6 and _unsent(s) == 0,
+            30,
+            "the gateway to write events into the stopped plane's socket",
+        )
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+    return pid
+
+
+@pytest.mark.chaos
+def test_events_the_gateway_wrote_to_a_killed_control_plane_reach_the_client(
+    plane_host: HostProcess,
+) -> None:
+    host = plane_host
+    url = _plane(host)["url"]  # type: ignore[index]
+    send = _send(host, "--agent", "slow", "go")
+    killed = _stop_plane_while_the_gateway_writes(host, url, "slow")
+    code, result, err = _finish(send)
+    assert code == 0, err
+    assert result["status"] == "idle"
+    assert result["text"] == FIRST + SECOND, "deltas lost or repeated"
+    _check_once_in_order(result["events"])
+    deltas = [e for e in result["events"] if e["type"] == "response.output_text.delta"]
+    assert len(deltas) == len(FIRST + SECOND)
+    plane = _plane(host)
+    assert plane is not None and plane["pid"] != killed and plane["restarts"] >= 1
+
+
+@pytest.mark.chaos
+def test_an_approval_request_written_to_a_killed_control_plane_is_answered(
+    plane_host: HostProcess,
+) -> None:
+    # The issue's hang: the runner journaled the elicitation request, the client's stream
+    # ended one event before it, and the turn sat parked until --timeout.
+    host = plane_host
+    url = _plane(host)["url"]  # type: ignore[index]
+    send = _send(host, "--agent", "asks", "--approve", "go")
+    pid = _plane(host)["pid"]  # type: ignore[index]
+    wait_until(lambda: _last_event_id(url, "asks") >= 6, 30, "the turn to stream")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: host.ask("elicitations")["elicitations"], 30, "the runner to park the approval"
+        )
+        wait_until(
+            lambda: _unsent(_gateway(host)) == 0,
+            30,
+            "the gateway to write the request into the stopped plane's socket",
+        )
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGCONT)
+    code, result, err = _finish(send)
+    assert code == 0, err
+    assert (result["status"], result["text"]) == ("idle", FIRST + APPROVED)
+    _check_once_in_order(result["events"])
+    types = [e["type"] for e in result["events"]]
+    assert types.count("response.elicitation_request") == 1
+
+
+# --- the gateway's buffer, alone -------------------------------------------------------------
+
+
+def test_stream_buffer_sends_again_after_a_cursor_and_what_no_ping_proved_read(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "streams.log"
+    buf = StreamBuffer(path, max_events=100, compact_bytes=1 << 20)
+    buf.load()
+    for seq in range(1, 7):
+        assert buf.add("s", seq, b'{"type": "x"}')
+
+    def unsent() -> list[int]:
+        return [seq for seq, _ in buf.take("s", 100, 1 << 20)]
+
+    # Written on a stream with a cursor: no longer unsent, still pending.
+    buf.sent("s", 4)
+    assert unsent() == [5, 6] and buf.pending_count() == 6
+    # The server comes back with a cursor of 2: 1-2 are confirmed, 3-6 go again.
+    buf.rewind("s", 2)
+    assert unsent() == [3, 4, 5, 6] and buf.pending_count() == 4
+    # A ping proves 3-6 read; the newest 2 stay for the next cursor.
+    buf.sent("s", 6)
+    buf.received("s", 6, keep=2)
+    assert buf.pending_count() == 2 and unsent() == []
+    # A stream without a cursor: what no ping proved read goes again on a new stream ...
+    buf.rewind("s", None)
+    assert unsent() == [5, 6]
+    buf.sent("s", 6, mark=True)
+    buf.rewind("s", None)
+    assert unsent() == [5, 6]
+    # ... but after a restart it is not sent again: that server cannot tell a replay.
+    buf.sent("s", 6, mark=True)
+    buf.close()
+    again = StreamBuffer(path, max_events=100, compact_bytes=1 << 20)
+    again.load()
+    assert again.pending_count() == 0
+    assert not again.add("s", 6, b"{}"), "a redelivery is still a duplicate"
+    again.close()
