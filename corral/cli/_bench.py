@@ -12,6 +12,7 @@ from ._output import emit_json, json_option
 
 BENCHMARKS = {
     "bus": "corral.bench.bus",
+    "chaos": "corral.bench.chaos",
     "journal": "corral.bench.journal",
     "harness": "corral.bench.harness",
     "turn": "corral.bench.turn",
@@ -20,17 +21,62 @@ BENCHMARKS = {
     "up": "corral.bench.up",
 }
 
+#: What ``corral bench chaos --kind`` may kill (corral.bench.chaos.ChaosOptions.kind).
+CHAOS_KINDS = [
+    "any",
+    "dispatch",
+    "gateway",
+    "harness",
+    "journal",
+    "policy",
+    "tools",
+    "worker",
+    "control-plane",
+    "tunnel",
+]
+
 
 @click.command("bench")
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.option("--quick", is_flag=True, help="Smaller workloads (smoke runs, CI).")
+@click.option("--sessions", type=click.IntRange(min=1), help="chaos: sessions at once.")
+@click.option("--turns", type=click.IntRange(min=1), help="chaos: turns per session.")
+@click.option(
+    "--mode",
+    type=click.Choice(["kill", "tunnel"]),
+    help="chaos: kill -9 processes, or drop the tunnel.",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(CHAOS_KINDS),
+    help="chaos: what to kill (default any; tunnel: drop the tunnel, as --mode tunnel).",
+)
+@click.option("--seed", type=int, help="chaos: the killer's random seed.")
 @json_option
-def bench_command(name: str, quick: bool, as_json: bool) -> None:
-    """Run a benchmark and print its figures against its baseline."""
+def bench_command(
+    name: str,
+    quick: bool,
+    sessions: int | None,
+    turns: int | None,
+    mode: str | None,
+    kind: str | None,
+    seed: int | None,
+    as_json: bool,
+) -> None:
+    """Run a benchmark and print its figures against its baseline.
+
+    chaos exits 1 when one of its invariants failed (its result's "ok" is false).
+    """
     module = importlib.import_module(BENCHMARKS[name])
-    result = module.run({"quick": quick})
+    params: dict[str, object] = {"quick": quick}
+    if name == "chaos":
+        params |= {"sessions": sessions, "turns": turns, "mode": mode, "kind": kind, "seed": seed}
+    result = module.run(params)
+    failed = result.get("ok") is False
     if as_json:
         emit_json(result)
+        if failed:
+            raise SystemExit(1)
         return
     base = result["baseline"]
     console = Console()
@@ -44,3 +90,7 @@ def bench_command(name: str, quick: bool, as_json: bool) -> None:
             r["name"], f"{r['value']:,.3f}", r["unit"], "-" if ratio is None else f"{ratio:.3f}"
         )
     console.print(table)
+    if failed:
+        for problem in result.get("figures", {}).get("problems", []):
+            console.print(f"[red]{problem}[/red]")
+        raise SystemExit(1)

@@ -1,0 +1,109 @@
+"""The chaos checks find what they are meant to find (corral/bench/_chaos_check.py).
+
+The oracle of the chaos suite is tested on streams made up here, one fault each: a chaos run
+that passes must mean the invariants held, not that the checks were blind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from corral.bench._chaos_check import Tally, check_session
+from corral.bench._chaos_client import Event, SessionLog
+from corral.bench._chaos_host import expected_tokens
+
+DELTAS = 2
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.log = SessionLog("s1")
+
+    def add(self, type_: str, **data: Any) -> Stream:
+        self.log.add(Event(float(len(self.log.events)), self.log.last_id + 1, type_, data))
+        return self
+
+    def status(self, status: str) -> Stream:
+        return self.add("session.status", status=status)
+
+    def deltas(self, tokens: list[str], turn_id: str = "t") -> Stream:
+        for seq, token in enumerate(tokens, 1):
+            self.add(
+                "response.output_text.delta", delta=token, turn_id=turn_id, sequence_number=seq
+            )
+        return self
+
+    def turn(self, k: int, tokens: list[str] | None = None, end: str = "idle") -> Stream:
+        return (
+            self.status("running")
+            .deltas(expected_tokens(k, DELTAS) if tokens is None else tokens, f"turn{k}")
+            .status(end)
+        )
+
+
+def check(stream: Stream, posted: int, ran: Path | None = None) -> Tally:
+    tally = Tally()
+    check_session(tally, stream.log, posted, 0, DELTAS, ran)
+    return tally
+
+
+def faults(tally: Tally) -> dict[str, int]:
+    names = [
+        "no_terminal", "duplicate_terminals", "lost", "duplicated", "misordered",
+        "run_twice", "tool_runs_twice", "history_lost", "repeated_stream_ids",
+    ]  # fmt: skip
+    return {name: getattr(tally, name) for name in names if getattr(tally, name)}
+
+
+def test_clean_turns_have_no_faults() -> None:
+    tally = check(Stream().turn(0).turn(1), posted=2)
+    assert faults(tally) == {} and tally.terminal_once == 2 and tally.completed == 2
+
+
+def test_a_lost_delta_of_a_completed_turn_is_counted() -> None:
+    tally = check(Stream().turn(0, expected_tokens(0, DELTAS)[1:]), posted=1)
+    assert faults(tally) == {"lost": 1}
+
+
+def test_a_delta_twice_is_duplicated_even_in_a_failed_turn() -> None:
+    tokens = expected_tokens(0, DELTAS)
+    tally = check(Stream().turn(0, [tokens[0], tokens[0]], end="failed"), posted=1)
+    assert faults(tally) == {"duplicated": 1} and tally.failed == 1
+
+
+def test_deltas_out_of_order_are_misordered() -> None:
+    tally = check(Stream().turn(0, expected_tokens(0, DELTAS)[::-1]), posted=1)
+    assert faults(tally) == {"misordered": 1}
+
+
+def test_a_second_terminal_edge_is_a_duplicate_and_a_missing_one_is_counted() -> None:
+    assert faults(check(Stream().turn(0).status("idle"), posted=1)) == {"duplicate_terminals": 1}
+    stream = Stream().status("running").deltas(expected_tokens(0, DELTAS))
+    assert faults(check(stream, posted=1)) == {"no_terminal": 1}
+    assert faults(check(Stream(), posted=1)) == {"no_terminal": 1}
+
+
+def test_a_message_run_again_is_run_twice() -> None:
+    assert faults(check(Stream().turn(0).turn(0), posted=1)) == {
+        "run_twice": 1,
+        "duplicated": DELTAS * 2,  # its deltas, shown again
+    }
+
+
+def test_a_turn_given_a_forgotten_history_runs_another_turns_script() -> None:
+    tally = check(Stream().turn(0).turn(1, expected_tokens(0, DELTAS)), posted=2)
+    # Its own deltas never came; turn 0's came again.
+    assert faults(tally) == {"history_lost": 1, "lost": DELTAS * 2, "duplicated": DELTAS * 2}
+
+
+def test_a_shell_call_run_twice_shows_in_ran_txt(tmp_path: Path) -> None:
+    ran = tmp_path / "ran.txt"
+    ran.write_text("0\n1\n1\n")
+    assert faults(check(Stream().turn(0).turn(1), posted=2, ran=ran)) == {"tool_runs_twice": 1}
+
+
+def test_a_stream_id_sent_again_is_kept_once_and_counted() -> None:
+    stream = Stream().turn(0)
+    stream.log.add(Event(9.0, stream.log.last_id, "session.status", {"status": "idle"}))
+    assert faults(check(stream, posted=1)) == {"repeated_stream_ids": 1}
