@@ -54,6 +54,9 @@ class TurnStart(Request["InputAccepted"], tag="harness.turn"):
     model_override: str | None = None
     harness_override: str | None = None
     reply_to: str = "dispatch"
+    #: Sent again by a dispatch that could not tell whether its first start reached the
+    #: harness actor (it crashed in between): a turn already seen is left as it is.
+    again: bool = False
 
 
 class ToolResult(Request["InputAccepted"], tag="harness.tool_result"):

@@ -29,5 +29,5 @@ from ._routes import GENERIC_DETAIL as GENERIC_DETAIL
 from ._routes import NO_HARNESS_DETAIL as NO_HARNESS_DETAIL
 from ._session import Session as Session
 from ._session import SessionRecord as SessionRecord
+from ._start import runner_tools as runner_tools
 from ._turn import Turn as Turn
-from ._turns import runner_tools as runner_tools

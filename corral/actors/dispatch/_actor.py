@@ -10,6 +10,7 @@ The actor is a chain of parts (see ``_base``), with helpers of their own:
     _http       the session routes (create, read, delete, events)
     _events     the typed union of session events, parsed strictly
     _turn       the turn state machine, pure: phases, transitions, how a turn ends
+    _start      setting a turn up: its spec, its history, the worker's message
     _turns      the life of a turn: start or buffer, end, continuation, interrupt note
     _history    the history a harness sees: rehydration, dedup, media (pure, plus a fetch)
     _calls      tool calls: a worker's through policy and back, and ``mcp/execute``
@@ -27,7 +28,15 @@ knows what it has in flight (:meth:`Turn.resume`): it still tells policy when it
 the idle watchdog still spares it while a call waits on a tool or a human. A turn whose
 worker died with it ends ``failed`` by the harness actor (``harness_restarted``); one that
 hears nothing at all is ended ``failed`` by the watchdog. Never two terminal edges for one
-turn: edges are published only for the turn id that is active.
+turn: edges are published only for the turn id that is active, and a turn's ``running``, its
+terminal event and its edge are saved before they are sent (the record's outbox), so the
+next incarnation sends what a crash may have cut off again, with the same ``seq``.
+
+Exactly-once turns: each message's idempotency key (the server's ``persisted_item_id``, else
+the request id the broker redelivers it with) is kept with the session, so a message taken
+before is answered as it was and never run again; a turn whose start a crash may have cut
+off (its messages still in the record) is started again, and the harness actor ignores a
+start it has seen.
 """
 
 from __future__ import annotations
@@ -95,6 +104,14 @@ class DispatchActor(SessionRoutes):
             if record.turn_id:
                 session.turn = Turn.resume(record)  # its terminal still comes
             self.sessions[record.id] = session
+            if record.outbox:  # saved, and maybe never sent: again, with their own seqs
+                self.fanout.republish(record, record.outbox)
+            if record.turn_id and record.starting is not None:
+                # Its start may never have reached the harness actor.
+                self.in_order(record.id, functools.partial(self._restart, session))
+            elif record.turn_id is None and record.buffer:
+                # Its turn ended before the buffered messages' turn began.
+                self.in_order(record.id, functools.partial(self._continue, session))
             if record.note_pending:  # the previous incarnation died before posting it
                 self.nursery.start_soon(self._post_note, session, record.note_pending)
         if self.sessions:

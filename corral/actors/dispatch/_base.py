@@ -4,6 +4,7 @@
 its own, each adding one job to the one below it::
 
     DispatchBase   (_base)    the sessions, the store, the fan-out; saving, the peers
+    TurnSetup      (_start)   a turn's spec, history and worker message
     TurnFlow       (_turns)   the life of a turn
     ToolCalls      (_calls)   tool calls through policy and back
     SessionRoutes  (_http)    the session routes
@@ -15,6 +16,7 @@ A part calls only what is below it in the chain, so each reads (and type-checks)
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -22,16 +24,19 @@ import msgspec
 import trio
 
 from ...bus import Request
-from ...harnesses.protocol import HARNESS_ACTOR, InputAccepted
+from ...harnesses.protocol import HARNESS_ACTOR, InputAccepted, Output
 from ...server_client import pick_server
 from .._actor import Actor, ActorContext
 from ..policy.messages import PolicyEvaluate, ToolCall, TurnEnded
 from ._fanout import Fanout
 from ._options import DispatchOptions
-from ._session import Session, SessionRecord
+from ._session import PendingEvent, Session, SessionRecord
 from ._store import EPOCH_SHIFT, SessionStore
 
 log = logging.getLogger("corral.actors.dispatch")
+
+#: The exit code of a crash the ``crash_at`` option asked for (as ``kill -9`` leaves it).
+CRASH_EXIT = 137
 
 
 class DispatchBase(Actor):
@@ -62,7 +67,9 @@ class DispatchBase(Actor):
             "watchdog": 0,
             "reclaimed": 0,
             "revived": 0,
+            "duplicates": 0,
         }
+        self.fanout.on_delivered = self._delivered
 
     async def _session(self, session_id: str, runner_id: str | None) -> Session:
         """The session of this id: held, read back from the store, or new."""
@@ -102,6 +109,7 @@ class DispatchBase(Actor):
             and session.used < unused_since
             and not session.record.buffer
             and session.record.note_pending is None
+            and not session.record.outbox
             and not self.has_queued(session.id)
             and session.id not in self._draining
             and (session.history is None or self._server(session) is not None)
@@ -128,6 +136,66 @@ class DispatchBase(Actor):
         seq = session.record.seq
         await self.store.append(session.record)
         session.saved_seq = seq
+
+    def _publish_saved(
+        self,
+        session: Session,
+        event: dict[str, Any] | Output,
+        *,
+        run_id: str | None = None,
+        terminal: bool = False,
+        upstream: bool = True,
+    ) -> None:
+        """Publish an event that is saved before it is sent: called while the session is
+        held (``fanout.held``) and before the save that ends the hold. It stays in the
+        record's outbox until every receiver has it (:meth:`_delivered`), and an incarnation
+        that finds it there sends it again with its own ``seq``."""
+        record = session.record
+        # In the outbox before it is published: with no receiver at all it is delivered at once.
+        record.outbox.append(
+            PendingEvent(
+                seq=record.seq + 1,
+                event=msgspec.to_builtins(event),
+                run_id=run_id or record.turn_id,
+                terminal=terminal,
+                upstream=upstream,
+            )
+        )
+        self.fanout.publish(
+            record, event, run_id=run_id, terminal=terminal, upstream=upstream, track=True
+        )
+
+    def _delivered(self, session_id: str, seq: int) -> None:
+        """Every receiver has the saved event ``seq``: it leaves the outbox. The record is
+        saved again (in the background) once a turn's end has left it; until then a crash
+        sends it again, which the gateway drops by its ``seq``."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        record = session.record
+        left = [p for p in record.outbox if p.seq != seq]
+        if len(left) == len(record.outbox):
+            return
+        record.outbox = left
+        if not left and session.turn is None:
+            self._crash_point("edge_delivered")
+            assert self.nursery is not None
+            self.nursery.start_soon(self._save, session)
+
+    def _crash_point(self, step: str) -> None:
+        """The fault hook of crash tests: with the option ``crash_at = step``, dispatch exits
+        at once here (no cleanup, as ``kill -9`` would stop it), once per data directory (a
+        marker file keeps the restarted incarnation from dying at the same point)."""
+        if step != self.options.crash_at:
+            return
+        marker = self.ctx.data_dir / f"crashed-at-{step}"
+        if marker.exists():
+            return
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.fsync(fd)
+        os.close(fd)
+        log.warning("crash_at %s: exiting now", step)
+        os._exit(CRASH_EXIT)
 
     async def _elicitation_closed(self, session: Session, elicitation_id: str) -> None:
         if elicitation_id in session.record.elicitations:

@@ -17,6 +17,12 @@ One event goes three ways:
 * **A ``?stream=true`` caller**: SSE :class:`~corral.routes.HttpChunk` frames through the
   outbox, closed by an empty ``end`` chunk when the turn ends.
 
+Saved before sent: while a session is held (:meth:`Fanout.held`, around the save that starts
+or ends a turn) its events wait, in order, so its ``running``, terminal event and edge leave
+only once the record holding them is on disk; a tracked event is reported to
+``on_delivered`` once every receiver has it, and :meth:`Fanout.republish` sends what a
+previous incarnation saved again, with its own ``seq`` (the gateway drops a seq it has seen).
+
 :meth:`Fanout.publish` only queues: a handler awaiting a peer's acceptance would stall while
 the peer is not reading (a flood past its inbox and overflow), and the handler is what
 drains it. The two loops (:meth:`Fanout.run_events`, :meth:`Fanout.run_journal`) send.
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -36,7 +44,7 @@ from ...harnesses.protocol import Output
 from ...routes import HttpChunk, sse_frame
 from ..gateway.messages import SessionEvent, SessionEvents
 from ..journal import JournalAppend, JournalEvent
-from ._session import SessionRecord
+from ._session import PendingEvent, SessionRecord
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -49,6 +57,21 @@ _EVENT_BATCH_BYTES = 1024 * 1024
 _JOURNAL_WINDOW_S = 0.02
 
 
+@dataclass(slots=True, kw_only=True)
+class _Queued:
+    """A numbered event on its way to the queues (waiting while its session is held)."""
+
+    session_id: str
+    seq: int
+    event: dict[str, Any] | Output
+    runner_id: str | None
+    run: str | None
+    terminal: bool = False
+    origin_at: float = 0.0
+    upstream: bool = True
+    track: bool = False
+
+
 class Fanout:
     """The publishing side of dispatch: queues per subscriber and per journal run."""
 
@@ -58,11 +81,19 @@ class Fanout:
         self.subscribers = subscribers
         self.journal = journal
         self._journal: dict[tuple[str, str], list[JournalEvent]] = {}
-        #: Runs' last appends, oldest first, for the journal loop to send durably.
-        self._journal_final: list[JournalAppend] = []
+        #: Runs' last appends, oldest first, for the journal loop to send durably, each with
+        #: the (session, seq) of its last event.
+        self._journal_final: list[tuple[JournalAppend, tuple[str, int]]] = []
         self._events: dict[str, list[SessionEvent]] = {}
         self._events_ready = trio.Event()
         self._journal_ready = trio.Event()
+        #: Holds per session (:meth:`held`), and the events published while held.
+        self._holds: dict[str, int] = {}
+        self._waiting: dict[str, list[_Queued]] = {}
+        #: Tracked events: how many receivers do not have each yet.
+        self._receivers: dict[tuple[str, int], int] = {}
+        #: Told ``(session_id, seq)`` of a tracked event once every receiver has it.
+        self.on_delivered: Callable[[str, int], None] | None = None
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run the outbox and both sending loops in ``nursery``."""
@@ -79,38 +110,115 @@ class Fanout:
         terminal: bool = False,
         origin_at: float = 0.0,
         upstream: bool = True,
-    ) -> None:
+        track: bool = False,
+    ) -> int:
         """Number ``event`` in the session's stream and queue it for the subscribers (unless
         not ``upstream``) and the journal run ``run_id`` (the active turn's by default);
-        ``terminal`` marks the run's last event."""
-        # Output events encode to exactly their protocol JSON; no dict in between.
-        kind = str(event["type"]) if isinstance(event, dict) else tag_of(type(event))
+        ``terminal`` marks the run's last event; with ``track``, ``on_delivered`` hears when
+        every receiver has it. Its ``seq``.
+
+        While the session is held (:meth:`held`) the event waits, in order, until the hold
+        ends: what is saved before it is sent is never sent before it is saved."""
         record.seq += 1
+        self._queue(
+            _Queued(
+                session_id=record.id,
+                seq=record.seq,
+                event=event,
+                runner_id=record.runner_id,
+                run=run_id or record.turn_id,
+                terminal=terminal,
+                origin_at=origin_at,
+                upstream=upstream,
+                track=track,
+            )
+        )
+        return record.seq
+
+    def republish(self, record: SessionRecord, pending: list[PendingEvent]) -> None:
+        """Queue events a previous incarnation saved and may not have sent, with their own
+        ``seq`` (the gateway drops one it has seen), tracked like any."""
+        for p in pending:
+            self._queue(
+                _Queued(
+                    session_id=record.id,
+                    seq=p.seq,
+                    event=p.event,
+                    runner_id=record.runner_id,
+                    run=p.run_id,
+                    terminal=p.terminal,
+                    upstream=p.upstream,
+                    track=True,
+                )
+            )
+
+    @contextlib.contextmanager
+    def held(self, session_id: str) -> Iterator[None]:
+        """Hold the session's events (those published meanwhile wait, in order) until the
+        block ends; holds nest."""
+        self._holds[session_id] = self._holds.get(session_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._holds[session_id] -= 1
+            if not self._holds[session_id]:
+                del self._holds[session_id]
+                for queued in self._waiting.pop(session_id, []):
+                    self._queue(queued)
+
+    def _queue(self, q: _Queued) -> None:
+        if q.session_id in self._holds:
+            self._waiting.setdefault(q.session_id, []).append(q)
+            return
+        # Output events encode to exactly their protocol JSON; no dict in between.
+        event = q.event
+        kind = str(event["type"]) if isinstance(event, dict) else tag_of(type(event))
         data = msgspec.json.encode(event)
-        for name in self.subscribers if upstream else ():
+        receivers = 0
+        for name in self.subscribers if q.upstream else ():
+            receivers += 1
             self._events.setdefault(name, []).append(
                 SessionEvent(
-                    session_id=record.id,
-                    seq=record.seq,
+                    session_id=q.session_id,
+                    seq=q.seq,
                     event=data,
-                    runner_id=record.runner_id,
-                    origin_at=origin_at,
+                    runner_id=q.runner_id,
+                    origin_at=q.origin_at,
                 )
             )
         self._events_ready.set()
-        run = run_id or record.turn_id
-        if not (self.journal and run):
+        key = (q.session_id, q.seq)
+        final = bool(self.journal and q.run and q.terminal)
+        if q.track:
+            self._receivers[key] = receivers + final
+            if not self._receivers[key]:
+                self._received(key)
+        if not (self.journal and q.run):
             return
-        pending = self._journal.setdefault((record.id, run), [])
+        pending = self._journal.setdefault((q.session_id, q.run), [])
         pending.append(JournalEvent(event=kind, payload=event))
-        if not terminal:
+        if not q.terminal:
             self._journal_ready.set()
             return
         # The run's last append carries what is still pending, durably; the journal loop
         # sends it.
-        del self._journal[(record.id, run)]
-        self._journal_final.append(JournalAppend(session_id=record.id, run_id=run, events=pending))
+        del self._journal[(q.session_id, q.run)]
+        append = JournalAppend(session_id=q.session_id, run_id=q.run, events=pending)
+        self._journal_final.append((append, key))
         self._journal_ready.set()
+
+    def _received(self, key: tuple[str, int]) -> None:
+        """One more receiver has the tracked event ``key``: the last one tells
+        ``on_delivered``."""
+        left = self._receivers.get(key)
+        if left is None:
+            return
+        if left > 1:
+            self._receivers[key] = left - 1
+            return
+        del self._receivers[key]
+        if self.on_delivered is not None:
+            self.on_delivered(*key)
 
     def to_stream(self, stream_to: tuple[str, str] | None, msg: Output) -> None:
         """Queue ``msg`` as an SSE frame for the ``?stream=true`` caller, if there is one."""
@@ -134,12 +242,18 @@ class Fanout:
                 try:
                     await self.peer.cast_many(name, event_batches(events), durable=True, timeout=60)
                 except Exception as exc:
+                    # A tracked event stays undelivered: its record keeps it, and the next
+                    # incarnation sends it again.
                     log.warning(
                         "%d session events for %s may not have been delivered: %s",
                         len(events),
                         name,
                         exc,
                     )
+                    continue
+                if self._receivers:
+                    for event in events:
+                        self._received((event.session_id, event.seq))
 
     async def run_journal(self) -> None:
         """Flush journal events after a short window, so that an append carries many; send
@@ -163,7 +277,9 @@ class Fanout:
                 # Shielded, and taken off the list only once answered: a stop in the middle
                 # neither loses the append nor leaves aclose() to send it twice.
                 with trio.CancelScope(shield=True):
-                    await self._append_final(self._journal_final[0])
+                    append, key = self._journal_final[0]
+                    if await self._append_final(append):
+                        self._received(key)
                 self._journal_final.pop(0)
 
     async def aclose(self) -> None:
@@ -171,7 +287,7 @@ class Fanout:
         self._flush_journal()
         await self.outbox.flush()
         while self._journal_final:
-            await self._append_final(self._journal_final.pop(0), timeout=2)
+            await self._append_final(self._journal_final.pop(0)[0], timeout=2)
         for name, events in self._events.items():
             with contextlib.suppress(Exception):
                 await self.peer.cast_many(name, event_batches(events), durable=True, timeout=2)
@@ -186,8 +302,9 @@ class Fanout:
                 session_id=session_id,
             )
 
-    async def _append_final(self, append: JournalAppend, timeout: float | None = None) -> None:
-        """Send a run's last append durably (a failure is logged: the stream goes on)."""
+    async def _append_final(self, append: JournalAppend, timeout: float | None = None) -> bool:
+        """Send a run's last append durably; whether the journal has it (a failure is
+        logged: the stream goes on)."""
         journal = self.journal or "journal"
         try:
             await self.peer.cast(
@@ -195,6 +312,8 @@ class Fanout:
             )
         except Exception as exc:
             log.warning("journal append failed: %s", exc)
+            return False
+        return True
 
 
 def event_batches(events: list[SessionEvent]) -> list[SessionEvents]:

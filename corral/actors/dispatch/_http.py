@@ -153,7 +153,11 @@ class SessionRoutes(ToolCalls):
         session = await self._session(session_id, msg.runner_id)
         stream = parse_qs(msg.query).get("stream", [""])[0].lower() == "true"
         if isinstance(event, MessageEvent):
-            return await self._message(session, event, msg if stream else None)
+            # Its idempotency key: the server's id of the saved user item (the real server and
+            # the control plane send it again with a re-POST or a retry), else the request's
+            # own id (the broker redelivers a request with it).
+            key = event.persisted_item_id or f"request:{msg.request_id}"
+            return await self._message(session, event, msg if stream else None, key)
         if isinstance(event, ApprovalEvent):
             # A control event: it goes to whoever parked the elicitation — the policy actor
             # (a tool call it asked about) or a worker — and never starts, buffers or ends a

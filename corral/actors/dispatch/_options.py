@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -39,3 +39,8 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     #: spec and history are fetched again, as after a restart, D-23). 0: never.
     session_idle_s: float = 1800.0
     turn_idle_timeout_s: float = 900.0
+    #: Crash tests only: exit at once at this point of a turn, once per data directory —
+    #: after a turn's record is saved (``turn_saved``), after its start is with the broker
+    #: (``turn_sent``), after its end is saved (``end_saved``), after every receiver has its
+    #: end (``edge_delivered``). Empty: never.
+    crash_at: Literal["", "turn_saved", "turn_sent", "end_saved", "edge_delivered"] = ""

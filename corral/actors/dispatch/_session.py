@@ -13,6 +13,33 @@ from ._turn import Phase
 if TYPE_CHECKING:
     from ._turn import Turn
 
+#: Message keys a session remembers (its newest): a server re-POST or a redelivery comes
+#: within minutes of the first, dozens of messages later at most.
+ACCEPTED_KEPT = 64
+
+
+class Accepted(msgspec.Struct, array_like=True):
+    """A message the session took: its idempotency key, the answer it got (``accepted``: it
+    started a turn; ``buffered``: it runs as the next one) and the turn it is (once known)."""
+
+    key: str
+    status: str
+    turn_id: str | None = None
+
+
+class PendingEvent(msgspec.Struct, kw_only=True):
+    """An event numbered and saved before it is sent (a turn's ``running``, its terminal
+    ``response.*`` and its terminal edge): published again, with its own ``seq``, by an
+    incarnation that finds it in the record — the gateway drops a ``seq`` it has seen."""
+
+    seq: int
+    event: dict[str, Any]
+    run_id: str | None = None
+    #: The run's last journal event (its durable append).
+    terminal: bool = False
+    #: It goes to the subscribers (an interrupted turn's cancelled does not, §E.4).
+    upstream: bool = True
+
 
 class SessionRecord(msgspec.Struct, kw_only=True):
     """What survives a dispatch restart (one line of ``sessions.log``)."""
@@ -43,6 +70,14 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     #: again after a restart, and added to a history rehydrated before it was posted.
     note_pending: str | None = None
     buffer: list[dict[str, Any]] = []
+    #: The idempotency keys of the messages it took, newest last (at most ``ACCEPTED_KEPT``):
+    #: a message whose key is here is the turn it already is, never run again.
+    accepted: list[Accepted] = []
+    #: The messages of the active turn until its ``TurnStart`` is with the broker: a crash in
+    #: between leaves them here, and the next incarnation sends the start again.
+    starting: list[dict[str, Any]] | None = None
+    #: Events saved and not yet known to be with every receiver (:class:`PendingEvent`).
+    outbox: list[PendingEvent] = []
     seq: int = 0
     status: str = "idle"
     #: From the session-init v2 envelope (PROTOCOL_0_19.md §B.1), kept as the server sent
@@ -55,13 +90,30 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     #: when the log is read, so a restart cannot bring it back.
     deleted: bool = False
 
-    def begin_turn(self, turn_id: str, stream_to: list[str] | None) -> None:
-        """Record a turn that starts now (``stream_to``: its ``?stream=true`` caller)."""
+    def begin_turn(
+        self, turn_id: str, stream_to: list[str] | None, messages: list[dict[str, Any]]
+    ) -> None:
+        """Record a turn of ``messages`` that starts now (``stream_to``: its ``?stream=true``
+        caller); the buffered messages it takes are its turn now."""
         self.turn_id, self.turn_started_at, self.stream_to = turn_id, time.time(), stream_to
+        self.starting = messages
+        for entry in self.accepted:
+            if entry.turn_id is None:
+                entry.turn_id = turn_id
+
+    def accepted_as(self, key: str) -> Accepted | None:
+        """How the message of idempotency key ``key`` was taken, if it was."""
+        return next((a for a in reversed(self.accepted) if a.key == key), None)
+
+    def accept(self, key: str, status: str) -> None:
+        """Remember that the message of ``key`` was taken (``accepted`` or ``buffered``)."""
+        self.accepted.append(Accepted(key=key, status=status))
+        del self.accepted[:-ACCEPTED_KEPT]
 
     def end_turn(self) -> None:
         """Forget everything of the active turn."""
         self.turn_id, self.turn_started_at, self.stream_to = None, 0.0, None
+        self.starting = None
         self.tool_calls, self.answered, self.elicitations = [], [], []
         self.interrupted = False
 

@@ -13,13 +13,11 @@ one turn. What an end publishes and what follows it are decided by the pure func
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from typing import Any
 
 import msgspec
-import trio
 
 from ..._exceptions import MessageTooLarge
 from ...harnesses.protocol import (
@@ -32,52 +30,74 @@ from ...harnesses.protocol import (
     TurnStart,
 )
 from ...routes import HttpRequest, HttpResponse, json_response
-from ...tools.registry import tool_schemas
 from ..policy.messages import TurnEnded
 from . import _history as history
-from ._base import DispatchBase
 from ._events import MessageEvent
 from ._routes import GENERIC_DETAIL, accepted, error
-from ._session import Session
+from ._session import Accepted, Session
+from ._start import TurnSetup, spec_harness, turn_message
 from ._turn import Next, Terminal, Turn, after_end, on_message, on_terminal
 
 log = logging.getLogger("corral.actors.dispatch")
 
-#: How long a turn of a new session waits for the turn of a deleted one of the same id to
-#: end on its worker.
-_DRAIN_TIMEOUT_S = 15.0
 _STREAM_HEADERS = [
     ("content-type", "text/event-stream; charset=utf-8"),
     ("cache-control", "no-cache"),
 ]
 
 
-class TurnFlow(DispatchBase):
+class TurnFlow(TurnSetup):
     """The life of a turn: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
 
     async def _message(
-        self, session: Session, event: MessageEvent, stream: HttpRequest | None
+        self, session: Session, event: MessageEvent, stream: HttpRequest | None, key: str
     ) -> HttpResponse | None:
+        """A ``message`` event of idempotency key ``key``: a turn, buffered, or — when the
+        key was taken before (a server re-POST, a retry, a redelivery) — the turn it is."""
         record = session.record
+        seen = record.accepted_as(key)
+        if seen is not None:
+            return await self._again(session, seen, stream)
         record.harness_override = event.harness_override or record.harness_override
         record.model_override = event.model_override or record.model_override
         if event.agent_id and event.agent_id != record.agent_id:
             record.agent_id = event.agent_id
             session.spec = None
         body = msgspec.to_builtins(event)
-        if on_message(session.phase) == "buffer":
+        # An idle session with messages buffered has their turn queued: this one joins them.
+        if on_message(session.phase) == "buffer" or record.buffer:
             # Its own turn, after this one (PROTOCOL_0_19.md §E.3): the server saves each
             # turn's answer as its own item. BEHAVIOURS.md D-30 offered it to the running turn
             # as an injection; the real server decides, and with that the first turn's answer
             # would hold both replies. The harness is not told: the 202 waits on nothing.
             record.buffer.append(body)
+            record.accept(key, "buffered")
             await self._save(session)
             self.stats["buffered"] += 1
-            return json_response(
-                202,
-                {"status": "buffered", "detail": "Message buffered; active turn will process it."},
-            )
+            return _answer("buffered")
+        record.accept(key, "accepted")
         return await self._start_turn(session, [body], stream)
+
+    async def _again(
+        self, session: Session, seen: Accepted, stream: HttpRequest | None
+    ) -> HttpResponse:
+        """Answer a message taken before as it was answered, and run nothing: it is the turn
+        it already is (running, buffered or over). A ``?stream=true`` POST of the running
+        turn gets the rest of its stream (the caller of the first one is gone)."""
+        turn = session.turn
+        log.info(
+            "session %s: message already taken (%s, turn %s); not run again",
+            session.id,
+            seen.status,
+            seen.turn_id,
+        )
+        self.stats["duplicates"] += 1
+        if stream is not None and turn is not None and seen.turn_id == turn.turn_id:
+            turn.stream_to = (stream.reply_to, stream.request_id)
+            session.record.stream_to = list(turn.stream_to)
+            await self._save(session)
+            return HttpResponse(status=200, headers=list(_STREAM_HEADERS), streaming=True)
+        return _answer(seen.status)
 
     async def _start_turn(
         self,
@@ -88,19 +108,65 @@ class TurnFlow(DispatchBase):
         continuation: bool = False,
     ) -> HttpResponse | None:
         """Start a turn of ``messages``; its answer (None for a continuation, whose messages
-        were answered ``buffered``)."""
+        were answered ``buffered``).
+
+        The turn's record (its id and messages) is saved before its ``running`` edge leaves
+        and before its start goes to the harness actor; until that start is with the broker
+        the record keeps the messages, so a crash anywhere in between leaves a turn that the
+        next incarnation starts again (:meth:`_restart`), never one with no worker.
+        """
         await self._drained(session.id)
         turn = Turn(turn_id=f"turn_{uuid.uuid4().hex}")
         session.turn = turn
-        session.record.begin_turn(
-            turn.turn_id, [stream.reply_to, stream.request_id] if stream else None
-        )
-        session.record.status = "running"
-        await self._save(session)
+        with self.fanout.held(session.id):
+            session.record.begin_turn(
+                turn.turn_id, [stream.reply_to, stream.request_id] if stream else None, messages
+            )
+            session.record.status = "running"
+            # A continuation is a turn of its own: ``running`` again, with no ``idle`` before
+            # it (§E.3; the server clears its text accumulator at each ``running``).
+            self._publish_saved(session, {"type": "session.status", "status": "running"})
+            await self._save(session)
+            self._crash_point("turn_saved")
         self.stats["turns"] += 1
-        # A continuation is a turn of its own: ``running`` again, with no ``idle`` before it
-        # (§E.3; the server clears its text accumulator at each ``running``).
-        self.fanout.publish(session.record, {"type": "session.status", "status": "running"})
+        response = await self._launch(session, turn, messages, stream, continuation=continuation)
+        self._crash_point("turn_sent")
+        return response
+
+    async def _restart(self, session: Session) -> None:
+        """Start again the recovered turn whose start a crash may have cut off (its record
+        still has its messages): the harness actor ignores a start it has already seen."""
+        turn, messages = session.turn, session.record.starting
+        if turn is None or messages is None:
+            return
+        log.warning("session %s: starting turn %s again after a restart", session.id, turn.turn_id)
+        await self._launch(session, turn, messages, None, continuation=True, again=True)
+
+    async def _continue(self, session: Session) -> None:
+        """Run the buffered messages as the next turn (queued when a turn ends with messages
+        buffered, and at start for a session whose turn ended before they began)."""
+        await self._drained(session.id)
+        if session.turn is not None or not session.record.buffer:
+            return
+        if self.sessions.get(session.id) is not session:
+            return
+        # Out of the buffer and into the turn's record in one save (``_start_turn`` reaches
+        # it with no checkpoint before).
+        buffered, session.record.buffer = session.record.buffer, []
+        await self._start_turn(session, buffered, None, continuation=True)
+
+    async def _launch(
+        self,
+        session: Session,
+        turn: Turn,
+        messages: list[dict[str, Any]],
+        stream: HttpRequest | None,
+        *,
+        continuation: bool,
+        again: bool = False,
+    ) -> HttpResponse | None:
+        """Resolve the spec, the harness and the history of ``turn`` and send its start to
+        the harness actor (``again``: maybe for the second time); the turn's answer."""
         last = messages[-1]
         explicit_harness = last.get("harness")
         try:
@@ -119,7 +185,7 @@ class TurnFlow(DispatchBase):
         harness = (
             explicit_harness
             or session.record.harness_override
-            or _spec_harness(spec)
+            or spec_harness(spec)
             or self.options.default_harness
         )
         try:
@@ -137,15 +203,18 @@ class TurnFlow(DispatchBase):
             turn.stream_to = (stream.reply_to, stream.request_id)
             response = HttpResponse(status=200, headers=list(_STREAM_HEADERS), streaming=True)
         while True:
+            if session.turn is not turn:
+                return response  # it ended meanwhile (its terminal came first)
             start = TurnStart(
                 session_id=session.id,
                 turn_id=turn.turn_id,
                 spec=spec,
-                message=_turn_message(session.id, last, spec, content),
+                message=turn_message(session.id, last, spec, content),
                 harness=harness,
                 model_override=session.record.model_override,
                 harness_override=session.record.harness_override,
                 reply_to=self.peer.name,
+                again=again,
             )
             try:
                 await self.peer.cast(HARNESS_ACTOR, start, durable=True, session_id=session.id)
@@ -157,89 +226,37 @@ class TurnFlow(DispatchBase):
             except Exception as exc:
                 log.warning("could not start turn %s: %s", turn.turn_id, exc)
                 await self._setup_failed(session, turn, exc)
+            else:
+                if session.turn is turn:
+                    # With the broker: the harness actor has it now, whatever happens here.
+                    # The next save forgets the messages; a crash before it sends the start
+                    # again, which the harness actor ignores.
+                    session.record.starting = None
             return response
-
-    def _leave_out_largest(self, session: Session, content: list[dict[str, Any]]) -> bool:
-        """Replace the largest earlier item of a history too large to send by a note (in the
-        session's history too, so later turns do not try again); False if none is left."""
-        found = history.largest(content)
-        if found is None:
-            return False
-        index, size = found
-        note = history.left_out_note(size)
-        log.warning(
-            "session %s: a history item of %d bytes is left out of the turn: over the bus limit",
-            session.id,
-            size,
-        )
-        if session.history is not None and len(session.history) == len(content):
-            session.history[index] = note
-        content[index] = note
-        return True
-
-    async def _drained(self, session_id: str) -> None:
-        """Wait until the worker has wound down the turn of a deleted session of this id:
-        the harness actor refuses a turn while it holds another (``turn_in_flight``)."""
-        draining = self._draining.get(session_id)
-        if draining is not None:
-            with trio.move_on_after(_DRAIN_TIMEOUT_S):
-                await draining[1].wait()
-            self._draining.pop(session_id, None)
 
     async def _setup_failed(self, session: Session, turn: Turn, exc: Exception) -> None:
         failure = {"code": "runner_error", "message": f"turn setup failed: {exc}"}
         await self._finish(session, turn, "failed", failure)
 
-    async def _resolve_spec(self, session: Session, agent_id: str | None) -> dict[str, Any]:
-        if session.spec is not None:
-            return session.spec
-        server = self._server(session)
-        if server is None:
-            return dict(self.options.default_spec)
-        from ...spec import spec_to_dict
-
-        if not (agent_id or session.record.agent_id):
-            # The first-message race (D-09): the server's snapshot knows the agent.
-            snapshot = await server.session_snapshot(session.id)
-            session.record.agent_id = snapshot.get("agent_id")
-        spec = spec_to_dict(await server.agent_bundle(session.id))
-        session.spec = spec
-        return spec
-
-    async def _history(
-        self, session: Session, messages: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        server = self._server(session)
-        if session.history is None:
-            stored: list[dict[str, Any]] = []
-            if server is not None:
-                stored = await server.items(session.id)
-            persisted = {m.get("persisted_item_id") for m in messages} - {None}
-            items = stored
-            for pid in persisted:
-                items = [i for i in items if i.get("id") != pid]
-            session.history = history.rehydrate(items, None)
-            pending = session.record.note_pending
-            if pending and not any(i.get("response_id") == pending for i in stored):
-                # The last turn was interrupted and its note is not on the server yet.
-                session.history.append(history.interrupt_note())
-        for m in messages:
-            session.history.append(history.user_item(m.get("content")))
-        if server is not None:
-            # The 0.19 server serves an upload only under its session (ServerClient.file_content).
-            fetch = functools.partial(server.file_content, session_id=session.id)
-            session.history = await history.resolve_media(session.history, fetch)
-        return list(session.history)
-
     async def _terminal(self, session: Session, msg: Output) -> None:
         """End the active turn on its terminal event ``msg`` (from its worker, or the
-        runner's own ``failed``)."""
+        runner's own ``failed``).
+
+        The terminal event and the edge are saved before they leave (held until the end's
+        save): an incarnation that finds them in the record sends them again with their own
+        ``seq`` (the gateway drops a ``seq`` it has seen), and one that does not finds the
+        turn still active, so the redelivered terminal ends it — one edge either way.
+        """
         turn = session.turn
         if turn is None or turn.turn_id != msg.turn_id:
             return
+        with self.fanout.held(session.id):
+            await self._end(session, turn, msg)
+
+    async def _end(self, session: Session, turn: Turn, msg: Output) -> None:
         end = on_terminal(turn.phase, _terminal_kind(msg))
         self.fanout.to_stream(turn.stream_to, msg)
-        self.fanout.publish(session.record, msg, run_id=turn.turn_id, upstream=end.upstream)
+        self._publish_saved(session, msg, run_id=turn.turn_id, upstream=end.upstream)
         if isinstance(msg, ResponseFailed):
             if session.history is not None:
                 # The server saves the streamed text at the response's terminal event, a
@@ -319,7 +336,12 @@ class TurnFlow(DispatchBase):
         status: str,
         failure: dict[str, Any] | None,
     ) -> None:
-        """End a turn: one terminal edge, or straight into the continuation turn (D-31)."""
+        """End a turn: one terminal edge, or straight into the continuation turn (D-31).
+
+        The end is saved before its edge leaves (see :meth:`_terminal`); buffered messages
+        stay in the record until the next turn's start takes them, so a crash between the
+        two runs them at the next start.
+        """
         if session.turn is not turn:
             return
         session.turn = None
@@ -328,24 +350,33 @@ class TurnFlow(DispatchBase):
             self.in_order(session.id, lambda: self._to_policy(ended))
         if turn.stream_to is not None:
             await self.fanout.end_stream(turn.stream_to)
-        buffered, session.record.buffer = session.record.buffer, []
+        buffered = bool(session.record.buffer)
         session.record.end_turn()
         if status == "failed":
             self.stats["failed"] += 1
-        after = after_end("failed" if status == "failed" else "idle", buffered=bool(buffered))
-        if after is Next.CONTINUATION:
-            self.in_order(
-                session.id, lambda: self._start_turn(session, buffered, None, continuation=True)
-            )
-            return
-        session.record.status = status
-        edge: dict[str, Any] = {"type": "session.status", "status": status}
-        if failure is not None:
-            edge["error"] = failure
-        self.fanout.publish(session.record, edge, run_id=turn.turn_id, terminal=True)
-        await self._save(session)
-        if after is Next.EDGE_THEN_TURN:
-            self.in_order(session.id, lambda: self._start_turn(session, buffered, None))
+        after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
+        with self.fanout.held(session.id):
+            if after is Next.CONTINUATION:
+                session.record.status = "running"
+            else:
+                session.record.status = status
+                edge: dict[str, Any] = {"type": "session.status", "status": status}
+                if failure is not None:
+                    edge["error"] = failure
+                self._publish_saved(session, edge, run_id=turn.turn_id, terminal=True)
+            await self._save(session)
+            self._crash_point("end_saved")
+        if after is not Next.EDGE:
+            self.in_order(session.id, lambda: self._continue(session))
+
+
+def _answer(status: str) -> HttpResponse:
+    """The 202 of a message that started a turn (``accepted``) or waits (``buffered``)."""
+    if status == "buffered":
+        return json_response(
+            202, {"status": "buffered", "detail": "Message buffered; active turn will process it."}
+        )
+    return accepted()
 
 
 def _terminal_kind(msg: Output) -> Terminal:
@@ -354,34 +385,3 @@ def _terminal_kind(msg: Output) -> Terminal:
     if isinstance(msg, ResponseCancelled):
         return "cancelled"
     return "failed"
-
-
-def _turn_message(
-    session_id: str, last: dict[str, Any], spec: dict[str, Any], content: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """The message a worker's turn starts from: the last message's own settings, else the
-    agent spec's."""
-    return {
-        "type": "message",
-        "role": "user",
-        "model": last.get("model") or spec.get("name") or "agent",
-        "content": content,
-        "instructions": last.get("instructions") or spec.get("prompt") or spec.get("instructions"),
-        "tools": last.get("tools") or runner_tools(spec),
-        "conversation_id": session_id,
-    }
-
-
-def _spec_harness(spec: dict[str, Any]) -> str | None:
-    executor = spec.get("executor") or {}
-    harness = executor.get("harness") or (executor.get("config") or {}).get("harness")
-    return str(harness) if harness else None
-
-
-def runner_tools(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tools this runner runs for the agent, as function-tool schemas for the worker
-    (PROTOCOL_FACTS.md §iv.1 ``tools``) when the server's message names none."""
-    return [
-        {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
-        for tool in tool_schemas(spec)
-    ]

@@ -216,6 +216,11 @@ class HarnessActor(Actor):
 
     @handles(TurnStart)
     async def turn_start(self, msg: TurnStart, incoming: Incoming) -> InputAccepted | None:
+        if msg.again and self._seen(msg):
+            # Dispatch crashed before it knew its first start was with the broker; the
+            # first one is here (running, or ended with its terminal on the way).
+            log.info("turn %s was started before; its second start is dropped", msg.turn_id)
+            return None
         deferred = self.defer(incoming)
         # In flight from this moment: the reaper must not take the worker (H-08).
         turn = self.turns.setdefault(msg.session_id, OwnedTurn(msg, deferred))
@@ -223,6 +228,15 @@ class HarnessActor(Actor):
             turn.deferred = deferred  # redelivered: its start failed, and was nacked
         self.in_order(msg.session_id, lambda: self._start_turn(msg, deferred), deferred)
         return None
+
+    def _seen(self, msg: TurnStart) -> bool:
+        """Whether the turn of ``msg`` reached this actor before (in any incarnation)."""
+        owned = self.turns.get(msg.session_id)
+        return (
+            (owned is not None and owned.start.turn_id == msg.turn_id)
+            or msg.turn_id in self.ended_turns
+            or self.started_turns.seen(msg.turn_id)
+        )
 
     async def _start_turn(self, msg: TurnStart, deferred: Deferred) -> None:
         turn = self.turns.get(msg.session_id)

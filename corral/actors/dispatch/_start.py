@@ -1,0 +1,131 @@
+"""Setting a turn up: its spec, its history, the message a worker starts from.
+
+:class:`TurnSetup` is the part of :class:`~._actor.DispatchActor` below the life of a turn
+(:mod:`._turns`): it resolves a session's agent spec (cached, else from the server, D-09),
+assembles the history a turn is given (:mod:`._history`: a cold cache filled from
+``/items``, the messages appended, media inlined), leaves out a history item too large for a
+turn's message, and waits for a deleted session's turn to wind down before a new one of the
+same id starts. The functions build the worker's message and choose its harness and tools.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import trio
+
+from ...tools.registry import tool_schemas
+from . import _history as history
+from ._base import DispatchBase
+from ._session import Session
+
+log = logging.getLogger("corral.actors.dispatch")
+
+#: How long a turn of a new session waits for the turn of a deleted one of the same id to
+#: end on its worker.
+_DRAIN_TIMEOUT_S = 15.0
+
+
+class TurnSetup(DispatchBase):
+    """Setting a turn up: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
+
+    def _leave_out_largest(self, session: Session, content: list[dict[str, Any]]) -> bool:
+        """Replace the largest earlier item of a history too large to send by a note (in the
+        session's history too, so later turns do not try again); False if none is left."""
+        found = history.largest(content)
+        if found is None:
+            return False
+        index, size = found
+        note = history.left_out_note(size)
+        log.warning(
+            "session %s: a history item of %d bytes is left out of the turn: over the bus limit",
+            session.id,
+            size,
+        )
+        if session.history is not None and len(session.history) == len(content):
+            session.history[index] = note
+        content[index] = note
+        return True
+
+    async def _drained(self, session_id: str) -> None:
+        """Wait until the worker has wound down the turn of a deleted session of this id:
+        the harness actor refuses a turn while it holds another (``turn_in_flight``)."""
+        draining = self._draining.get(session_id)
+        if draining is not None:
+            with trio.move_on_after(_DRAIN_TIMEOUT_S):
+                await draining[1].wait()
+            self._draining.pop(session_id, None)
+
+    async def _resolve_spec(self, session: Session, agent_id: str | None) -> dict[str, Any]:
+        if session.spec is not None:
+            return session.spec
+        server = self._server(session)
+        if server is None:
+            return dict(self.options.default_spec)
+        from ...spec import spec_to_dict
+
+        if not (agent_id or session.record.agent_id):
+            # The first-message race (D-09): the server's snapshot knows the agent.
+            snapshot = await server.session_snapshot(session.id)
+            session.record.agent_id = snapshot.get("agent_id")
+        spec = spec_to_dict(await server.agent_bundle(session.id))
+        session.spec = spec
+        return spec
+
+    async def _history(
+        self, session: Session, messages: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        server = self._server(session)
+        if session.history is None:
+            stored: list[dict[str, Any]] = []
+            if server is not None:
+                stored = await server.items(session.id)
+            persisted = {m.get("persisted_item_id") for m in messages} - {None}
+            items = stored
+            for pid in persisted:
+                items = [i for i in items if i.get("id") != pid]
+            session.history = history.rehydrate(items, None)
+            pending = session.record.note_pending
+            if pending and not any(i.get("response_id") == pending for i in stored):
+                # The last turn was interrupted and its note is not on the server yet.
+                session.history.append(history.interrupt_note())
+        for m in messages:
+            session.history.append(history.user_item(m.get("content")))
+        if server is not None:
+            # The 0.19 server serves an upload only under its session (ServerClient.file_content).
+            fetch = functools.partial(server.file_content, session_id=session.id)
+            session.history = await history.resolve_media(session.history, fetch)
+        return list(session.history)
+
+
+def turn_message(
+    session_id: str, last: dict[str, Any], spec: dict[str, Any], content: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The message a worker's turn starts from: the last message's own settings, else the
+    agent spec's."""
+    return {
+        "type": "message",
+        "role": "user",
+        "model": last.get("model") or spec.get("name") or "agent",
+        "content": content,
+        "instructions": last.get("instructions") or spec.get("prompt") or spec.get("instructions"),
+        "tools": last.get("tools") or runner_tools(spec),
+        "conversation_id": session_id,
+    }
+
+
+def spec_harness(spec: dict[str, Any]) -> str | None:
+    executor = spec.get("executor") or {}
+    harness = executor.get("harness") or (executor.get("config") or {}).get("harness")
+    return str(harness) if harness else None
+
+
+def runner_tools(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools this runner runs for the agent, as function-tool schemas for the worker
+    (PROTOCOL_FACTS.md §iv.1 ``tools``) when the server's message names none."""
+    return [
+        {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        for tool in tool_schemas(spec)
+    ]

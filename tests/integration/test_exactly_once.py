@@ -1,0 +1,171 @@
+"""A session event accepted once is a turn once, and a turn's end reaches the server once,
+whatever moment dispatch dies at (issue #15, items 1 and 2).
+
+A real host (gateway, dispatch, harness, policy, tools) behind the fake tunnel server, whose
+``events`` are what the server's relay received. Dispatch is stopped dead (``os._exit``, as
+``kill -9`` would) at a named point of a turn by its ``crash_at`` option, once; the
+supervisor restarts it. Then, for the whole system: the turn's tool ran once (the script's
+shell step appends a line to a file), the server saw exactly ``running`` and one terminal
+edge per message, and the next turn is given the history with the first turn in it once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
+from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
+from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
+from tests.integration.test_gateway import FAST_BACKOFF, bind, message, running
+
+RUNNER = "exactly-once"
+
+
+@pytest.fixture
+async def tunnels() -> AsyncIterator[FakeTunnelServer]:
+    fake = FakeTunnelServer()
+    async with trio.open_nursery() as nursery:
+        await fake.start(nursery)
+        yield fake
+        nursery.cancel_scope.cancel()
+
+
+def _config(tunnels: FakeTunnelServer, server: FakeOmnigentServer, crash_at: str) -> str:
+    url = json.dumps(server.base_url)
+    return (
+        FAST_LIVENESS
+        + f"[actors.dispatch.options]\nserver_url = {url}\ncrash_at = {json.dumps(crash_at)}\n"
+        + f"[actors.policy.options]\nserver_url = {url}\n"
+        + "[actors.gateway.options]\n"
+        + FAST_BACKOFF
+        + f"[[runners]]\nserver = {json.dumps(tunnels.url)}\nid = {json.dumps(RUNNER)}\n"
+    )
+
+
+def _agent(server: FakeOmnigentServer, cwd: Path) -> tuple[str, str]:
+    """Turn 1 runs a shell step that leaves a line in ``runs.txt`` (a run of the turn), then
+    answers; turn 2 says what history it was given."""
+    shell = {"tool": "sys_os_shell", "arguments": {"command": "echo ran >> runs.txt"}}
+    text = "\n".join(
+        [
+            "name: once",
+            "executor:",
+            "  harness: scripted",
+            "  model: scripted-model",
+            "  script:",
+            "    turns:",
+            f"      - - {json.dumps(shell)}",
+            '        - {text: "done."}',
+            "      - - {echo_history: true}",
+            f"os_env: {{type: caller_process, cwd: {json.dumps(str(cwd))}}}",
+        ]
+    )
+    agent_id = server.add_agent(text + "\n")
+    return agent_id, server.add_session(agent_id)["id"]
+
+
+def _runs(cwd: Path) -> int:
+    path = cwd / "runs.txt"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+async def _post(t: Tunnel, sid: str, body: dict[str, Any]) -> int | None:
+    answer = await t.request("POST", f"/v1/sessions/{sid}/events", body, timeout=60)
+    return answer.status
+
+
+async def _dispatch_restarts(host: HostProcess, count: int) -> None:
+    def restarted() -> bool:
+        row = host.actor("dispatch")
+        return row["restarts"] >= count and row["state"] == "running"
+
+    await trio.to_thread.run_sync(lambda: wait_until(restarted, 30, "dispatch restarted"))
+
+
+async def _second_turn(
+    server: FakeOmnigentServer, tunnels: FakeTunnelServer, t: Tunnel, sid: str, agent_id: str
+) -> list:
+    """Run the session's next turn (it echoes its history); the ``[role, text]`` pairs.
+
+    The fake server does not save what its relay streams; a dispatch with a cold cache reads
+    the history from it, so it is given turn 1's messages as the real server saves them."""
+    server.add_item(sid, user_message("first"))
+    server.add_item(sid, assistant_message("done."))
+    before = len(tunnels.deltas(sid))
+    assert await _post(t, sid, message("second", agent_id, "once")) == 202
+    await tunnels.until_status(sid, count=2, timeout=60)
+    return json.loads(tunnels.deltas(sid)[before:])
+
+
+def _check_once(tunnels: FakeTunnelServer, sid: str, cwd: Path, history: list) -> None:
+    """The whole system's invariant after two messages: one run of turn 1, one edge each,
+    and a history holding turn 1 once."""
+    assert _runs(cwd) == 1, "turn 1 ran once"
+    assert tunnels.statuses(sid) == ["running", "idle", "running", "idle"]
+    users = [text for role, text in history if role == "user"]
+    assert users == ["first", "second"], history
+    assert [text for role, text in history if role == "assistant"] == ["done."], history
+    edges = [e for e in tunnels.events[sid] if e.get("type") == "response.completed"]
+    assert len(edges) == 2, "one response.completed per turn"
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("crash_at", ["turn_saved", "turn_sent", "end_saved", "edge_delivered"])
+async def test_d08_kill9_of_dispatch_at_any_point_of_a_turn_runs_it_once_and_ends_it_once(
+    host_factory, tunnels, server, tmp_path: Path, crash_at: str
+) -> None:
+    """Dispatch dies once at ``crash_at``:
+
+    * ``turn_saved`` (the turn's record is saved; its start never reached the harness): the
+      new incarnation starts it (it used to have no worker, 900 s, and the message it got
+      again was buffered behind it and run later);
+    * ``turn_sent`` (the start is with the harness; the message not yet answered): the
+      broker's redelivery of the message is the turn it already is (it used to run again);
+    * ``end_saved`` (the end is saved, its edge not sent): the edge is sent from the record
+      (it used to be lost: the redelivered terminal found no active turn);
+    * ``edge_delivered`` (every receiver has the end, the record still lists it): sent again
+      with its seq, dropped by the gateway — one ``idle``, not two.
+
+    Afterwards the server re-POSTs the message (as after a tunnel reconnect): it is the turn
+    it already is, answered 202, run no more.
+    """
+    agent_id, sid = _agent(server, tmp_path)
+    host = host_factory(_config(tunnels, server, crash_at))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        first = message("first", agent_id, "once")
+        status = await _post(t, sid, first)
+        assert status in (202, None), f"answered {status}"  # None: the tunnel went meanwhile
+        await tunnels.until_status(sid, timeout=60)
+        await _dispatch_restarts(host, 1)
+        assert await _post(t, sid, first) == 202, "a re-POST is the turn it already is"
+        history = await _second_turn(server, tunnels, t, sid, agent_id)
+        _check_once(tunnels, sid, tmp_path, history)
+        assert host.log().count(f"crash_at {crash_at}: exiting now") == 1
+
+
+async def test_d08_a_message_posted_twice_is_one_turn(
+    host_factory, tunnels, server, tmp_path: Path
+) -> None:
+    """The server re-POSTs a message (same ``persisted_item_id``) while its turn runs and
+    after it ended: 202 each time, and the turn runs once (it used to be buffered and run
+    again as the next turn)."""
+    agent_id, sid = _agent(server, tmp_path)
+    host = host_factory(_config(tunnels, server, ""))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        first = message("first", agent_id, "once")
+        assert await _post(t, sid, first) == 202
+        assert await _post(t, sid, first) == 202
+        await tunnels.until_status(sid, timeout=60)
+        assert await _post(t, sid, first) == 202
+        history = await _second_turn(server, tunnels, t, sid, agent_id)
+        _check_once(tunnels, sid, tmp_path, history)
