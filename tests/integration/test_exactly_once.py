@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
+from corral.actors.dispatch._fanout import Fanout
+from corral.actors.dispatch._session import SessionRecord
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
@@ -38,9 +41,10 @@ async def tunnels() -> AsyncIterator[FakeTunnelServer]:
 
 def _config(tunnels: FakeTunnelServer, server: FakeOmnigentServer, crash_at: str) -> str:
     url = json.dumps(server.base_url)
+    crash = f"crash_at = {json.dumps(crash_at)}\n" if crash_at else ""
     return (
         FAST_LIVENESS
-        + f"[actors.dispatch.options]\nserver_url = {url}\ncrash_at = {json.dumps(crash_at)}\n"
+        + f"[actors.dispatch.options]\nserver_url = {url}\n{crash}"
         + f"[actors.policy.options]\nserver_url = {url}\n"
         + "[actors.gateway.options]\n"
         + FAST_BACKOFF
@@ -90,8 +94,9 @@ async def _dispatch_restarts(host: HostProcess, count: int) -> None:
 
 async def _second_turn(
     server: FakeOmnigentServer, tunnels: FakeTunnelServer, t: Tunnel, sid: str, agent_id: str
-) -> list:
-    """Run the session's next turn (it echoes its history); the ``[role, text]`` pairs.
+) -> str:
+    """Run the session's next turn (it echoes its history as ``[role, text]`` pairs); what
+    it streamed.
 
     The fake server does not save what its relay streams; a dispatch with a cold cache reads
     the history from it, so it is given turn 1's messages as the real server saves them."""
@@ -100,14 +105,15 @@ async def _second_turn(
     before = len(tunnels.deltas(sid))
     assert await _post(t, sid, message("second", agent_id, "once")) == 202
     await tunnels.until_status(sid, count=2, timeout=60)
-    return json.loads(tunnels.deltas(sid)[before:])
+    return tunnels.deltas(sid)[before:]
 
 
-def _check_once(tunnels: FakeTunnelServer, sid: str, cwd: Path, history: list) -> None:
+def _check_once(tunnels: FakeTunnelServer, sid: str, cwd: Path, streamed: str) -> None:
     """The whole system's invariant after two messages: one run of turn 1, one edge each,
     and a history holding turn 1 once."""
     assert _runs(cwd) == 1, "turn 1 ran once"
     assert tunnels.statuses(sid) == ["running", "idle", "running", "idle"]
+    history = json.loads(streamed)
     users = [text for role, text in history if role == "user"]
     assert users == ["first", "second"], history
     assert [text for role, text in history if role == "assistant"] == ["done."], history
@@ -169,3 +175,40 @@ async def test_d08_a_message_posted_twice_is_one_turn(
         assert await _post(t, sid, first) == 202
         history = await _second_turn(server, tunnels, t, sid, agent_id)
         _check_once(tunnels, sid, tmp_path, history)
+
+
+class _Subscriber:
+    """Stands in for the peer under the fan-out: what reached the broker, as (session, seq)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int]] = []
+
+    async def cast_many(self, to: str, msgs: list[Any], **_: Any) -> list[str]:
+        self.sent += [(e.session_id, e.seq) for m in msgs for e in m.events]
+        return []
+
+
+async def test_d08_a_held_sessions_events_leave_only_when_the_hold_ends() -> None:
+    """What is saved before it is sent never leaves before the save: while a session is held
+    (around the save that ends a turn) its events wait, in order, and other sessions' go on;
+    a tracked one is reported delivered once the broker has it. Without the hold, the edge
+    could reach the gateway before the end was saved, and a crash between the two ended the
+    turn a second time (a second ``idle``)."""
+    peer = _Subscriber()
+    fanout = Fanout(cast(Any, peer), subscribers=["gateway"], journal=None)
+    delivered: list[tuple[str, int]] = []
+    fanout.on_delivered = lambda sid, seq: delivered.append((sid, seq))
+    held, other = SessionRecord(id="held", turn_id="t"), SessionRecord(id="other")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fanout.run_events)
+        with fanout.held("held"):
+            fanout.publish(held, {"type": "session.status", "status": "idle"}, track=True)
+            fanout.publish(held, {"type": "session.heartbeat"})
+            fanout.publish(other, {"type": "session.status", "status": "running"})
+            await trio.testing.wait_all_tasks_blocked()
+            assert peer.sent == [("other", 1)]
+            assert delivered == []
+        await trio.testing.wait_all_tasks_blocked()
+        assert peer.sent == [("other", 1), ("held", 1), ("held", 2)]
+        assert delivered == [("held", 1)]
+        nursery.cancel_scope.cancel()
