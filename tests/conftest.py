@@ -96,15 +96,21 @@ class HostProcess:
         return self
 
     def wait_for(
-        self, predicate: Callable[[dict[str, Any]], Any], timeout: float, what: str
+        self,
+        predicate: Callable[[dict[str, Any]], Any],
+        timeout: float,
+        what: str,
+        *,
+        op: str = "status",
     ) -> Any:
-        """Wait until ``predicate(status)`` is truthy, asking the host once per change of its
-        own status (the control socket's ``wait``), and return what it returned.
+        """Wait until ``predicate(answer)`` is truthy, where the answer is op ``op``'s
+        (``status`` or ``elicitations``), asking the host once per change of what it shows
+        itself (the control socket's ``wait``); return what the predicate returned.
 
         Only for what the host itself shows (its state, its actors' rows, the control
-        plane's): what actors keep (workers, elicitations) does not wake a waiter, so waits on
-        that use :func:`wait_until`. Until the host listens, its socket is looked for every
-        20 ms; a host that exits fails the wait with its log.
+        plane's, the broker's parked elicitations): what actors keep (workers, tunnels) does
+        not wake a waiter, so waits on that use :func:`wait_until`. Until the host listens,
+        its socket is looked for every 20 ms; a host that exits fails the wait with its log.
         """
         deadline = time.monotonic() + timeout
         after = -1
@@ -119,6 +125,7 @@ class HostProcess:
                     self.instance.control_path,
                     "wait",
                     timeout=remaining + 5,
+                    then=op,
                     after=after,
                     wait_s=remaining,
                 )
@@ -128,7 +135,7 @@ class HostProcess:
             value = predicate(status)
             if value:
                 return value
-            after = status["host"]["changes"]
+            after = status["changes"]
 
     def wait_actor(
         self, name: str, predicate: Callable[[dict[str, Any]], Any], timeout: float, what: str

@@ -248,6 +248,7 @@ class Host:
         )
         broker.on_hello = lambda name, _pid: children.mark_ready(name)
         broker.exit_reason = self._exit_reason
+        broker.on_parked = self.changes.bump
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.run)
             await nursery.start(children.run)
@@ -589,13 +590,19 @@ class Host:
         }
 
     async def _op_wait(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``status`` once the host's own status has changed past version ``after``, or after
-        ``wait_s`` (at most 60 s) either way: a long poll, so that a waiter for a restart or
-        for the host to be running asks once per change instead of every few milliseconds."""
+        """The answer of op ``then`` (``status`` or ``elicitations``) once the host's change
+        counter is past ``after``, or after ``wait_s`` (at most 60 s) either way, with the
+        counter as ``changes``: a long poll, so that a waiter for a restart, a parked
+        elicitation or the host to be running asks once per change instead of every few
+        milliseconds."""
+        then = {"status": self._op_status, "elicitations": self._op_elicitations}
+        op = then.get(str(request.get("then", "status")))
+        if op is None:
+            raise ValueError(f"wait: 'then' is one of {sorted(then)}")
         after = int(request.get("after", -1))
         wait_s = min(max(float(request.get("wait_s", 10.0)), 0.0), 60.0)
-        await self.changes.wait_past(after, wait_s)
-        return await self._op_status(request)
+        changes = await self.changes.wait_past(after, wait_s)
+        return {**await op(request), "changes": changes}
 
     def _server_status(self) -> dict[str, Any] | None:
         """The embedded control plane's row of ``corral status``; None when there is none."""

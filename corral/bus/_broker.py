@@ -114,6 +114,8 @@ class Broker:
         self._blocked: set[str] = set()
         #: Called with a peer's name when it says hello (the supervisor marks it running).
         self.on_hello: Callable[[str, int], None] | None = None
+        #: Called when an entry is parked or unparked (what ``corral elicitations`` shows).
+        self.on_parked: Callable[[], None] = lambda: None
         #: Gives the last exit of an actor, for dead-letter errors.
         self.exit_reason: Callable[[str], str | None] = lambda name: None
         self._stats = {"routed": 0, "durable": 0}
@@ -273,10 +275,12 @@ class Broker:
                 self._pump(box)
         elif isinstance(msg, Park):
             box = self._store.park(peer.name, msg.id)
+            self.on_parked()
             if box is not None:
                 self._pump(box)
         elif isinstance(msg, Unpark):
             self._store.unpark(peer.name, msg)
+            self.on_parked()
         elif isinstance(msg, ListParked):
             entries = self._store.parked_entries(peer.name)
             self._reply(peer.name, env.id, ParkedEntries(entries=entries))

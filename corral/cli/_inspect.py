@@ -92,7 +92,7 @@ def _wait_running(state_dir: Path | None, wait_s: float) -> dict[str, Any]:
                 f"the host is {data['host']['state']} after {wait_s:g}s; not running: "
                 + (", ".join(waiting) or "-")
             )
-        after = data["host"]["changes"]
+        after = data["changes"]
 
 
 @click.command("mailboxes")

@@ -410,3 +410,30 @@ async def test_durable_message_reaches_its_recipient_while_its_commit_runs(
             (again,) = await _drain(worker, 1)
             assert again.msg == EchoRecord(key="kept")
         nursery.cancel_scope.cancel()
+
+
+async def test_parking_and_unparking_tell_the_owner(tmp_path: Path) -> None:
+    """``on_parked`` fires on each park and unpark: the host bumps its change counter on it,
+    which wakes a ``wait`` for ``corral elicitations``."""
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        changed = trio.Event()
+        broker.on_parked = changed.set
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        async with (
+            open_peer("client", endpoint, accepts=Every) as client,
+            open_peer("worker", endpoint, accepts=Every) as worker,
+        ):
+            await client.cast("worker", EchoRecord(key="ask"), durable=True)
+            (incoming,) = await _drain(worker, 1, ack=False)
+            await worker.park(incoming)
+            with trio.fail_after(5):
+                await changed.wait()
+            assert [row["state"] for row in broker.parked()] == ["parked"]
+            changed = trio.Event()
+            broker.on_parked = changed.set
+            await worker.unpark(incoming.env.id, "resolved")
+            with trio.fail_after(5):
+                await changed.wait()
+            assert [row["state"] for row in broker.parked()] == ["resolved"]
+        nursery.cancel_scope.cancel()

@@ -239,7 +239,9 @@ async def test_policy_ask_parks_until_accepted_then_runs(thost, server, tmp_path
         assert ask["params"]["message"] == "rule for PHASE_TOOL_CALL"
         assert ask["params"]["requestedSchema"]["required"] == ["approved"]
         # Announced while its park is committed (the broker delivers before the fsync).
-        parked = wait_until(lambda: thost.ask("elicitations")["elicitations"], what="parked")
+        parked = await trio.to_thread.run_sync(
+            lambda: thost.wait_for(lambda e: e["elicitations"], 10, "parked", op="elicitations")
+        )
         assert [(e["elicitation_id"], e["owner"], e["state"]) for e in parked] == [
             (ask["elicitation_id"], "policy", "parked")
         ]
@@ -284,7 +286,9 @@ async def test_kill9_policy_while_parked_the_verdict_still_lands(thost, server, 
         await gw.init(sid, agent_id)
         await gw.message(sid, "go")
         ask = await _ask(gw, sid)
-        wait_until(lambda: thost.ask("elicitations")["elicitations"], what="parked")
+        await trio.to_thread.run_sync(
+            lambda: thost.wait_for(lambda e: e["elicitations"], 10, "parked", op="elicitations")
+        )
         before = thost.actor("policy")
         os.kill(before["pid"], signal.SIGKILL)
         await restarted(thost, "policy", before)
