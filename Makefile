@@ -3,10 +3,15 @@
 #   make test  — the same set-up (plus the real omnigent server for tests/interop), then the
 #                whole test suite
 #   make test-fast — the same set-up, then all but the interop and chaos tests
+# The fast part runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
+# module per worker at a time, so a module's shared host stays in one process. The chaos and
+# interop tests time crashes and the real server: they run one at a time, after it.
 PYTHON ?= python3
+JOBS   ?= auto
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+FAST   := -m "not interop and not chaos" -n $(JOBS) --dist loadfile
 
 .PHONY: run test test-fast lint bench clean
 
@@ -24,11 +29,13 @@ test: $(STAMP)
 	@# The real omnigent server for tests/interop, built once and cached (exit 3: no Python
 	@# >= 3.12 here, and the interop suite skips itself loudly).
 	@./.ci/omnigent-venv >/dev/null || [ $$? -eq 3 ]
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS)
+	@# Exit 5: PYTEST_ARGS picked no interop or chaos test (e.g. only tests/unit).
+	$(BIN)/python -m pytest -q -m "interop or chaos" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-fast: $(STAMP)
 	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
-	$(BIN)/python -m pytest -q -m "not interop and not chaos" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
