@@ -225,6 +225,15 @@ async def _open_session(
         raise click.ClickException(f"unknown agent {name!r} (agents here: {names})") from None
 
 
+def _lost(exc: NoControlPlane, turn: TurnFollower) -> dict[str, Any]:
+    """The error of a turn whose control plane went away and did not come back in time."""
+    if turn.item_id is None:
+        fate = "it did not answer the message's POST, which may or may not have stored it"
+    else:
+        fate = f"the message was stored as {turn.item_id} and may still run"
+    return {"code": "control_plane_unreachable", "message": f"{exc}; {fate}"}
+
+
 def _session_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option(
         "--session", "session_id", metavar="ID", help="Talk in this session (else a new one)."
@@ -316,15 +325,21 @@ def send_command(
             return action
 
         with trio.move_on_after(timeout) as scope:
-            await run_turn(
-                api,
-                turn.session_id,
-                _cursor(session.get("last_event_id")),
-                text,
-                on_event=(lambda e: None) if as_json else view.show,
-                decide=decide,
-                follower=turn,
-            )
+            try:
+                await run_turn(
+                    api,
+                    turn.session_id,
+                    _cursor(session.get("last_event_id")),
+                    text,
+                    on_event=(lambda e: None) if as_json else view.show,
+                    decide=decide,
+                    follower=turn,
+                )
+            except NoControlPlane as exc:
+                # The session exists: this is a turn that failed, told as one (exit 1, the
+                # JSON document), not "no host" (exit 3) with nothing on stdout.
+                turn.status, turn.error = "failed", _lost(exc, turn)
+                return turn
         if scope.cancelled_caught:
             # Nobody is waiting any more: stop the agent rather than let it act unobserved.
             with trio.move_on_after(5), contextlib.suppress(ApiError, NoControlPlane):

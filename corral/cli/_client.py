@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,14 +411,21 @@ class ControlPlane:
         return isinstance(status, dict) and "server" in status and status["server"] is None
 
     async def call(
-        self, method: str, path: str, body: dict[str, Any] | None = None, *, idempotent: bool
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        idempotent: bool,
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """One API call; its JSON answer.
 
         Connection failures are retried (after re-reading ``server.json``) until
         :attr:`connect_wait_s`: a request that never reached the server is always safe to
         send again. Failures after it may have arrived, and 502/504 answers, are retried
-        only when ``idempotent``; 503 (nothing done) always is.
+        only when ``idempotent`` (a POST is, when it carries an idempotency key the server
+        keeps); 503 (nothing done) always is.
 
         Raises:
             NoControlPlane: the control plane cannot be reached.
@@ -428,7 +436,7 @@ class ControlPlane:
         while True:
             url = await self.url()
             try:
-                response = await self._http.request(method, url + path, json=body)
+                response = await self._http.request(method, url + path, json=body, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 problem: str = f"cannot connect to {url}: {exc}"
             except httpx.TransportError as exc:
@@ -475,9 +483,22 @@ class ControlPlane:
         return await self.call("GET", f"/v1/sessions/{session_id}", idempotent=True)
 
     async def post_message(self, session_id: str, text: str) -> dict[str, Any]:
-        """Post one user message (``202 {"queued", "item_id"}``)."""
+        """Post one user message (``202 {"queued", "item_id"}``).
+
+        The POST carries an idempotency key of its own (``Idempotency-Key``, new for each
+        message), and the control plane stores a message once per key: so a POST whose answer
+        was lost — the control plane died while it was in flight — is sent again, with the
+        same key, until it is answered (:meth:`call`).
+        """
+        key = uuid.uuid4().hex
         body = {"type": "message", "data": {"content": text}}
-        return await self.call("POST", f"/v1/sessions/{session_id}/events", body, idempotent=False)
+        return await self.call(
+            "POST",
+            f"/v1/sessions/{session_id}/events",
+            body,
+            idempotent=True,
+            headers={"idempotency-key": key},
+        )
 
     async def interrupt(self, session_id: str) -> dict[str, Any]:
         """Ask the session's running turn to stop (repeating it is harmless)."""

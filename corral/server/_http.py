@@ -401,7 +401,8 @@ class _Api:
             answer = await self.plane.add_runner_item(row, data)
         elif kind == "message":
             message = _convert(data, MessageData)
-            answer = await self.plane.post_message(row, _content_blocks(message.content))
+            key = _idempotency_key(request)
+            answer = await self.plane.post_message(row, _content_blocks(message.content), key)
         elif kind == "approval":
             approval = _convert(data, ApprovalData)
             answer = await self.plane.resolve(
@@ -541,6 +542,29 @@ class _Api:
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
     with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
         await ws.close(code=code, reason=reason)
+
+
+#: What an ``Idempotency-Key`` may be: 1 to 128 visible ASCII characters (a uuid fits).
+_IDEMPOTENCY_KEY = re.compile(r"[!-~]{1,128}")
+
+
+def _idempotency_key(request: Request) -> str | None:
+    """The request's ``Idempotency-Key`` header, if any: a client that retries a message
+    POST whose answer it never got sends the same key, and the message is stored once.
+
+    Raises:
+        Refused: 400 ``invalid_idempotency_key`` for one that breaks the rule.
+    """
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise Refused(
+            400,
+            "invalid_idempotency_key",
+            f"Idempotency-Key {key[:40]!r} breaks the rule: 1 to 128 visible ASCII characters.",
+        )
+    return key
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:

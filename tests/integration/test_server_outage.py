@@ -12,6 +12,7 @@ reaches it once and in order, the turn has exactly one terminal edge, nothing ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,8 +25,10 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from corral.actors.gateway import StreamBuffer
+from corral.cli._client import ControlPlane, TurnFollower, run_turn
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 
 FIRST = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -158,7 +161,8 @@ def _stop_plane_while_the_gateway_writes(host: HostProcess, url: str, agent: str
         )
     finally:
         os.kill(pid, signal.SIGKILL)
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # reaped already
+            os.kill(pid, signal.SIGCONT)
     return pid
 
 
@@ -204,13 +208,149 @@ def test_an_approval_request_written_to_a_killed_control_plane_is_answered(
         )
     finally:
         os.kill(pid, signal.SIGKILL)
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # reaped already
+            os.kill(pid, signal.SIGCONT)
     code, result, err = _finish(send)
     assert code == 0, err
     assert (result["status"], result["text"]) == ("idle", FIRST + APPROVED)
     _check_once_in_order(result["events"])
     types = [e["type"] for e in result["events"]]
     assert types.count("response.elicitation_request") == 1
+
+
+# --- the message POST (item 2) --------------------------------------------------------------
+
+
+def _socket_holds_a_request(pid: int, port: int) -> bool:
+    """Whether a TCP connection from process ``pid`` to ``port`` has bytes waiting, unread,
+    in the socket of the other end (``/proc/net/tcp``: the server side's ``rx_queue``)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    ours = {int(r[1].split(":")[1], 16) for r in rows if r[9] in inodes}
+    return any(
+        int(r[1].split(":")[1], 16) == port
+        and int(r[2].split(":")[1], 16) in ours
+        and int(r[4].split(":")[1], 16) > 0
+        for r in rows
+    )
+
+
+def _items(url: str, session_id: str) -> list[dict[str, Any]]:
+    page = httpx.get(f"{url}/v1/sessions/{session_id}/items?order=asc&limit=100", timeout=5)
+    return list(page.json()["data"])
+
+
+class _KillDuringPost(ControlPlane):
+    """A client whose message POST is in the control plane's socket when ``kill -9`` hits:
+    the plane is stopped, the POST is sent, the bytes are seen waiting unread on the plane's
+    side, and the plane is killed."""
+
+    plane_pid = 0
+    port = 0
+    killed = False
+
+    async def post_message(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        os.kill(self.plane_pid, signal.SIGSTOP)
+        answer: dict[str, Any] = {}
+
+        async def post() -> None:
+            answer.update(await super(_KillDuringPost, self).post_message(*args, **kwargs))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                await trio.to_thread.run_sync(
+                    wait_until,
+                    lambda: _socket_holds_a_request(os.getpid(), self.port),
+                    20,
+                    "the POST to wait in the stopped plane's socket",
+                )
+                os.kill(self.plane_pid, signal.SIGKILL)
+                self.killed = True
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # reaped already
+                os.kill(self.plane_pid, signal.SIGCONT)
+        return answer
+
+
+async def _decline(event: object) -> str:
+    return "decline"
+
+
+@pytest.mark.chaos
+async def test_a_message_post_cut_off_by_kill9_is_posted_again_and_runs_once(
+    plane_host: HostProcess,
+) -> None:
+    host = plane_host
+    plane = await trio.to_thread.run_sync(_plane, host)
+    assert plane is not None
+    async with _KillDuringPost(host.state_dir) as api:
+        api.plane_pid, api.port = plane["pid"], int(plane["url"].rsplit(":", 1)[1])
+        session = await api.create_session("slow")
+        with trio.fail_after(120):
+            turn = await run_turn(
+                api,
+                session["id"],
+                str(session["last_event_id"]),
+                "go",
+                on_event=lambda e: None,
+                decide=_decline,
+                follower=TurnFollower(session["id"]),
+            )
+    assert api.killed
+    assert (turn.status, turn.error, turn.text) == ("idle", None, FIRST + SECOND)
+    _check_once_in_order(turn.events)
+    items = await trio.to_thread.run_sync(_items, plane["url"], session["id"])
+    users = [i for i in items if i["type"] == "message" and i.get("role") == "user"]
+    assistants = [i for i in items if i["type"] == "message" and i.get("role") == "assistant"]
+    assert len(users) == 1, "the message is stored once"
+    assert turn.item_id == users[0]["id"]
+    assert len(assistants) == 2, "one turn: text, tool call, text (no second run)"
+
+
+@pytest.mark.chaos
+def test_a_message_posted_again_with_its_key_after_a_restart_is_stored_once(
+    plane_host: HostProcess,
+) -> None:
+    host = plane_host
+    plane = _plane(host)
+    assert plane is not None
+    url = plane["url"]
+    sid = httpx.post(f"{url}/v1/sessions", json={"agent": "slow"}, timeout=10).json()["id"]
+    body = {"type": "message", "data": {"content": "go"}}
+    key = {"idempotency-key": "k-7f3a"}
+    first = httpx.post(f"{url}/v1/sessions/{sid}/events", json=body, headers=key, timeout=10)
+    assert first.status_code == 202
+    # The answer "was lost": the plane dies, the client posts again with the same key.
+    os.kill(plane["pid"], signal.SIGKILL)
+    wait_until(
+        lambda: (p := _plane(host)) and p["pid"] != plane["pid"] and p["state"] == "running",
+        30,
+        "the restarted control plane",
+    )
+
+    def post_again() -> httpx.Response | None:
+        try:
+            return httpx.post(f"{url}/v1/sessions/{sid}/events", json=body, headers=key, timeout=10)
+        except httpx.TransportError:
+            return None
+
+    again = wait_until(post_again, 30, "the restarted plane to answer")
+    assert again.status_code == 202
+    assert again.json() == first.json(), "the same message"
+    users = [i for i in _items(url, sid) if i.get("role") == "user"]
+    assert [u["id"] for u in users] == [first.json()["item_id"]]
+    bad = httpx.post(
+        f"{url}/v1/sessions/{sid}/events", json=body, headers={"idempotency-key": ""}, timeout=10
+    )
+    assert (bad.status_code, bad.json()["error"]) == (400, "invalid_idempotency_key")
 
 
 # --- the gateway's buffer, alone -------------------------------------------------------------

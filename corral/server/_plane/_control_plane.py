@@ -267,11 +267,16 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
 
     # -- client events ---------------------------------------------------------------------
 
-    async def post_message(self, row: SessionRow, content: list[dict[str, Any]]) -> dict[str, Any]:
+    async def post_message(
+        self, row: SessionRow, content: list[dict[str, Any]], key: str | None = None
+    ) -> dict[str, Any]:
         """Persist a user message, then forward it to the runner (§ii.7).
 
         The item and its forward are stored before anything is sent, so the message survives
         any failure after this returns; ``queued`` says whether the runner has answered yet.
+        A message posted again with the same idempotency ``key`` (a client whose POST was
+        cut off retries it) is the message stored the first time: the same answer, nothing
+        stored or forwarded again.
         """
         forward = {
             "type": "message",
@@ -281,7 +286,11 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             "model": row.agent,
             "has_mcp_servers": False,
         }
-        item, _ = await self.store.add_user_message(row.id, content, forward)
+        item, entry = await self.store.add_user_message(row.id, content, forward, key)
+        if entry is None:
+            log.info(
+                "session %s: message %s posted again (same idempotency key)", row.id, item["id"]
+            )
         self._wake_outbox(row.id)
         return {"queued": True, "item_id": item["id"]}
 

@@ -144,14 +144,21 @@ class Store:
     # -- items -----------------------------------------------------------------------------
 
     async def add_user_message(
-        self, session_id: str, content: list[dict[str, Any]], forward: dict[str, Any]
-    ) -> tuple[dict[str, Any], int]:
+        self,
+        session_id: str,
+        content: list[dict[str, Any]],
+        forward: dict[str, Any],
+        key: str | None = None,
+    ) -> tuple[dict[str, Any], int | None]:
         """Persist a user message and its forward to the runner, in one transaction.
 
         ``forward`` is the event body for the runner (§ii.7) without ``persisted_item_id``,
-        which is added here. Returns the stored item and the outbox entry id.
+        which is added here. ``key`` is the client's idempotency key: a message posted again
+        with a key the session already holds is not stored again (nor forwarded), and the
+        stored item is returned with no outbox entry. Returns the stored item and the outbox
+        entry id (None for such a repeat).
         """
-        return await self._write(_add_user_message, session_id, content, forward)
+        return await self._write(_add_user_message, session_id, content, forward, key)
 
     async def add_item(self, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
         """Persist one item (``type`` and its fields; ``response_id`` optional).

@@ -131,9 +131,23 @@ def _add_user_message(
     session_id: str,
     content: list[dict[str, Any]],
     forward: dict[str, Any],
-) -> tuple[dict[str, Any], int]:
+    key: str | None,
+) -> tuple[dict[str, Any], int | None]:
     _touch(con, session_id)
+    if key is not None:
+        row = con.execute(
+            "SELECT i.data FROM message_keys k JOIN items i ON i.id = k.item_id "
+            "WHERE k.session_id = ? AND k.key = ?",
+            (session_id, key),
+        ).fetchone()
+        if row is not None:
+            return _decode(row[0]), None
     item = insert_item(con, session_id, {"type": "message", "role": "user", "content": content})
+    if key is not None:
+        con.execute(
+            "INSERT INTO message_keys (session_id, key, item_id) VALUES (?,?,?)",
+            (session_id, key, item["id"]),
+        )
     body = {**forward, "persisted_item_id": item["id"]}
     entry = _add_outbox(con, session_id, "message", body)
     return item, entry
