@@ -52,9 +52,9 @@ def _config(tunnels: FakeTunnelServer, server: FakeOmnigentServer, crash_at: str
     )
 
 
-def _agent(server: FakeOmnigentServer, cwd: Path) -> tuple[str, str]:
-    """Turn 1 runs a shell step that leaves a line in ``runs.txt`` (a run of the turn), then
-    answers; turn 2 says what history it was given."""
+def _agent(server: FakeOmnigentServer, cwd: Path, pause_ms: int = 0) -> tuple[str, str]:
+    """Turn 1 runs a shell step that leaves a line in ``runs.txt`` (a run of the turn), waits
+    ``pause_ms``, then answers; turn 2 says what history it was given."""
     shell = {"tool": "sys_os_shell", "arguments": {"command": "echo ran >> runs.txt"}}
     text = "\n".join(
         [
@@ -65,6 +65,7 @@ def _agent(server: FakeOmnigentServer, cwd: Path) -> tuple[str, str]:
             "  script:",
             "    turns:",
             f"      - - {json.dumps(shell)}",
+            f"        - {{sleep_ms: {pause_ms}}}",
             '        - {text: "done."}',
             "      - - {echo_history: true}",
             f"os_env: {{type: caller_process, cwd: {json.dumps(str(cwd))}}}",
@@ -155,6 +156,37 @@ async def test_d08_kill9_of_dispatch_at_any_point_of_a_turn_runs_it_once_and_end
         history = await _second_turn(server, tunnels, t, sid, agent_id)
         _check_once(tunnels, sid, tmp_path, history)
         assert host.log().count(f"crash_at {crash_at}: exiting now") == 1
+
+
+@pytest.mark.chaos
+async def test_d31_kill9_of_dispatch_between_a_turns_end_and_its_continuation_runs_the_buffer(
+    host_factory, tunnels, server, tmp_path: Path
+) -> None:
+    """A message buffered behind a turn stays in the record until the next turn's start takes
+    it: dispatch dies right after saving the first turn's end (``end_saved``, on the way
+    into the continuation), and the new incarnation runs the buffered message as that turn —
+    ``running`` twice, one ``idle``, turn 1 run once and in its history."""
+    agent_id, sid = _agent(server, tmp_path, pause_ms=1500)
+    host = host_factory(_config(tunnels, server, "end_saved"))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        assert await _post(t, sid, message("first", agent_id, "once")) == 202
+        await trio.to_thread.run_sync(lambda: wait_until(lambda: _runs(tmp_path), 30, "turn 1"))
+        # What the server has saved of turn 1 once it ends: the restarted dispatch reads it.
+        server.add_item(sid, user_message("first"))
+        server.add_item(sid, assistant_message("done."))
+        answer = await t.request(
+            "POST", f"/v1/sessions/{sid}/events", message("second", agent_id, "once")
+        )
+        assert (answer.status, answer.json["status"]) == (202, "buffered")
+        await tunnels.until_status(sid, timeout=60)
+        assert host.log().count("crash_at end_saved: exiting now") == 1
+        assert _runs(tmp_path) == 1
+        assert tunnels.statuses(sid) == ["running", "running", "idle"]
+        history = json.loads(tunnels.deltas(sid).removeprefix("done."))
+        assert [text for role, text in history if role == "user"] == ["first", "second"]
+        assert [text for role, text in history if role == "assistant"] == ["done."]
 
 
 async def test_d08_a_message_posted_twice_is_one_turn(

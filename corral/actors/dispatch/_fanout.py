@@ -243,13 +243,15 @@ class Fanout:
                     await self.peer.cast_many(name, event_batches(events), durable=True, timeout=60)
                 except Exception as exc:
                     # A tracked event stays undelivered: its record keeps it, and the next
-                    # incarnation sends it again.
+                    # incarnation sends it again; this one stops counting it.
                     log.warning(
                         "%d session events for %s may not have been delivered: %s",
                         len(events),
                         name,
                         exc,
                     )
+                    for event in events:
+                        self._receivers.pop((event.session_id, event.seq), None)
                     continue
                 if self._receivers:
                     for event in events:
@@ -280,6 +282,8 @@ class Fanout:
                     append, key = self._journal_final[0]
                     if await self._append_final(append):
                         self._received(key)
+                    else:
+                        self._receivers.pop(key, None)  # as a subscriber's failure
                 self._journal_final.pop(0)
 
     async def aclose(self) -> None:
