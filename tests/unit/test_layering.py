@@ -26,6 +26,7 @@ FLOOR = frozenset(
         "_exceptions",
         "_input",
         "_jsonlines",
+        "_lazy",
         "_lifeline",
         "bus",
         "config",
