@@ -13,9 +13,10 @@ from ._turn import Phase
 if TYPE_CHECKING:
     from ._turn import Turn
 
-#: Message keys a session remembers (its newest): a server re-POST or a redelivery comes
-#: within minutes of the first, dozens of messages later at most.
-ACCEPTED_KEPT = 64
+#: Message keys a session remembers (its newest): a redelivery or a re-POST is of the last
+#: message or the last few (the server and the control plane forward a session's messages in
+#: order), and every save writes them all (about 90 bytes each).
+ACCEPTED_KEPT = 16
 
 
 class Accepted(msgspec.Struct, array_like=True):
