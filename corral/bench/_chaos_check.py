@@ -10,6 +10,8 @@ that follows an end (or the stream's start) and closes at the next ``idle``/``fa
 * **lost / duplicated / misordered** — a completed (``idle``) segment carries exactly the
   tokens of its turn, each once, in order; a token is unique in its session, so one seen
   twice anywhere (a re-sent delta, a turn run again, a replay) is duplicated;
+* **events lost** — a completed segment has the events every completed turn has: an
+  assistant message item per text part, the shell call's output item, ``response.completed``;
 * **run twice** — more segments than messages (a message started again), or a turn's shell
   call in ``ran.txt`` more than once;
 * **history lost** — a segment whose tokens are another turn's: the harness was given a
@@ -46,6 +48,24 @@ class Segment:
 
     def tokens(self) -> list[str]:
         return [str(e.data.get("delta") or "") for e in self.events if e.type == DELTA]
+
+    def missing_events(self, texts: list[str]) -> list[str]:
+        """What a completed turn's stream lacks of the events every such turn has: an
+        assistant message item per text part, the shell call's output item, and the
+        ``response.completed`` (deltas are counted apart)."""
+        found = []
+        for e in self.events:
+            item = e.data.get("item") if e.type == "response.output_item.done" else None
+            if isinstance(item, dict) and item.get("type") == "message":
+                content = item.get("content") or [{}]
+                found.append(f"message {content[0].get('text')!r}")
+            elif isinstance(item, dict) and item.get("type") == "function_call_output":
+                found.append("function_call_output")
+            elif e.type == "response.completed":
+                found.append("response.completed")
+        wanted = [f"message {text!r}" for text in texts]
+        wanted += ["function_call_output", "response.completed"]
+        return [w for w in wanted if w not in found]
 
     def error_code(self) -> str:
         for e in reversed(self.ends + self.events):
@@ -95,6 +115,7 @@ class Tally:
     failed: int = 0
     approvals_cancelled: int = 0
     lost: int = 0
+    events_lost: int = 0
     duplicated: int = 0
     misordered: int = 0
     run_twice: int = 0
@@ -176,6 +197,11 @@ def check_session(
             tally.approvals_cancelled += 1
             tally.problem(f"{sid}: turn {i} completed on its decline branch (approval cancelled)")
             expected = [*expected[:deltas], DECLINED]
+        texts = ["".join(expected[:deltas]), "".join(expected[deltas:])]
+        absent = seg.missing_events(texts)
+        if absent:
+            tally.events_lost += len(absent)
+            tally.problem(f"{sid}: turn {i} completed without {', '.join(absent)}")
         missing = sum(1 for t in expected if t not in counts)
         if missing:
             tally.lost += missing

@@ -101,6 +101,8 @@ class ChaosFigures(msgspec.Struct, frozen=True, kw_only=True):
     duplicate_terminals: int
     #: Deltas of completed turns that never arrived.
     lost: int
+    #: Items and ends of completed turns that never arrived (message, tool output, completed).
+    events_lost: int
     #: Deltas that arrived more than once (any turn).
     duplicated: int
     misordered: int
@@ -328,10 +330,14 @@ def _unaccounted(host: ChaosHost, timeout: float = 15.0) -> list[int]:
 
 
 def _is_tool_child(pid: int) -> bool:
-    """A shell the tools actor is running right now (a turn's ``echo``), not an orphan."""
+    """A shell the tools actor is running right now (a turn's ``echo``), not an orphan: a
+    child of an actor that is no corral process itself (a worker is one, and counts)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"corral." in f.read():
+                return False
         with open(f"/proc/{ppid}/cmdline", "rb") as f:
             return b"corral.actors._entry" in f.read()
     except (OSError, ValueError, IndexError):
@@ -382,6 +388,7 @@ def _figures(
         and not tally.duplicate_terminals
         and not tally.no_terminal
         and not tally.lost
+        and not tally.events_lost
         and not tally.duplicated
         and not tally.misordered
         and not tally.run_twice
@@ -407,6 +414,7 @@ def _figures(
         no_terminal=tally.no_terminal,
         duplicate_terminals=tally.duplicate_terminals,
         lost=tally.lost,
+        events_lost=tally.events_lost,
         duplicated=tally.duplicated,
         misordered=tally.misordered,
         run_twice=tally.run_twice,
@@ -456,6 +464,7 @@ def result_document(figures: ChaosFigures) -> dict[str, Any]:
         figure("turns", figures.turns, "turns"),
         figure("turns with exactly one terminal edge", figures.terminal_once_pct, "%"),
         figure("deltas lost (completed turns)", figures.lost, "deltas"),
+        figure("items lost (completed turns)", figures.events_lost, "events"),
         figure("deltas duplicated", figures.duplicated, "deltas"),
         figure("turns run twice", figures.run_twice, "turns"),
         figure("tool calls run twice", figures.tool_runs_twice, "calls"),

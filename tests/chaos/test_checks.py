@@ -6,12 +6,14 @@ that passes must mean the invariants held, not that the checks were blind.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from corral.bench._chaos_check import Tally, check_session
 from corral.bench._chaos_client import Event, SessionLog
-from corral.bench._chaos_host import expected_tokens
+from corral.bench._chaos_host import expected_tokens, processes_under
 
 DELTAS = 2
 
@@ -34,10 +36,25 @@ class Stream:
             )
         return self
 
-    def turn(self, k: int, tokens: list[str] | None = None, end: str = "idle") -> Stream:
+    def items(self, k: int, *, output: bool = True) -> Stream:
+        """What a worker running turn ``k``'s script sends besides its deltas."""
+        tokens = expected_tokens(k, DELTAS)
+        for text in ("".join(tokens[:DELTAS]), "".join(tokens[DELTAS:])):
+            message = {"type": "message", "content": [{"type": "output_text", "text": text}]}
+            self.add("response.output_item.done", item=message)
+        if output:
+            self.add("response.output_item.done", item={"type": "function_call_output"})
+        return self.add("response.completed")
+
+    def turn(
+        self, k: int, tokens: list[str] | None = None, end: str = "idle", script: int | None = None
+    ) -> Stream:
+        """Turn ``k``: its deltas (``tokens``, else all of its own), the items of ``script``'s
+        turn (else its own), its end."""
         return (
             self.status("running")
             .deltas(expected_tokens(k, DELTAS) if tokens is None else tokens, f"turn{k}")
+            .items(k if script is None else script)
             .status(end)
         )
 
@@ -50,7 +67,7 @@ def check(stream: Stream, posted: int, ran: Path | None = None) -> Tally:
 
 def faults(tally: Tally) -> dict[str, int]:
     names = [
-        "no_terminal", "duplicate_terminals", "lost", "duplicated", "misordered",
+        "no_terminal", "duplicate_terminals", "lost", "events_lost", "duplicated", "misordered",
         "run_twice", "tool_runs_twice", "history_lost", "repeated_stream_ids",
     ]  # fmt: skip
     return {name: getattr(tally, name) for name in names if getattr(tally, name)}
@@ -66,6 +83,12 @@ def test_a_lost_delta_of_a_completed_turn_is_counted() -> None:
     assert faults(tally) == {"lost": 1}
 
 
+def test_a_completed_turn_without_its_tool_output_has_lost_an_event() -> None:
+    stream = Stream().status("running").deltas(expected_tokens(0, DELTAS))
+    stream.items(0, output=False).status("idle")
+    assert faults(check(stream, posted=1)) == {"events_lost": 1}
+
+
 def test_a_delta_twice_is_duplicated_even_in_a_failed_turn() -> None:
     tokens = expected_tokens(0, DELTAS)
     tally = check(Stream().turn(0, [tokens[0], tokens[0]], end="failed"), posted=1)
@@ -79,7 +102,7 @@ def test_deltas_out_of_order_are_misordered() -> None:
 
 def test_a_second_terminal_edge_is_a_duplicate_and_a_missing_one_is_counted() -> None:
     assert faults(check(Stream().turn(0).status("idle"), posted=1)) == {"duplicate_terminals": 1}
-    stream = Stream().status("running").deltas(expected_tokens(0, DELTAS))
+    stream = Stream().status("running").deltas(expected_tokens(0, DELTAS)).items(0)
     assert faults(check(stream, posted=1)) == {"no_terminal": 1}
     assert faults(check(Stream(), posted=1)) == {"no_terminal": 1}
 
@@ -92,9 +115,14 @@ def test_a_message_run_again_is_run_twice() -> None:
 
 
 def test_a_turn_given_a_forgotten_history_runs_another_turns_script() -> None:
-    tally = check(Stream().turn(0).turn(1, expected_tokens(0, DELTAS)), posted=2)
-    # Its own deltas never came; turn 0's came again.
-    assert faults(tally) == {"history_lost": 1, "lost": DELTAS * 2, "duplicated": DELTAS * 2}
+    tally = check(Stream().turn(0).turn(1, expected_tokens(0, DELTAS), script=0), posted=2)
+    # Its own deltas and messages never came; turn 0's came again.
+    assert faults(tally) == {
+        "history_lost": 1,
+        "lost": DELTAS * 2,
+        "events_lost": 2,
+        "duplicated": DELTAS * 2,
+    }
 
 
 def test_a_shell_call_run_twice_shows_in_ran_txt(tmp_path: Path) -> None:
@@ -107,3 +135,14 @@ def test_a_stream_id_sent_again_is_kept_once_and_counted() -> None:
     stream = Stream().turn(0)
     stream.log.add(Event(9.0, stream.log.last_id, "session.status", {"status": "idle"}))
     assert faults(check(stream, posted=1)) == {"repeated_stream_ids": 1}
+
+
+def test_a_process_left_under_the_hosts_directory_is_found(tmp_path: Path) -> None:
+    # An orphan is any live process whose command line or environment names the directory.
+    proc = subprocess.Popen(["sleep", "30"], env={**os.environ, "SOME_DIR": str(tmp_path)})
+    try:
+        assert proc.pid in processes_under(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in processes_under(tmp_path)
