@@ -85,7 +85,12 @@ class PlaneClient:
     def __init__(self, locate: Callable[[], str | None], *, patience_s: float = 90.0) -> None:
         self._locate = locate
         self.patience_s = patience_s
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        # No pool limit: every session holds a stream open, and a POST must never queue
+        # behind them for a connection (httpx's default pool is 100).
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(30.0, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

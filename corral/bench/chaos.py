@@ -463,6 +463,10 @@ def result_document(figures: ChaosFigures) -> dict[str, Any]:
     results = [
         figure("turns", figures.turns, "turns"),
         figure("turns with exactly one terminal edge", figures.terminal_once_pct, "%"),
+        figure("turns completed (idle)", figures.completed, "turns"),
+        figure(
+            "turns failed (a typed failure: a killed worker's turn, say)", figures.failed, "turns"
+        ),
         figure("deltas lost (completed turns)", figures.lost, "deltas"),
         figure("items lost (completed turns)", figures.events_lost, "events"),
         figure("deltas duplicated", figures.duplicated, "deltas"),
