@@ -1,11 +1,13 @@
 """Hypothesis-driven fuzzing of a real host at its boundaries (issue #15, item 7).
 
 What a server, an agent author or a user can hand corral, generated: tunnel frames (any text,
-frames of every kind with fields of any type, requests to any path), session-event bodies,
+frames of every kind with fields of any type, requests to any path), session-event bodies
+(at the runner's tunnel and at the control plane's client API),
 agent specs (scripted scripts with steps of any shape, executors of any harness), tool
 arguments (every runner tool, and names of none), and CLI input (every inspecting verb with
 any options). The host is the one of ``test_bad_input.py``: the gateway tunnelled to the fake
-tunnel server, dispatch fetching specs from the fake omnigent server. For each input: an
+tunnel server, dispatch fetching specs from the fake omnigent server; the control plane the
+one of ``test_control_plane_bad_input.py``, with its fake runner. For each input: an
 answer within its deadline (no hang), never a 5xx (a request's refusal is a typed 4xx
 ``{"error": {"code", "message"}}``), a turn that starts ends with exactly one terminal edge,
 and no actor restarts; the CLI exits with a usage or typed error, never a traceback.
@@ -21,6 +23,7 @@ import os
 import shlex
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import trio
@@ -31,12 +34,16 @@ from hypothesis import strategies as st
 from corral.cli import cli
 from tests.conftest import FAST_LIVENESS, HostProcess
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
-from tests.integration import test_bad_input
+from tests.integration import test_bad_input, test_control_plane_bad_input
 from tests.integration._gateway import scripted_yaml
+from tests.integration.test_control_plane import bound, make_settings
+from tests.integration.test_control_plane import running as plane_running
 from tests.integration.test_gateway import bind, host_config, message, running
 
-#: The fake tunnel server fixture of test_bad_input.py, shared rather than copied.
+#: The fixtures of the bad-input tests (a fake tunnel server, an agents dir with one agent),
+#: shared rather than copied.
 tunnels = test_bad_input.tunnels
+agents_dir = test_control_plane_bad_input.agents_dir
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -231,6 +238,75 @@ async def test_fuzzed_tunnel_frames_and_event_bodies_are_answered_typed_and_noth
     assert "Traceback" not in host.log()
 
 
+# --- the control plane's client API ------------------------------------------------------------
+
+
+def plane_requests(sid: str) -> st.SearchStrategy[tuple[str, str, Any]]:
+    """Requests a client may send the control plane: event bodies above all (its own shape,
+    ``{"type", "data"}``), new sessions and verdicts; any path under its session routes."""
+    data_bodies = with_fields(
+        {
+            "type": st.sampled_from(["message", "approval", "interrupt", "stop_session"])
+            | st.text(max_size=12),
+            "data": json_values
+            | with_fields({"content": json_values, "elicitation_id": json_values}),
+        }
+    )
+    return st.one_of(
+        st.tuples(
+            st.just("POST"), st.just(f"/v1/sessions/{sid}/events"), data_bodies | json_values
+        ),
+        st.tuples(st.just("POST"), st.just("/v1/sessions"), with_fields({"agent": json_values})),
+        st.tuples(
+            st.just("POST"),
+            st.text(max_size=20).map(
+                lambda e: f"/v1/sessions/{sid}/elicitations/{quote(e, safe='')}/resolve"
+            ),
+            with_fields({"action": st.sampled_from(["accept", "decline", "cancel"]) | json_values}),
+        ),
+        # A client's URL is printable ASCII: the odd characters go percent-encoded.
+        st.tuples(
+            st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+            paths(sid).map(lambda p: quote(p, safe="/%")),
+            st.none() | json_values,
+        ),
+    )
+
+
+async def test_fuzzed_control_plane_requests_are_answered_typed(
+    tmp_path,
+    agents_dir,  # the fixture of test_control_plane_bad_input.py
+) -> None:
+    bad: list[str] = []
+    async with plane_running(tmp_path / "state", make_settings(agents_dir)) as ctx:
+        runner = await ctx.runner()
+        sid = (await ctx.create())["id"]
+        await bound(runner, sid)
+
+        async def example(value: tuple[str, str, Any]) -> None:
+            method, path, body = value
+            with trio.fail_after(20):
+                answer = await ctx.client.request(method, path, json=body)
+            if answer.status_code >= 500:
+                bad.append(f"{method} {path} {json.dumps(body)[:200]}: {answer.status_code}")
+            elif answer.status_code >= 400:
+                try:
+                    payload = answer.json()
+                    typed = bool(payload.get("error")) and bool(payload.get("detail"))
+                except (ValueError, AttributeError):
+                    typed = False
+                if not typed:
+                    bad.append(f"{method} {path}: {answer.status_code} {answer.text[:200]}")
+
+        await fuzz_in_thread(plane_requests(sid), example)
+        # Still serving: a good message is forwarded to the runner.
+        answer = await ctx.client.post(
+            f"/v1/sessions/{sid}/events", json={"type": "message", "data": {"content": "after"}}
+        )
+        assert answer.status_code == 202, answer.text
+    assert bad == []
+
+
 # --- agent specs and tool arguments ------------------------------------------------------------
 
 TOOLS = [
@@ -370,8 +446,9 @@ async def test_fuzzed_agent_specs_and_tool_arguments_end_each_turn_once(
 # --- CLI input ---------------------------------------------------------------------------------
 
 VERBS = [["status"], ["mailboxes"], ["dead-letters"], ["elicitations"], ["journal", "ls"],
-         ["journal", "show"], ["journal", "summary"], ["agents"]]  # fmt: skip
-OPTIONS = ["--json", "--session", "--timeout", "--limit", "--after", "--actor", "-h", "--x"]
+         ["journal", "show"], ["journal", "summary"], ["agents"], ["send"]]  # fmt: skip
+OPTIONS = ["--json", "--session", "--agent", "--timeout", "--approve", "--limit", "--after",
+           "--actor", "-h", "--x"]  # fmt: skip
 argvs = st.tuples(
     st.sampled_from(VERBS),
     st.lists(st.sampled_from(OPTIONS) | st.text(max_size=30), max_size=4),
