@@ -499,13 +499,15 @@ class Host:
                     await self._rebind(info)
                     last_ok = next_probe = time.monotonic() + CONTROL_PLANE_PROBE_S
                     continue
-                # Short naps, so that a restart is noticed at once, not at the next probe.
-                await trio.sleep(0.1)
-                if time.monotonic() < next_probe or self.control_plane is None:
+                # Asleep until the next probe; the control plane exiting (a change of the
+                # host's status) wakes it at once.
+                bound, nap = self.control_plane, next_probe - time.monotonic()
+                if bound is None or nap > 0:
+                    await self.changes.wait_past(self.changes.version, max(nap, 0.05))
                     continue
                 next_probe = time.monotonic() + CONTROL_PLANE_PROBE_S
                 try:
-                    await http.get(str(self.control_plane["url"]).rstrip("/") + "/api/version")
+                    await http.get(str(bound["url"]).rstrip("/") + "/api/version")
                     last_ok = time.monotonic()  # any answer at all proves it is serving
                 except httpx.HTTPError as exc:
                     silent = time.monotonic() - last_ok
