@@ -36,13 +36,15 @@ Session streams. Dispatch publishes every session event to the gateway, in
 that only grows.
 The gateway writes each one to a durable per-session buffer (:class:`StreamBuffer`) before
 anything else and sends it on the session's newest open ``/stream``; an event leaves the
-buffer only once its frame has been handed to the kernel, and that fact is written down at
-once. So events
-published while the tunnel is down wait in the buffer and go out, in order and once, when the
-server re-inits the session and re-opens its stream after a reconnect (§v.6), and a gateway
-killed with ``kill -9`` neither loses nor repeats them — provided the events reach it
-durably (see ``docs/gateway.md``: dispatch must send them as durable messages; the gateway
-acks each message only after the buffer records of its events are fsynced). Backed-up events
+buffer only once the server is known to have it — by the ``Last-Event-ID`` a stream opens
+with (corral's control plane), or by a WebSocket ping answered after its frame (omnigent's
+server, which has no acknowledgement for stream events) — not when the kernel took it. So
+events published while the tunnel is down, or written to a server that died before reading
+them, go out in order and once when the server re-inits the session and re-opens its stream
+after a reconnect (§v.6), and a gateway killed with ``kill -9`` does not lose what it had
+received — provided the events reach it durably (see ``docs/gateway.md``: dispatch must send
+them as durable messages; the gateway acks each message only after the buffer records of its
+events are fsynced). Backed-up events
 are coalesced: several SSE events share one ``response.body`` frame, while an event that
 finds the tunnel idle goes out at once on its own.
 

@@ -7,7 +7,9 @@ server answers ``event.ready``, which is recorded (corral never sends ``event.ba
 any ``event.ack`` is counted and ignored). Incoming ``request``
 frames each run in a task of their own and are answered through a :class:`Responder`
 (``response.head``, ``response.body`` pieces, ``response.end``); one writer task sends every
-outgoing frame, so a cancelled request never cuts one in half.
+outgoing frame, so a cancelled request never cuts one in half. A frame sent with ``on_read``
+is confirmed by a WebSocket ping sent after it and answered (:class:`_Reads`): what a
+returned write handed to the kernel is lost with the socket when either end is killed.
 
 Failure handling. Malformed frames are logged and ignored (a ``request`` frame whose id can
 still be read is answered 400, so the server does not wait); frames over ``max_frame_bytes``
