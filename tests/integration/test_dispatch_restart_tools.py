@@ -55,12 +55,12 @@ async def _kill9_dispatch(host: HostProcess) -> None:
 async def _elicitation_state(host: HostProcess, eid: str, *states: str) -> dict[str, Any]:
     """Wait until the elicitation ``eid`` is in one of ``states``; its row."""
 
-    def row() -> dict[str, Any] | None:
-        rows = host.ask("elicitations")["elicitations"]
+    def row(answer: dict[str, Any]) -> dict[str, Any] | None:
+        rows = answer["elicitations"]
         return next((r for r in rows if r["elicitation_id"] == eid and r["state"] in states), None)
 
     return await trio.to_thread.run_sync(
-        lambda: wait_until(row, 20, f"elicitation {eid} in state {states}")
+        lambda: host.wait_for(row, 20, f"elicitation {eid} in state {states}", op="elicitations")
     )
 
 

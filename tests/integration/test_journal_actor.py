@@ -38,7 +38,7 @@ from corral.bus import (
 )
 from corral.config import LivenessSettings
 from corral.journal import RunJournal
-from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 
@@ -356,11 +356,9 @@ async def test_kill9_during_durable_appends_loses_and_duplicates_nothing(
                     await trio.sleep(0.005)
             os.kill(pid, signal.SIGKILL)
             await trio.to_thread.run_sync(
-                lambda: wait_until(
-                    lambda: (
-                        (a := host.actor("journal"))["state"] == "running"
-                        and a["pid"] not in (None, pid)
-                    ),
+                lambda: host.wait_actor(
+                    "journal",
+                    lambda a: a["state"] == "running" and a["pid"] not in (None, pid),
                     15,
                     "the journal actor to restart",
                 )

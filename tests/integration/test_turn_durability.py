@@ -91,12 +91,7 @@ def asks_host(tmp_path: Path) -> Iterator[Callable[[], HostProcess]]:
 async def _kill9(host: HostProcess, name: str) -> None:
     before = host.actor(name)
     os.kill(before["pid"], signal.SIGKILL)
-
-    def again() -> bool:
-        now = host.actor(name)
-        return now["restarts"] > before["restarts"] and now["state"] == "running"
-
-    await trio.to_thread.run_sync(lambda: wait_until(again, 20, f"{name} restarted"))
+    await trio.to_thread.run_sync(host.restarted, name, before)
 
 
 async def _turn(
