@@ -476,7 +476,10 @@ class ControlPlane:
         body: dict[str, Any] = {"agent": agent}
         if title:
             body["title"] = title
-        return await self.call("POST", "/v1/sessions", body, idempotent=False)
+        # A key of its own, as a message's (:meth:`post_message`): sent again, it is the
+        # session made the first time.
+        key = {"idempotency-key": uuid.uuid4().hex}
+        return await self.call("POST", "/v1/sessions", body, idempotent=True, headers=key)
 
     async def session(self, session_id: str) -> dict[str, Any]:
         """``GET /v1/sessions/{id}``: the session, with its ``last_event_id``."""

@@ -300,7 +300,8 @@ class _Api:
                 {"object": "list", "data": [self.plane.session_object(r) for r in rows]}
             )
         body = _convert(await self._json(request), CreateSession)
-        row = await self.plane.create_session(body.agent, body.title)
+        key = _idempotency_key(request)
+        row = await self.plane.create_session(body.agent, body.title, key)
         return JSONResponse(self.plane.session_object(row), status_code=201)
 
     @endpoint
@@ -550,7 +551,7 @@ _IDEMPOTENCY_KEY = re.compile(r"[!-~]{1,128}")
 
 def _idempotency_key(request: Request) -> str | None:
     """The request's ``Idempotency-Key`` header, if any: a client that retries a message
-    POST whose answer it never got sends the same key, and the message is stored once.
+    or session POST whose answer it never got sends the same key, and it is stored once.
 
     Raises:
         Refused: 400 ``invalid_idempotency_key`` for one that breaks the rule.

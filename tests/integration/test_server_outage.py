@@ -316,14 +316,17 @@ async def test_a_message_post_cut_off_by_kill9_is_posted_again_and_runs_once(
 
 
 @pytest.mark.chaos
-def test_a_message_posted_again_with_its_key_after_a_restart_is_stored_once(
+def test_a_session_and_a_message_posted_again_with_their_keys_after_a_restart_are_stored_once(
     plane_host: HostProcess,
 ) -> None:
     host = plane_host
     plane = _plane(host)
     assert plane is not None
     url = plane["url"]
-    sid = httpx.post(f"{url}/v1/sessions", json={"agent": "slow"}, timeout=10).json()["id"]
+    create = {"agent": "slow"}
+    session_key = {"idempotency-key": "s-19c2"}
+    made = httpx.post(f"{url}/v1/sessions", json=create, headers=session_key, timeout=10)
+    sid = made.json()["id"]
     body = {"type": "message", "data": {"content": "go"}}
     key = {"idempotency-key": "k-7f3a"}
     first = httpx.post(f"{url}/v1/sessions/{sid}/events", json=body, headers=key, timeout=10)
@@ -345,6 +348,9 @@ def test_a_message_posted_again_with_its_key_after_a_restart_is_stored_once(
     again = wait_until(post_again, 30, "the restarted plane to answer")
     assert again.status_code == 202
     assert again.json() == first.json(), "the same message"
+    remade = httpx.post(f"{url}/v1/sessions", json=create, headers=session_key, timeout=10)
+    assert (remade.status_code, remade.json()["id"]) == (201, sid), "the same session"
+    assert [s["id"] for s in httpx.get(f"{url}/v1/sessions", timeout=5).json()["data"]] == [sid]
     users = [i for i in _items(url, sid) if i.get("role") == "user"]
     assert [u["id"] for u in users] == [first.json()["item_id"]]
     bad = httpx.post(

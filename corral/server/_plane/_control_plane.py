@@ -164,8 +164,13 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
 
     # -- sessions --------------------------------------------------------------------------
 
-    async def create_session(self, agent_name: str, title: str | None) -> SessionRow:
+    async def create_session(
+        self, agent_name: str, title: str | None, key: str | None = None
+    ) -> SessionRow:
         """Create a session of an agent and bind it to the runner.
+
+        A create posted again with the same idempotency ``key`` (a client whose POST was cut
+        off) is the session made the first time.
 
         Raises:
             Refused: 404 ``unknown_agent``.
@@ -189,7 +194,10 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             created_at=now,
             updated_at=now,
         )
-        await self.store.create_session(row)
+        stored = await self.store.create_session(row, key)
+        if stored.id != row.id:
+            log.info("session %s posted again (same idempotency key)", stored.id)
+            return stored
         log.info("session %s created (agent %s)", row.id, row.agent)
         self._bind(row.id)
         return row

@@ -110,9 +110,13 @@ class Store:
 
     # -- sessions --------------------------------------------------------------------------
 
-    async def create_session(self, row: SessionRow) -> None:
-        """Insert a new session."""
-        await self._write(_create_session, row)
+    async def create_session(self, row: SessionRow, key: str | None = None) -> SessionRow:
+        """Insert a new session; returns the session stored.
+
+        With ``key`` (the client's idempotency key), a key already used returns the session
+        it made, and nothing is inserted.
+        """
+        return await self._write(_create_session, row, key)
 
     async def get_session(self, session_id: str) -> SessionRow | None:
         """The session, or None."""

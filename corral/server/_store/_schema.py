@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-#: 2 added ``sessions.runner_seq`` and ``message_keys`` (a database of version 1 gets them
-#: when it is opened: :func:`_migrate`).
+#: 2 added ``sessions.runner_seq``, ``message_keys`` and ``session_keys`` (a database of
+#: version 1 gets them when it is opened: :func:`_migrate`).
 SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -80,6 +80,10 @@ CREATE TABLE IF NOT EXISTS message_keys (
     key TEXT NOT NULL,
     item_id TEXT NOT NULL,
     PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS session_keys (
+    key TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL
 ) WITHOUT ROWID;
 """
 

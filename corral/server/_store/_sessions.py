@@ -37,7 +37,15 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
     )
 
 
-def _create_session(con: sqlite3.Connection, row: SessionRow) -> None:
+def _create_session(con: sqlite3.Connection, row: SessionRow, key: str | None) -> SessionRow:
+    if key is not None:
+        found = con.execute("SELECT session_id FROM session_keys WHERE key = ?", (key,)).fetchone()
+        existing = None if found is None else _get_session(con, found[0])
+        if existing is not None:
+            return existing
+        con.execute(
+            "INSERT OR REPLACE INTO session_keys (key, session_id) VALUES (?,?)", (key, row.id)
+        )
     con.execute(
         f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
         (
@@ -54,6 +62,7 @@ def _create_session(con: sqlite3.Connection, row: SessionRow) -> None:
             row.last_event_id,
         ),
     )
+    return row
 
 
 def _get_session(con: sqlite3.Connection, session_id: str) -> SessionRow | None:
@@ -167,7 +176,7 @@ def _add_item(con: sqlite3.Connection, session_id: str, fields: dict[str, Any]) 
 
 
 def _delete_session(con: sqlite3.Connection, session_id: str) -> bool:
-    for table in ("items", "events", "elicitations", "outbox", "message_keys"):
+    for table in ("items", "events", "elicitations", "outbox", "message_keys", "session_keys"):
         con.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
     return con.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 
