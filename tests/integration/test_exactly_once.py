@@ -25,6 +25,7 @@ from corral.actors.dispatch._session import SessionRecord
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
+from tests.integration._gateway import fake_gateway, scripted_yaml
 from tests.integration.test_gateway import FAST_BACKOFF, bind, message, running
 
 RUNNER = "exactly-once"
@@ -245,3 +246,35 @@ async def test_d08_a_held_sessions_events_leave_only_when_the_hold_ends() -> Non
         assert peer.sent == [("other", 1), ("held", 1), ("held", 2)]
         assert delivered == [("held", 1)]
         nursery.cancel_scope.cancel()
+
+
+async def test_d04_a_stream_true_message_posted_again_gets_the_rest_of_its_turn(
+    host_factory, server
+) -> None:
+    """A ``?stream=true`` message POSTed again while its turn runs (its first caller gone with
+    a tunnel) is not a second turn: the new caller gets the rest of the turn's frames and
+    the end of its response; the first caller gets no more."""
+    agent_id = server.add_agent(scripted_yaml("s", '{text: "x", repeat: 100, delay_ms: 20}'))
+    sid = server.add_session(agent_id)["id"]
+    url = json.dumps(server.base_url)
+    host = host_factory(
+        FAST_LIVENESS
+        + f'[actors.dispatch.options]\nserver_url = {url}\nsubscribers = ["test-gateway"]\n'
+        + f"[actors.policy.options]\nserver_url = {url}\n"
+    ).start()
+    body = {"type": "message", "content": "hi", "agent_id": agent_id, "persisted_item_id": "i1"}
+    path = f"/v1/sessions/{sid}/events"
+    async with fake_gateway(host.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        first = await gw.request("POST", path, body, query="stream=true", request_id="first")
+        assert (first.status, first.streaming) == (200, True)
+        await gw.wait(lambda: b"output_text.delta" in b"".join(gw.chunks.get("first", [])))
+        again = await gw.request("POST", path, body, query="stream=true", request_id="again")
+        assert (again.status, again.streaming) == (200, True)
+        await gw.wait(lambda: "again" in gw.ended, timeout=30)
+        frames = b"".join(gw.chunks["again"]).decode()
+        assert frames.rstrip().split("\n\n")[-1].startswith("event: response.completed")
+        assert "first" not in gw.ended
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        assert gw.texts(sid) == "x" * 100, "one turn"
+    host.stop()
