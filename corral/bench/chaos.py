@@ -173,7 +173,6 @@ async def run_chaos(options: ChaosOptions) -> ChaosFigures:
     runs: list[SessionRun] = []
     kills: list[Kill] = []
     tally = Tally()
-    client: PlaneClient | None = None
     async with chaos_host(turns, tunnel=options.mode == "tunnel") as host:
         client = PlaneClient(host.locate)
         try:

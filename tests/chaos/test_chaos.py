@@ -52,9 +52,16 @@ LOST_WHILE_DISPATCH_DOWN = (
 )
 
 
-# Not strict: whether a random kill of dispatch lands while a worker streams is chance (it
-# did in 5 of 6 runs); the targeted test below reproduces it every time.
-@pytest.mark.xfail(strict=False, reason=LOST_WHILE_DISPATCH_DOWN)
+# Not strict: whether random kills land at the moments that break a turn is chance (they did
+# in 5 of 7 runs); the dispatch-only test reproduces the loss every time. At 20 sessions
+# (docs/benchmarks.md) random kills also leave turns without a worker and give a turn a
+# history with a user message twice.
+@pytest.mark.xfail(
+    strict=False,
+    reason=LOST_WHILE_DISPATCH_DOWN + "; a turn restarted by dispatch, its worker killed with "
+    "the harness actor and dispatch killed again never ends; a restarted turn's session gets a "
+    "user message twice in its next history",
+)
 async def test_random_kills_of_every_process_kind_keep_every_invariant() -> None:
     figures = await run(kind="any", seed=1)
     assert figures.ok, verdict(figures)
