@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -398,3 +399,44 @@ def test_stream_buffer_sends_again_after_a_cursor_and_what_no_ping_proved_read(
     assert again.pending_count() == 0
     assert not again.add("s", 6, b"{}"), "a redelivery is still a duplicate"
     again.close()
+
+
+@pytest.mark.chaos
+def test_control_plane_kill9_at_random_moments_every_turn_ends_once(
+    plane_host: HostProcess,
+) -> None:
+    # The issue's trials: the demo agent (text, a shell call the policy evaluates, an
+    # approval, text) with the plane killed at a random point of each turn.
+    rng = random.Random(15)
+    outcomes = [_kill_during_a_demo_turn(plane_host, rng.randint(1, 14)) for _ in range(6)]
+    assert [status for _, status in outcomes] == ["idle"] * 6, outcomes
+
+
+def _kill_during_a_demo_turn(host: HostProcess, at: int) -> tuple[int, str]:
+    """``corral send`` to a new demo session; the plane is killed once the host's sessions
+    got ``at`` more events. Returns ``at`` and the turn's status (checked: once, in order)."""
+    plane = _plane(host)
+    assert plane is not None
+    url, pid = plane["url"], plane["pid"]
+    before = _last_event_id_of_all(url)
+    send = _send(host, "--agent", "demo", "--approve", "go")
+    wait_until(lambda: _last_event_id_of_all(url) >= before + at, 30, "the turn to stream")
+    os.kill(pid, signal.SIGKILL)
+    code, result, err = _finish(send)
+    assert code == 0, (at, err)
+    _check_once_in_order(result["events"])
+    assert result["text"].startswith("Hello from corral!")
+    wait_until(
+        lambda: (p := _plane(host)) and p["pid"] != pid and p["state"] == "running",
+        30,
+        "the restarted control plane",
+    )
+    return at, result["status"]
+
+
+def _last_event_id_of_all(url: str) -> int:
+    try:
+        sessions = httpx.get(f"{url}/v1/sessions", timeout=5).json()["data"]
+    except httpx.HTTPError:
+        return 0
+    return sum(s["last_event_id"] for s in sessions)
