@@ -16,16 +16,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from corral.actors._control import request
 from corral.instance import Instance
 from corral.journal import RunJournal
 from tests.fake_server import FakeOmnigentServer
+from tests.fake_tunnel_server import FakeTunnelServer
 
 
 def _all_running(status: dict[str, Any]) -> bool:
@@ -341,6 +343,17 @@ def server(module_server: FakeOmnigentServer) -> FakeOmnigentServer:
     module_server.faults.clear()
     module_server.requests.clear()
     return module_server
+
+
+@pytest.fixture
+async def tunnels(request: pytest.FixtureRequest) -> AsyncIterator[FakeTunnelServer]:
+    """A fake omnigent server's runner-tunnel endpoint (tests/fake_tunnel_server.py) in the
+    test's nursery, under the module's ``TUNNEL_PREFIX`` (default: none)."""
+    fake = FakeTunnelServer(prefix=getattr(request.module, "TUNNEL_PREFIX", ""))
+    async with trio.open_nursery() as nursery:
+        await fake.start(nursery)
+        yield fake
+        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture

@@ -34,15 +34,14 @@ from hypothesis import strategies as st
 from corral.cli import cli
 from tests.conftest import FAST_LIVENESS, HostProcess
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
-from tests.integration import test_bad_input, test_control_plane_bad_input
+from tests.integration import test_control_plane_bad_input
 from tests.integration._gateway import scripted_yaml
 from tests.integration.test_control_plane import bound, make_settings
 from tests.integration.test_control_plane import running as plane_running
 from tests.integration.test_gateway import bind, host_config, message, running
 
-#: The fixtures of the bad-input tests (a fake tunnel server, an agents dir with one agent),
-#: shared rather than copied.
-tunnels = test_bad_input.tunnels
+#: The fixture of the control plane's bad-input tests (an agents dir with one agent), shared
+#: rather than copied (the fake tunnel server is the ``tunnels`` of tests/conftest.py).
 agents_dir = test_control_plane_bad_input.agents_dir
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -101,6 +100,35 @@ def paths(sid: str) -> st.SearchStrategy[str]:
     ) | st.text(max_size=40).map(lambda p: "/" + p)
 
 
+class Raw(bytes):
+    """A request body sent as these bytes, not encoded as JSON."""
+
+
+def raw_bodies(wrap: Callable[[bytes], bytes]) -> st.SearchStrategy[Raw]:
+    """Bodies no JSON encoder makes: any bytes, ``content`` nested up to 200,000 deep, text
+    with lone surrogate escapes, NULs and broken escapes. ``wrap`` puts a ``content`` value
+    into a message of the receiver's shape."""
+    pieces = st.sampled_from(
+        [r"\ud800", r"\udfff", r"\ud83d\ude00", r"\u0000", "x", "\\", '"', "\\q"]
+    )
+    text = st.lists(pieces, max_size=5).map(
+        lambda ps: b'[{"type": "input_text", "text": "' + "".join(ps).encode() + b'"}]'
+    )
+    # The depths at the limit (128) and those that break recursive parsers, more often than
+    # integers alone would draw them.
+    depths = st.sampled_from([127, 128, 129, 1_000, 10_000, 200_000]) | st.integers(1, 200_000)
+    nested = depths.map(lambda n: b"[" * n + b"]" * n)
+    return st.one_of(st.binary(max_size=200), text.map(wrap), nested.map(wrap)).map(Raw)
+
+
+def runner_message(content: bytes) -> bytes:
+    return b'{"type": "message", "role": "user", "content": ' + content + b"}"
+
+
+def plane_message(content: bytes) -> bytes:
+    return b'{"type": "message", "data": {"content": ' + content + b"}}"
+
+
 def event_bodies() -> st.SearchStrategy[Any]:
     kinds = st.sampled_from(["message", "approval", "interrupt", "stop_session", "compact"])
     return (
@@ -119,6 +147,7 @@ def event_bodies() -> st.SearchStrategy[Any]:
             }
         )
         | json_values
+        | raw_bodies(runner_message)
     )
 
 
@@ -153,6 +182,14 @@ def fuzz_host_config(tunnels: FakeTunnelServer, server: Any, extra: str = "") ->
 
 def restarts(host: HostProcess) -> dict[str, int]:
     return {a["name"]: a["restarts"] for a in host.status()["actors"] if a["restarts"]}
+
+
+JSON_TYPE = {"content-type": "application/json"}
+
+
+def shown(body: Any) -> str:
+    """A body for a failure's message, cut short (a nested one is 400,000 bytes)."""
+    return repr(bytes(body)[:200]) if isinstance(body, Raw) else json.dumps(body)[:200]
 
 
 def typed_refusal(status: int | None, body: bytes) -> str | None:
@@ -216,9 +253,14 @@ async def test_fuzzed_tunnel_frames_and_event_bodies_are_answered_typed_and_noth
                 await t.ping(timeout=15)
                 return
             method, path, body = payload
-            answer = await t.request(str(method), path, body, timeout=20)
+            if isinstance(body, Raw):
+                answer = await t.request(
+                    str(method), path, raw=bytes(body), encoding="base64", timeout=20
+                )
+            else:
+                answer = await t.request(str(method), path, body, timeout=20)
             if (why := typed_refusal(answer.status, answer.body)) is not None:
-                bad.append(f"{method} {path} {json.dumps(body)[:200]}: {why}")
+                bad.append(f"{method} {path} {shown(body)}: {why}")
 
         await fuzz_in_thread(
             frames(sid)
@@ -257,7 +299,9 @@ def plane_requests(sid: str) -> st.SearchStrategy[tuple[str, str, Any]]:
     )
     return st.one_of(
         st.tuples(
-            st.just("POST"), st.just(f"/v1/sessions/{sid}/events"), data_bodies | json_values
+            st.just("POST"),
+            st.just(f"/v1/sessions/{sid}/events"),
+            data_bodies | json_values | raw_bodies(plane_message),
         ),
         st.tuples(st.just("POST"), st.just("/v1/sessions"), with_fields({"agent": json_values})),
         st.tuples(
@@ -289,9 +333,14 @@ async def test_fuzzed_control_plane_requests_are_answered_typed(
         async def example(value: tuple[str, str, Any]) -> None:
             method, path, body = value
             with trio.fail_after(20):
-                answer = await ctx.client.request(method, path, json=body)
+                if isinstance(body, Raw):
+                    answer = await ctx.client.request(
+                        method, path, content=bytes(body), headers=JSON_TYPE
+                    )
+                else:
+                    answer = await ctx.client.request(method, path, json=body)
             if answer.status_code >= 500:
-                bad.append(f"{method} {path} {json.dumps(body)[:200]}: {answer.status_code}")
+                bad.append(f"{method} {path} {shown(body)}: {answer.status_code}")
             elif answer.status_code >= 400:
                 try:
                     payload = answer.json()

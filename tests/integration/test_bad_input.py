@@ -12,11 +12,7 @@ The control plane's HTTP API is in ``test_control_plane_bad_input.py``.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
-import trio
 
 from corral._input import MAX_JSON_DEPTH, SESSION_ID_RULE
 from tests.conftest import FAST_LIVENESS
@@ -28,15 +24,6 @@ from tests.integration.test_gateway import bind, host_config, message, running
 #: The worker's answer: the user texts of the history it was given, so a turn shows what the
 #: session kept (and that no refused input left a trace in it).
 _ECHO = "{echo_history: true}"
-
-
-@pytest.fixture
-async def tunnels() -> AsyncIterator[FakeTunnelServer]:
-    fake = FakeTunnelServer()
-    async with trio.open_nursery() as nursery:
-        await fake.start(nursery)
-        yield fake
-        nursery.cancel_scope.cancel()
 
 
 def deep(depth: int) -> bytes:

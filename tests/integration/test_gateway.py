@@ -139,13 +139,8 @@ def message(text: str, agent_id: str, name: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-async def tunnels() -> AsyncIterator[FakeTunnelServer]:
-    fake = FakeTunnelServer(prefix="/omni")
-    async with trio.open_nursery() as nursery:
-        await fake.start(nursery)
-        yield fake
-        nursery.cancel_scope.cancel()
+#: The fake server's tunnel endpoint is under a path prefix here (the ``tunnels`` fixture).
+TUNNEL_PREFIX = "/omni"
 
 
 @pytest.fixture

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
@@ -73,15 +71,6 @@ class OwnerActor(Actor):
 
 _OWNER = "tests.integration.test_gateway_019:OwnerActor"
 _QUIET = "[actors.harness]\nenabled = false\n[actors.policy]\nenabled = false\n"
-
-
-@pytest.fixture
-async def tunnels() -> AsyncIterator[FakeTunnelServer]:
-    fake = FakeTunnelServer()
-    async with trio.open_nursery() as nursery:
-        await fake.start(nursery)
-        yield fake
-        nursery.cancel_scope.cancel()
 
 
 def owner_config(tunnels: FakeTunnelServer, runner: str, *, tools: bool = True, **gateway) -> str:
