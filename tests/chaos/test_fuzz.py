@@ -34,14 +34,15 @@ from hypothesis import strategies as st
 from corral.cli import cli
 from tests.conftest import FAST_LIVENESS, HostProcess
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
-from tests.integration import test_control_plane_bad_input
+from tests.integration import test_bad_input, test_control_plane_bad_input
 from tests.integration._gateway import scripted_yaml
 from tests.integration.test_control_plane import bound, make_settings
 from tests.integration.test_control_plane import running as plane_running
 from tests.integration.test_gateway import bind, host_config, message, running
 
-#: The fixture of the control plane's bad-input tests (an agents dir with one agent), shared
-#: rather than copied (the fake tunnel server is the ``tunnels`` of tests/conftest.py).
+#: The fixtures of the bad-input tests (a fake tunnel server, an agents dir with one agent),
+#: shared rather than copied.
+tunnels = test_bad_input.tunnels
 agents_dir = test_control_plane_bad_input.agents_dir
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -267,14 +268,16 @@ async def test_fuzzed_tunnel_frames_and_event_bodies_are_answered_typed_and_noth
             | event_bodies().map(lambda b: ("request", ("POST", f"/v1/sessions/{sid}/events", b))),
             example,
         )
+        # The runner goes on: a good message runs a turn to its end (in a new session: the
+        # fuzz may have deleted or stopped the first).
         t = await live_tunnel(tunnels, sid, agent_id, t)
-        # The session goes on: a good message runs a turn to its end.
-        idle = tunnels.statuses(sid).count("idle")
+        after = server.add_session(agent_id)["id"]
+        await bind(t, after, agent_id)
         answer = await t.request(
-            "POST", f"/v1/sessions/{sid}/events", message("after", agent_id, "a")
+            "POST", f"/v1/sessions/{after}/events", message("after", agent_id, "a")
         )
         assert answer.status == 202, answer.body
-        await tunnels.until_status(sid, count=idle + 1, timeout=30)
+        await tunnels.until_status(after, timeout=30)
         assert restarts(host) == {}
         # The fuzz reached the gateway's frame parser (it counts what it refused).
         [tunnel] = host.status()["tunnels"]
@@ -351,9 +354,11 @@ async def test_fuzzed_control_plane_requests_are_answered_typed(
                     bad.append(f"{method} {path}: {answer.status_code} {answer.text[:200]}")
 
         await fuzz_in_thread(plane_requests(sid), example)
-        # Still serving: a good message is forwarded to the runner.
+        # Still serving: a good message is taken (in a new session: the fuzz may have
+        # deleted the first).
+        after = (await ctx.create())["id"]
         answer = await ctx.client.post(
-            f"/v1/sessions/{sid}/events", json={"type": "message", "data": {"content": "after"}}
+            f"/v1/sessions/{after}/events", json={"type": "message", "data": {"content": "after"}}
         )
         assert answer.status_code == 202, answer.text
     assert bad == []
