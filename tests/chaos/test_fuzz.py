@@ -34,15 +34,14 @@ from hypothesis import strategies as st
 from corral.cli import cli
 from tests.conftest import FAST_LIVENESS, HostProcess
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
-from tests.integration import test_bad_input, test_control_plane_bad_input
+from tests.integration import test_control_plane_bad_input
 from tests.integration._gateway import scripted_yaml
 from tests.integration.test_control_plane import bound, make_settings
 from tests.integration.test_control_plane import running as plane_running
 from tests.integration.test_gateway import bind, host_config, message, running
 
-#: The fixtures of the bad-input tests (a fake tunnel server, an agents dir with one agent),
-#: shared rather than copied.
-tunnels = test_bad_input.tunnels
+#: The fixture of the control plane's bad-input tests (an agents dir with one agent), shared
+#: rather than copied (the fake tunnel server is the ``tunnels`` of tests/conftest.py).
 agents_dir = test_control_plane_bad_input.agents_dir
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
