@@ -49,8 +49,27 @@ from trio_websocket import (
     WebSocketRequest,
     serve_websocket,
 )
+from wsproto.connection import ConnectionState
 
 log = logging.getLogger("tests.fake_tunnel_server")
+
+
+def _no_pong_after_close() -> None:
+    """Let a ping that crosses this server's close go unanswered, as RFC 6455 wants (§5.5.1:
+    nothing after a Close but a Close). trio-websocket 0.12.2 answers it and wsproto raises
+    ``LocalProtocolError`` in the connection's reader task, which ends the whole fake server;
+    the gateway pings after every stream frame to learn what the server read, so a close in
+    the middle of a stream meets one."""
+    answer = WebSocketConnection._handle_ping_event
+
+    async def handle(self: WebSocketConnection, event: Any) -> None:
+        if self._wsproto.state == ConnectionState.OPEN:
+            await answer(self, event)
+
+    WebSocketConnection._handle_ping_event = handle  # type: ignore[method-assign]
+
+
+_no_pong_after_close()
 
 SERVER_VERSION = "0.19.1"
 EVENT_INGEST = "session-event-ingest-v1"
