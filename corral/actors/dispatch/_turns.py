@@ -188,8 +188,15 @@ class TurnFlow(TurnSetup):
             or spec_harness(spec)
             or self.options.default_harness
         )
+        if session.turn is not turn:
+            # Ended while its spec was fetched (a restarted turn's terminal can come first):
+            # its messages must not join the history a second time.
+            return None if continuation else accepted()
         try:
             content = await self._history(session, messages)
+            if session.turn is not turn and self._server(session) is not None:
+                # Ended during the fetch: the cache lacks its answer; the server has both.
+                session.history = None
         except Exception as exc:
             log.warning("history for session %s failed: %s", session.id, exc)
             await self._setup_failed(session, turn, exc)

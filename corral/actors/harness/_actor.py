@@ -221,6 +221,12 @@ class HarnessActor(Actor):
             # first one is here (running, or ended with its terminal on the way).
             log.info("turn %s was started before; its second start is dropped", msg.turn_id)
             return None
+        owned = self.turns.get(msg.session_id)
+        if owned is not None and owned.start.turn_id == msg.turn_id and not owned.deferred.resolved:
+            # A second copy of a turn this incarnation holds — dispatch's ``again`` start came
+            # first after a restart of this actor: the turn runs once, under the first copy.
+            log.info("turn %s is held here already; its other start is dropped", msg.turn_id)
+            return None
         deferred = self.defer(incoming)
         # In flight from this moment: the reaper must not take the worker (H-08).
         turn = self.turns.setdefault(msg.session_id, OwnedTurn(msg, deferred))
