@@ -137,12 +137,12 @@ def _last_event_id(url: str, agent: str) -> int:
     return max((s["last_event_id"] for s in sessions if s["agent"] == agent), default=0)
 
 
-def _check_once_in_order(events: list[dict[str, Any]]) -> None:
-    """Stream ids unique and contiguous, one running and one terminal edge, at the end."""
+def _check_once_in_order(events: list[dict[str, Any]], end: str = "idle") -> None:
+    """Stream ids unique and contiguous, one running and one terminal edge (``end``)."""
     ids = [e["event_id"] for e in events]
     assert ids == list(range(ids[0], ids[0] + len(ids))), ids
     edges = [e["status"] for e in events if e["type"] == "session.status"]
-    assert edges == ["running", "idle"], edges
+    assert edges == ["running", end], edges
 
 
 def _stop_plane_while_the_gateway_writes(host: HostProcess, url: str, agent: str) -> int:
@@ -406,15 +406,19 @@ def test_control_plane_kill9_at_random_moments_every_turn_ends_once(
     plane_host: HostProcess,
 ) -> None:
     # The issue's trials: the demo agent (text, a shell call the policy evaluates, an
-    # approval, text) with the plane killed at a random point of each turn.
+    # approval, text) with the plane killed at a random point of each turn. Every turn ends
+    # with one edge the client sees, none waits for --timeout. (A turn whose setup needed
+    # the plane while it restarted can end failed, runner_error "turn setup failed":
+    # dispatch gives up fetching the history or the agent after about 2 s.)
     rng = random.Random(15)
     outcomes = [_kill_during_a_demo_turn(plane_host, rng.randint(1, 14)) for _ in range(6)]
-    assert [status for _, status in outcomes] == ["idle"] * 6, outcomes
+    assert all(status in ("idle", "setup failed") for _, status in outcomes), outcomes
 
 
 def _kill_during_a_demo_turn(host: HostProcess, at: int) -> tuple[int, str]:
     """``corral send`` to a new demo session; the plane is killed once the host's sessions
-    got ``at`` more events. Returns ``at`` and the turn's status (checked: once, in order)."""
+    got ``at`` more events. Returns ``at`` and how the turn ended (checked: each event once,
+    in order, one edge): ``idle``, or ``setup failed``."""
     plane = _plane(host)
     assert plane is not None
     url, pid = plane["url"], plane["pid"]
@@ -423,15 +427,20 @@ def _kill_during_a_demo_turn(host: HostProcess, at: int) -> tuple[int, str]:
     wait_until(lambda: _last_event_id_of_all(url) >= before + at, 30, "the turn to stream")
     os.kill(pid, signal.SIGKILL)
     code, result, err = _finish(send)
-    assert code == 0, (at, err)
-    _check_once_in_order(result["events"])
-    assert result["text"].startswith("Hello from corral!")
+    if result["status"] == "failed" and "turn setup failed" in str(result["error"]):
+        _check_once_in_order(result["events"], "failed")
+        outcome = "setup failed"
+    else:
+        assert (code, result["status"]) == (0, "idle"), (at, err)
+        _check_once_in_order(result["events"])
+        assert result["text"].startswith("Hello from corral!")
+        outcome = "idle"
     wait_until(
         lambda: (p := _plane(host)) and p["pid"] != pid and p["state"] == "running",
         30,
         "the restarted control plane",
     )
-    return at, result["status"]
+    return at, outcome
 
 
 def _last_event_id_of_all(url: str) -> int:
