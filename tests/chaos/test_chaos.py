@@ -2,8 +2,8 @@
 while processes are killed, then every invariant checked (corral/bench/chaos.py).
 
 Each mode is one small run: random ``kill -9`` of every process kind (each actor, harness
-workers, the control plane) every 1-2 s; dispatch only and the gateway only, at short turns;
-and the tunnel cut under live turns. A run passes when every turn had exactly one terminal
+workers, the control plane) every 1-2 s; dispatch only (at the default turn, which streams
+while it dies) and the gateway only (at short turns); and the tunnel cut under live turns. A run passes when every turn had exactly one terminal
 edge, every delta of every completed turn arrived once and in order, nothing ran twice, no
 elicitation was left parked and no process was orphaned; otherwise the assertion lists what
 broke, with the session and the turn. ``corral bench chaos`` runs the same driver at scale.
@@ -23,15 +23,15 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(240)]
 #: Small enough for CI (three sessions of three turns), long enough for ~10 kills a run.
 #: A turn that has not ended 20 s after its message (it takes ~2 s) is stuck, not slow.
 SMALL = {"sessions": 3, "turns": 3, "turn_timeout_s": 20.0}
-#: The targeted modes' turns are short (3 + 3 deltas 20 ms apart): a kill lands at a turn's
-#: start, its tool call or its end as often as in the middle of its text.
+#: Short turns (3 + 3 deltas 20 ms apart) for the gateway: a kill lands at a turn's start,
+#: its tool call or its end as often as in the middle of its text.
 SHORT = {"deltas": 3, "delay_ms": 20}
 
 
 def verdict(figures: ChaosFigures) -> str:
     lines = [f"{name}: {getattr(figures, name)}" for name in (
         "turns", "terminal_once_pct", "no_terminal", "duplicate_terminals", "lost",
-        "duplicated", "misordered", "run_twice", "tool_runs_twice", "history_lost",
+        "events_lost", "duplicated", "misordered", "run_twice", "tool_runs_twice", "history_lost",
         "parked_left", "orphans", "hung", "kills", "failures_by_code",
     )]  # fmt: skip
     return "\n".join([*lines, *figures.problems])
