@@ -3,10 +3,11 @@ while processes are killed, then every invariant checked (corral/bench/chaos.py)
 
 Each mode is one small run: random ``kill -9`` of every process kind (each actor, harness
 workers, the control plane) every 1-2 s; dispatch only (at the default turn, which streams
-while it dies) and the gateway only (at short turns); and the tunnel cut under live turns. A run passes when every turn had exactly one terminal
-edge, every delta of every completed turn arrived once and in order, nothing ran twice, no
-elicitation was left parked and no process was orphaned; otherwise the assertion lists what
-broke, with the session and the turn. ``corral bench chaos`` runs the same driver at scale.
+while it dies) and the gateway only (at short turns); and the tunnel cut under live turns.
+A run passes when every turn had exactly one terminal edge, every delta of every completed
+turn arrived once and in order, nothing ran twice, no elicitation was left parked and no
+process was orphaned; otherwise the assertion lists what broke, with the session and the
+turn. ``corral bench chaos`` runs the same driver at scale.
 """
 
 from __future__ import annotations
