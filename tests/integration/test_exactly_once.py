@@ -12,6 +12,8 @@ edge per message, and the next turn is given the history with the first turn in 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -189,6 +191,36 @@ async def test_d31_kill9_of_dispatch_between_a_turns_end_and_its_continuation_ru
         history = json.loads(tunnels.deltas(sid).removeprefix("done."))
         assert [text for role, text in history if role == "user"] == ["first", "second"]
         assert [text for role, text in history if role == "assistant"] == ["done."]
+
+
+@pytest.mark.chaos
+async def test_d08_a_turn_run_by_its_again_start_ends_harness_restarted_when_the_harness_dies(
+    host_factory, tunnels, server, tmp_path: Path
+) -> None:
+    """Dispatch dies after saving the turn and before its start leaves (``turn_saved``), so
+    the turn runs under the next incarnation's ``again`` start alone; the harness actor is
+    then killed mid-turn, its worker with it. The broker redelivers that start to the new
+    harness actor, which ends the turn ``failed`` (``harness_restarted``) — it used to drop
+    the start as "started before" (a previous incarnation had recorded it), leaving the turn
+    with no worker and no end for good (the chaos run's hung turns, issue #15)."""
+    agent_id, sid = _agent(server, tmp_path, pause_ms=60_000)
+    host = host_factory(_config(tunnels, server, "turn_saved"))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        assert await _post(t, sid, message("first", agent_id, "once")) == 202
+        await _dispatch_restarts(host, 1)
+        # The turn's shell step ran: its worker has the again start and sleeps in the turn.
+        await trio.to_thread.run_sync(lambda: wait_until(lambda: _runs(tmp_path), 30, "turn 1"))
+        assert "again after a restart" in host.log()
+        before = host.actor("harness")
+        os.kill(before["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(lambda: host.restarted("harness", before))
+        await tunnels.until_status(sid, "failed", timeout=30)
+        assert tunnels.statuses(sid) == ["running", "failed"]
+        edge = next(e for e in tunnels.events[sid] if e.get("status") == "failed")
+        assert edge["error"]["code"] == "harness_restarted", edge
+        assert _runs(tmp_path) == 1, "run once, never again"
 
 
 async def test_d08_a_message_posted_twice_is_one_turn(

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -57,6 +58,10 @@ Forwarded = ToolResult | PolicyVerdict | Interrupt
 
 #: Exit code of a worker that could not load its harness implementation.
 EXIT_CANNOT_LOAD = 78
+
+#: Turn ids an incarnation remembers taking a start of (about 40 bytes each): a second start
+#: of a turn comes from a dispatch restarted seconds after the first, so thousands are plenty.
+TAKEN_KEPT = 4096
 
 
 @dataclass
@@ -149,6 +154,8 @@ class HarnessActor(Actor):
         self.parked: dict[str, ParkedElicitation] = {}
         #: Turns a previous incarnation left behind and this one already ended.
         self.ended_turns: set[str] = set()
+        #: Turns this incarnation took a start of (held now, or ended), newest last, bounded.
+        self.taken: OrderedDict[str, None] = OrderedDict()
         self.stats = {"spawned": 0, "crashed": 0, "reaped": 0, "turns": 0}
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -216,18 +223,18 @@ class HarnessActor(Actor):
 
     @handles(TurnStart)
     async def turn_start(self, msg: TurnStart, incoming: Incoming) -> InputAccepted | None:
-        if msg.again and self._seen(msg):
-            # Dispatch crashed before it knew its first start was with the broker; the
-            # first one is here (running, or ended with its terminal on the way).
-            log.info("turn %s was started before; its second start is dropped", msg.turn_id)
-            return None
-        owned = self.turns.get(msg.session_id)
-        if owned is not None and owned.start.turn_id == msg.turn_id and not owned.deferred.resolved:
-            # A second copy of a turn this incarnation holds — dispatch's ``again`` start came
-            # first after a restart of this actor: the turn runs once, under the first copy.
-            log.info("turn %s is held here already; its other start is dropped", msg.turn_id)
+        if self._taken_here(msg):
+            # A second copy of a turn this incarnation holds or ended: dispatch's ``again``
+            # start (it crashed before it knew its first one was with the broker), or the
+            # first one redelivered after it (the ``again`` copy came first after a restart
+            # of this actor). The turn runs, and ends, once: under the copy taken first.
+            which = "second" if msg.again else "first"
+            log.info("turn %s was taken here before; its %s start is dropped", msg.turn_id, which)
             return None
         deferred = self.defer(incoming)
+        self.taken[msg.turn_id] = None
+        if len(self.taken) > TAKEN_KEPT:
+            self.taken.popitem(last=False)
         # In flight from this moment: the reaper must not take the worker (H-08).
         turn = self.turns.setdefault(msg.session_id, OwnedTurn(msg, deferred))
         if turn.start.turn_id == msg.turn_id and turn.deferred.resolved:
@@ -235,14 +242,20 @@ class HarnessActor(Actor):
         self.in_order(msg.session_id, lambda: self._start_turn(msg, deferred), deferred)
         return None
 
-    def _seen(self, msg: TurnStart) -> bool:
-        """Whether the turn of ``msg`` reached this actor before (in any incarnation)."""
+    def _taken_here(self, msg: TurnStart) -> bool:
+        """Whether this incarnation took a start of ``msg``'s turn and holds it or ended it:
+        ``msg`` is then another copy, to drop.
+
+        Not the started-turns record: a turn only a previous incarnation started may have
+        been started by this very message, redelivered because that incarnation died holding
+        it (dispatch's first start was cut off by a crash, and its ``again`` one ran the
+        turn). Dropped as "started before", it left the turn with no worker and no end for
+        good; taken, it ends ``harness_restarted`` (:meth:`_start_turn`).
+        """
         owned = self.turns.get(msg.session_id)
-        return (
-            (owned is not None and owned.start.turn_id == msg.turn_id)
-            or msg.turn_id in self.ended_turns
-            or self.started_turns.seen(msg.turn_id)
-        )
+        if owned is not None and owned.start.turn_id == msg.turn_id:
+            return not owned.deferred.resolved  # resolved: its start was nacked; this is it again
+        return msg.turn_id in self.ended_turns or msg.turn_id in self.taken
 
     async def _start_turn(self, msg: TurnStart, deferred: Deferred) -> None:
         turn = self.turns.get(msg.session_id)
@@ -259,10 +272,6 @@ class HarnessActor(Actor):
                 ),
                 msg.session_id,
             )
-            deferred.ack()
-            return
-        if msg.turn_id in self.ended_turns:
-            self.turns.pop(msg.session_id, None)
             deferred.ack()
             return
         if self.started_turns.seen(msg.turn_id):
