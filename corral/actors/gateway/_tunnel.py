@@ -158,17 +158,38 @@ class _Reads:
     when either end is killed. A WebSocket ping sent after the frame and answered proves the
     server's process read it (it reads its socket in order, and answers a ping when it reads
     it), so :meth:`Tunnel._confirmer` runs these callbacks after such a round trip.
+    ``waiting`` are the frames written since the last ping went out, ``pinged`` those the
+    ping in flight covers.
     """
 
-    __slots__ = ("callbacks", "wanted")
+    __slots__ = ("pinged", "waiting", "wanted")
 
     def __init__(self) -> None:
-        self.callbacks: list[Callable[[], None]] = []
+        self.waiting: list[Callable[[], None]] = []
+        self.pinged: list[Callable[[], None]] = []
         self.wanted = trio.Event()
 
     def add(self, callback: Callable[[], None]) -> None:
-        self.callbacks.append(callback)
+        self.waiting.append(callback)
         self.wanted.set()
+
+    def start_ping(self) -> None:
+        """A ping goes out: it covers every frame written so far."""
+        self.pinged += self.waiting
+        self.waiting = []
+
+    def read(self, runner_id: str, *, everything: bool = False) -> None:
+        """The frames the ping covered (with ``everything``, every frame written) were read:
+        run their callbacks (a failing one is logged)."""
+        callbacks, self.pinged = self.pinged, []
+        if everything:
+            callbacks += self.waiting
+            self.waiting = []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("tunnel %s: a read-callback failed", runner_id)
 
 
 class Responder:
@@ -409,6 +430,13 @@ class Tunnel:
         finally:
             self._out = None
             self.requests.clear()
+        closed = ws.closed
+        if closed is not None and closed.code != 1006 and self._drop_reason is None:
+            # The server closed the tunnel itself, with a Close frame: it read every frame
+            # sent before it (it stops taking them only at its close). A tunnel that broke
+            # (1006: the server died, or the network) proves nothing: what no ping proved
+            # read is sent again.
+            reads.read(self.runner_id, everything=True)
 
     async def _writer(
         self,
@@ -472,7 +500,7 @@ class Tunnel:
         while True:
             await reads.wanted.wait()
             reads.wanted = trio.Event()
-            callbacks, reads.callbacks = reads.callbacks, []
+            reads.start_ping()
             rounds += 1
             try:
                 # A payload of our own: the pinger's random ones can never clash with it.
@@ -481,11 +509,7 @@ class Tunnel:
                 scope.cancel()
                 return
             self.stats["read_confirmations"] += 1
-            for callback in callbacks:
-                try:
-                    callback()
-                except Exception:
-                    log.exception("tunnel %s: a read-callback failed", self.runner_id)
+            reads.read(self.runner_id)
 
     async def send(
         self,
