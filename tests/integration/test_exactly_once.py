@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,15 +30,6 @@ from tests.integration._gateway import fake_gateway, scripted_yaml
 from tests.integration.test_gateway import FAST_BACKOFF, bind, message, running
 
 RUNNER = "exactly-once"
-
-
-@pytest.fixture
-async def tunnels() -> AsyncIterator[FakeTunnelServer]:
-    fake = FakeTunnelServer()
-    async with trio.open_nursery() as nursery:
-        await fake.start(nursery)
-        yield fake
-        nursery.cancel_scope.cancel()
 
 
 def _config(tunnels: FakeTunnelServer, server: FakeOmnigentServer, crash_at: str) -> str:
