@@ -360,6 +360,9 @@ def test_oversized_bundles_are_refused() -> None:
         (make_bundle(CAPTURED_YAML)[:40], r"^agent bundle is (truncated|not valid) gzip data"),
         (b"\x1f\x8b" + b"\x00" * 30, r"^agent bundle is not valid gzip data"),
     ],
+    # Named, not by their bytes: a gzip header holds the time it was made, and pytest-xdist's
+    # workers must collect the same test ids.
+    ids=["yaml", "empty", "gzip-not-tar", "truncated-gzip", "bad-gzip"],
 )
 def test_bundles_that_are_not_tar_gz_are_refused(data: bytes, message: str) -> None:
     with pytest.raises(SpecError, match=message):
