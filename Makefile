@@ -3,9 +3,10 @@
 #   make test  — the same set-up (plus the real omnigent server for tests/interop), then the
 #                whole test suite
 #   make test-fast — the same set-up, then all but the interop and chaos tests
-# The fast part runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
-# module per worker at a time, so a module's shared host stays in one process. The chaos and
-# interop tests time crashes and the real server: they run one at a time, after it.
+# make test-fast runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
+# module per worker at a time, so a module's shared host stays in one process. make test (and
+# so CI) runs one test at a time: the chaos and interop tests time crashes and the real
+# server, and a loaded machine makes the tests' 0.6 s heartbeat window miss (docs/testing.md).
 PYTHON ?= python3
 JOBS   ?= auto
 VENV   ?= .venv
@@ -29,9 +30,7 @@ test: $(STAMP)
 	@# The real omnigent server for tests/interop, built once and cached (exit 3: no Python
 	@# >= 3.12 here, and the interop suite skips itself loudly).
 	@./.ci/omnigent-venv >/dev/null || [ $$? -eq 3 ]
-	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS)
-	@# Exit 5: PYTEST_ARGS picked no interop or chaos test (e.g. only tests/unit).
-	$(BIN)/python -m pytest -q -m "interop or chaos" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
