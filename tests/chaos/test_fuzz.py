@@ -88,16 +88,19 @@ METHODS = st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]) | st.text(m
 
 
 def paths(sid: str) -> st.SearchStrategy[str]:
-    return st.sampled_from(
-        [
-            f"/v1/sessions/{sid}/events",
-            f"/v1/sessions/{sid}",
-            f"/v1/sessions/{sid}/stream",
-            "/v1/sessions",
-            f"/v1/sessions/{sid}/elicitations/e1/resolve",
-            "/v1/nothing",
-        ]
-    ) | st.text(max_size=40).map(lambda p: "/" + p)
+    """Request paths; never a session's ``/stream``, whose answer has no end to wait for."""
+    return (
+        st.sampled_from(
+            [
+                f"/v1/sessions/{sid}/events",
+                f"/v1/sessions/{sid}",
+                "/v1/sessions",
+                f"/v1/sessions/{sid}/elicitations/e1/resolve",
+                "/v1/nothing",
+            ]
+        )
+        | st.text(max_size=40).map(lambda p: "/" + p)
+    ).filter(lambda p: not p.rstrip("/").endswith("/stream"))
 
 
 class Raw(bytes):
