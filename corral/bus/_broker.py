@@ -68,6 +68,8 @@ from ._socket import Socket, configure
 log = logging.getLogger("corral.bus.broker")
 
 _ERROR_TAG = tag_of(ErrorReply)
+#: Unanswered stream calls remembered per peer (the oldest are forgotten first).
+_MAX_CALLS_TRACKED = 65536
 
 
 @dataclass(slots=True)
@@ -119,6 +121,10 @@ class Broker:
         #: Gives the last exit of an actor, for dead-letter errors.
         self.exit_reason: Callable[[str], str | None] = lambda name: None
         self._stats = {"routed": 0, "durable": 0}
+        #: Stream calls routed to each peer and not answered yet: request id → caller. A peer
+        #: that exits takes them with it, and their callers are told at once instead of
+        #: waiting out their deadline (a GET that met a dying dispatch waited 60 s).
+        self._calls: dict[str, dict[str, str]] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -196,6 +202,10 @@ class Broker:
         """The supervisor saw ``name``'s process exit: take back what it had in flight."""
         for env, _ in self._held.pop(name, ()):
             self._error_reply(env, "unreachable", f"peer {name!r} exited before it started")
+        reason = self.exit_reason(name)
+        for request_id, caller in self._calls.pop(name, {}).items():
+            why = f"peer {name!r} exited before it answered" + (f" ({reason})" if reason else "")
+            self._reply(caller, request_id, ErrorReply(code="unreachable", message=why))
         peer = self._peers.get(name)
         if peer is not None:
             peer.connected = False
@@ -332,9 +342,17 @@ class Broker:
         self._route(peer, env, frame)
 
     def _route(self, peer: PeerState, env: Envelope, frame: bytes) -> None:
+        if env.correlation_id is not None:
+            self._calls.get(env.sender, {}).pop(env.correlation_id, None)
         if not self._send(peer, frame):
             why = "is overloaded" if peer.connected else "has gone away"
             self._error_reply(env, "unreachable", f"peer {env.recipient!r} {why}")
+        elif env.wants_reply and env.correlation_id is None:
+            calls = self._calls.setdefault(peer.name, {})
+            calls[env.id] = env.sender
+            if len(calls) > _MAX_CALLS_TRACKED:
+                # Callers that gave up long ago: their deadline told them already.
+                del calls[next(iter(calls))]
         self._stats["routed"] += 1
 
     def _on_durable(self, env: Envelope, frame: bytes) -> None:

@@ -437,3 +437,35 @@ async def test_parking_and_unparking_tell_the_owner(tmp_path: Path) -> None:
                 await changed.wait()
             assert [row["state"] for row in broker.parked()] == ["resolved"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_call_whose_callee_exits_before_answering_fails_at_once(tmp_path: Path) -> None:
+    """A stream call the callee took and never answered fails ``unreachable`` as soon as the
+    supervisor reports the callee's exit (``peer_down``), not at the caller's deadline; a call
+    already answered is forgotten, so its caller hears nothing more."""
+    from corral import Unreachable
+    from tests._echo import EchoPong
+
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path)
+        broker.exit_reason = lambda name: "killed by signal 9 (SIGKILL)"
+        endpoint = f"ipc://{tmp_path}/bus.sock"
+        async with (
+            open_peer("client", endpoint, accepts=Every) as client,
+            open_peer("worker", endpoint, accepts=Every) as worker,
+        ):
+
+            async def answer_first_then_die() -> None:
+                first = await worker.inbox.receive()
+                await worker.reply(first, EchoPong(text="one"))
+                await worker.inbox.receive()  # taken, never answered
+                broker.peer_down("worker")
+
+            nursery.start_soon(answer_first_then_die)
+            assert await client.call("worker", EchoPing(text="one"), timeout=5) == EchoPong(
+                text="one"
+            )
+            with trio.fail_after(5):  # far below the call's own 60 s deadline
+                with pytest.raises(Unreachable, match=r"exited before it answered .*SIGKILL"):
+                    await client.call("worker", EchoPing(text="two"), timeout=60)
+        nursery.cancel_scope.cancel()
