@@ -94,6 +94,9 @@ class Fanout:
         self._receivers: dict[tuple[str, int], int] = {}
         #: Told ``(session_id, seq)`` of a tracked event once every receiver has it.
         self.on_delivered: Callable[[str, int], None] | None = None
+        #: Batches of subscriber events queued and sent so far (:meth:`sent`).
+        self._queued_n = self._sent_n = 0
+        self._sent_more = trio.Event()
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run the outbox and both sending loops in ``nursery``."""
@@ -186,6 +189,8 @@ class Fanout:
                     origin_at=q.origin_at,
                 )
             )
+        if receivers:
+            self._queued_n += 1
         self._events_ready.set()
         key = (q.session_id, q.seq)
         final = bool(self.journal and q.run and q.terminal)
@@ -238,6 +243,7 @@ class Fanout:
             await self._events_ready.wait()
             self._events_ready = trio.Event()
             pending, self._events = self._events, {}
+            upto = self._queued_n
             for name, events in pending.items():
                 try:
                     await self.peer.cast_many(name, event_batches(events), durable=True, timeout=60)
@@ -256,6 +262,17 @@ class Fanout:
                 if self._receivers:
                     for event in events:
                         self._received((event.session_id, event.seq))
+            self._sent_n = upto
+            self._sent_more.set()
+            self._sent_more = trio.Event()
+
+    async def sent(self) -> None:
+        """Return once every event queued for the subscribers so far has been sent (the
+        broker took it, or its send failed and was logged): an answer that must not overtake
+        an edge — DELETE's after the deleted turn's ``idle`` — waits on it."""
+        upto = self._queued_n
+        while self._sent_n < upto:
+            await self._sent_more.wait()
 
     async def run_journal(self) -> None:
         """Flush journal events after a short window, so that an append carries many; send

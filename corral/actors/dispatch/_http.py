@@ -119,6 +119,9 @@ class SessionRoutes(ToolCalls):
                 )
                 session.record.buffer = []
                 await self._finish(session, turn, "idle", None)
+                # The edge goes before the answer: the server ends the session's stream on
+                # it, and an ``idle`` after that reaches no one.
+                await self.fanout.sent()
             del self.sessions[session_id]
             self._deleted_seq[session_id] = session.record.seq
             await self.store.tombstone(session_id)
