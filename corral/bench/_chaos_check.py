@@ -158,15 +158,7 @@ def check_session(
     #: in its own turn (a re-sent delta) or in another (a turn run again, a replay).
     everywhere: Counter[str] = Counter()
     for i, seg in enumerate(segs):
-        if len(seg.ends) == 1:
-            tally.terminal_once += 1
-        elif not seg.ends:
-            tally.no_terminal += 1
-            tally.problem(f"{sid}: turn {i} (from event {seg.start.id}) has no terminal edge")
-        else:
-            tally.duplicate_terminals += len(seg.ends) - 1
-            ids = [e.id for e in seg.ends]
-            tally.problem(f"{sid}: turn {i} has {len(seg.ends)} terminal edges (events {ids})")
+        _check_edges(tally, sid, i, seg)
         for e in seg.events:
             if e.type == DELTA:
                 key = (str(e.data.get("turn_id")), int(e.data.get("sequence_number") or 0))
@@ -191,25 +183,7 @@ def check_session(
             continue
         if seg.status != "idle":
             continue
-        tally.completed += 1
-        expected = expected_tokens(i, deltas)
-        if DECLINED in counts:
-            tally.approvals_cancelled += 1
-            tally.problem(f"{sid}: turn {i} completed on its decline branch (approval cancelled)")
-            expected = [*expected[:deltas], DECLINED]
-        texts = ["".join(expected[:deltas]), "".join(expected[deltas:])]
-        absent = seg.missing_events(texts)
-        if absent:
-            tally.events_lost += len(absent)
-            tally.problem(f"{sid}: turn {i} completed without {', '.join(absent)}")
-        missing = sum(1 for t in expected if t not in counts)
-        if missing:
-            tally.lost += missing
-            tally.problem(f"{sid}: turn {i} completed, {missing} of {len(expected)} deltas lost")
-        order = list(dict.fromkeys(tokens))
-        if [t for t in order if t in expected] != [t for t in expected if t in counts]:
-            tally.misordered += 1
-            tally.problem(f"{sid}: turn {i}: deltas out of order")
+        _check_completed(tally, sid, i, seg, tokens, deltas)
     tally.duplicated += sum(n - 1 for t, n in everywhere.items() if n > 1 and t != DECLINED)
     key_dups = sum(n - 1 for n in seen_keys.values() if n > 1)
     if key_dups:
@@ -220,6 +194,46 @@ def check_session(
         if twice:
             tally.tool_runs_twice += twice
             tally.problem(f"{sid}: shell calls run twice: {dict(runs)}")
+
+
+def _check_edges(tally: Tally, sid: str, i: int, seg: Segment) -> None:
+    """Turn ``i`` has exactly one terminal edge."""
+    if len(seg.ends) == 1:
+        tally.terminal_once += 1
+    elif not seg.ends:
+        tally.no_terminal += 1
+        tally.problem(f"{sid}: turn {i} (from event {seg.start.id}) has no terminal edge")
+    else:
+        tally.duplicate_terminals += len(seg.ends) - 1
+        ids = [e.id for e in seg.ends]
+        tally.problem(f"{sid}: turn {i} has {len(seg.ends)} terminal edges (events {ids})")
+
+
+def _check_completed(
+    tally: Tally, sid: str, i: int, seg: Segment, tokens: list[str], deltas: int
+) -> None:
+    """Completed turn ``i`` (its ``tokens`` as streamed) has every delta and item of its
+    script, each once and in order."""
+    tally.completed += 1
+    counts = Counter(tokens)
+    expected = expected_tokens(i, deltas)
+    if DECLINED in counts:
+        tally.approvals_cancelled += 1
+        tally.problem(f"{sid}: turn {i} completed on its decline branch (approval cancelled)")
+        expected = [*expected[:deltas], DECLINED]
+    texts = ["".join(expected[:deltas]), "".join(expected[deltas:])]
+    absent = seg.missing_events(texts)
+    if absent:
+        tally.events_lost += len(absent)
+        tally.problem(f"{sid}: turn {i} completed without {', '.join(absent)}")
+    missing = sum(1 for t in expected if t not in counts)
+    if missing:
+        tally.lost += missing
+        tally.problem(f"{sid}: turn {i} completed, {missing} of {len(expected)} deltas lost")
+    order = list(dict.fromkeys(tokens))
+    if [t for t in order if t in expected] != [t for t in expected if t in counts]:
+        tally.misordered += 1
+        tally.problem(f"{sid}: turn {i}: deltas out of order")
 
 
 def _first_dups(counts: Counter[str]) -> str:
