@@ -68,9 +68,24 @@ async def test_random_kills_of_every_process_kind_keep_every_invariant() -> None
     assert figures.ok, verdict(figures)
 
 
-@pytest.mark.xfail(strict=True, reason=LOST_WHILE_DISPATCH_DOWN)
+def only_lost_while_dispatch_down(figures: ChaosFigures) -> bool:
+    """Whether all that broke is ``LOST_WHILE_DISPATCH_DOWN``: deltas or items of completed
+    turns missing, while every turn ended once and nothing came twice, ran twice or hung."""
+    others = (
+        figures.no_terminal, figures.duplicate_terminals, figures.duplicated, figures.misordered,
+        figures.run_twice, figures.tool_runs_twice, figures.history_lost, figures.parked_left,
+        figures.orphans, figures.hung, figures.repeated_stream_ids,
+    )  # fmt: skip
+    return bool(figures.lost or figures.events_lost) and not any(others)
+
+
 async def test_dispatch_killed_again_and_again_keeps_every_invariant() -> None:
+    """Every invariant but one holds; the loss of what a worker streams while dispatch is down
+    is the known gap (an expected failure, not a strict one: a run whose kills all miss a
+    stream loses nothing, and it passes)."""
     figures = await run(kind="dispatch", seed=2, **SHORT)
+    if not figures.ok and only_lost_while_dispatch_down(figures):
+        pytest.xfail(LOST_WHILE_DISPATCH_DOWN)
     assert figures.ok, verdict(figures)
 
 
