@@ -198,10 +198,8 @@ class TurnFlow(TurnSetup):
                 # Ended during the fetch: the cache lacks its answer; the server has both.
                 session.history = None
             elif again and self._server(session) is not None:
-                # The first start may have reached the harness before the crash, and the turn
-                # run in part: the server's items then hold its output before its message, so
-                # this history is for this start alone (which the harness actor then drops);
-                # the next turn reads the server's again (test_d23 ... mid-tool).
+                # Its first start may have run in part: the server's items then hold its
+                # output before its message; the next turn reads them again (test_d23).
                 session.history = None
         except Exception as exc:
             log.warning("history for session %s failed: %s", session.id, exc)
