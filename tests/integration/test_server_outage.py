@@ -31,23 +31,15 @@ import trio
 from corral.actors.gateway import StreamBuffer
 from corral.cli._client import ControlPlane, TurnFollower, run_turn
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
+from tests.integration.test_e2e import AGENTS as E2E_AGENTS
+from tests.integration.test_e2e import SLOW_FIRST as FIRST
+from tests.integration.test_e2e import SLOW_SECOND as SECOND
 
-FIRST = "abcdefghijklmnopqrstuvwxyz0123456789"
-SECOND = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 APPROVED = "approved-and-done"
 
 AGENTS = {
-    # ~60 deltas over ~4 s with a tool call between.
-    "slow.yaml": f"""
-        name: slow
-        executor:
-          harness: scripted
-          script:
-            turns:
-              - - {{text: "{FIRST}", chunk: 1, delay_ms: 60}}
-                - {{tool: sys_os_shell, arguments: {{command: "echo mid-turn"}}}}
-                - {{text: "{SECOND}", chunk: 1, delay_ms: 60}}
-        """,
+    # test_e2e's: ~60 deltas over ~4 s with a tool call between.
+    "slow.yaml": E2E_AGENTS["slow.yaml"],
     # Streams, then asks for an approval: the request is the event a client must not miss.
     "asks.yaml": f"""
         name: asks
