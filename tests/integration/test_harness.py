@@ -14,7 +14,7 @@ from corral.harnesses.protocol import (
     Interrupt,
     ToolResult,
 )
-from tests.conftest import HostProcess
+from tests.conftest import DETECT_LIVENESS, HostProcess
 from tests.integration._dispatch import fake_dispatch, scripted
 
 #: The tests share one host (tests/conftest.py); each runs its own session ids, and those that
@@ -167,7 +167,8 @@ async def test_kill9_worker_while_parked_cancels_the_elicitation(host: HostProce
 
 
 @pytest.mark.chaos
-async def test_hung_worker_fails_the_turn_within_its_liveness_window(host: HostProcess) -> None:
+async def test_hung_worker_fails_the_turn_within_its_liveness_window(host_factory) -> None:
+    host = host_factory(DETECT_LIVENESS).start()
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-h", scripted({"text": "a"}, {"hang": True}))
         await d.wait_type("response.output_text.delta")
@@ -288,8 +289,9 @@ async def test_kill9_worker_mid_tool_call_fails_the_turn_and_late_results_are_40
 
 @pytest.mark.chaos
 async def test_sigstopped_worker_is_killed_and_the_turn_fails_within_the_window(
-    host: HostProcess,
+    host_factory,
 ) -> None:
+    host = host_factory(DETECT_LIVENESS).start()
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-stop", scripted({"text": "x", "repeat": 1000, "delay_ms": 5}))
         await d.wait_type("response.output_text.delta")

@@ -15,6 +15,7 @@ from corral.bus import Dedup, open_peer
 from corral.config import LivenessSettings
 from tests._echo import EchoCrash, EchoPing, EchoPong, EchoRecord, EchoSleep
 from tests.conftest import (
+    DETECT_LIVENESS,
     FAST_LIVENESS,
     HostProcess,
     _all_running,
@@ -74,7 +75,8 @@ async def test_kill9_actor_with_durable_messages_in_flight_loses_nothing(host: H
 
 
 @pytest.mark.chaos
-async def test_hung_actor_is_replaced_within_its_liveness_window(host: HostProcess) -> None:
+async def test_hung_actor_is_replaced_within_its_liveness_window(host_factory) -> None:
+    host = host_factory(DETECT_LIVENESS).start()
     pid = host.actor("echo")["pid"]
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()

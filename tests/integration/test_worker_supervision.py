@@ -72,7 +72,7 @@ async def test_a_silent_turn_is_kept_alive_by_the_one_heartbeat(host: HostProces
     """A turn that sends nothing for longer than the liveness window is not killed: its
     worker's WorkerAlive (its only heartbeat) keeps it alive."""
     async with fake_dispatch(host.endpoint) as d:
-        turn = await d.start_turn("s-quiet", scripted({"sleep_ms": 1500}, {"text": "done"}))
+        turn = await d.start_turn("s-quiet", scripted({"sleep_ms": 2500}, {"text": "done"}))
         end = await d.terminal(turn, timeout=20)
     assert end.__struct_config__.tag == "response.completed", end
     assert _state(host)["crashed"] == 0
