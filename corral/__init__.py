@@ -3,6 +3,8 @@
 The public surface is re-exported here; everything else is private to its package.
 """
 
+import sys
+
 __version__ = "0.1.0"
 
 from ._exceptions import BusClosed as BusClosed
@@ -19,3 +21,9 @@ from ._exceptions import RestartIntensityExceeded as RestartIntensityExceeded
 from ._exceptions import SupervisionError as SupervisionError
 from ._exceptions import UnexpectedReply as UnexpectedReply
 from ._exceptions import Unreachable as Unreachable
+
+# httpx imports its own command-line tool (click, rich, pygments) whenever click is installed,
+# which it is for corral's CLI: ~70 ms of CPU in every process that speaks HTTP (the host,
+# dispatch, the gateway, policy, the control plane, OpenAI workers). No corral process runs
+# httpx's CLI; a None entry makes that import fail, and httpx falls back to a stub ``main``.
+sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]  # None blocks an import

@@ -9,6 +9,7 @@ its host is marked ``chaos`` or ``fresh_host`` and gets a host of its own (docs/
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import json
 import os
@@ -28,6 +29,14 @@ from corral.instance import Instance
 from corral.journal import RunJournal
 from tests.fake_server import FakeOmnigentServer
 from tests.fake_tunnel_server import FakeTunnelServer
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile corral's modules once. The suite starts ~100 hosts of eight interpreters each,
+    and with ``PYTHONDONTWRITEBYTECODE`` set (this machine kind sets it) none of them writes
+    a ``.pyc``: every one compiled all of corral it imports again, ~0.15 CPU-s a process,
+    about a sixth of the fast part's CPU. Up-to-date files are skipped."""
+    compileall.compile_dir(Path(__file__).resolve().parents[1] / "corral", quiet=1)
 
 
 def _all_running(status: dict[str, Any]) -> bool:
