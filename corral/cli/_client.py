@@ -50,6 +50,8 @@ log = logging.getLogger("corral.cli.client")
 STREAM_READ_TIMEOUT_S = 60.0
 #: How long a call waits for an unreachable control plane (e.g. one being restarted).
 CONNECT_WAIT_S = 30.0
+#: How long one call waits for its answer.
+REQUEST_TIMEOUT_S = 30.0
 #: The turn edges that end a turn.
 TERMINAL_STATUSES = ("idle", "failed")
 
@@ -351,6 +353,8 @@ class ControlPlane:
         state_dir: the host's state dir.
         connect_wait_s: how long a call keeps retrying a control plane it cannot reach.
         stream_read_timeout_s: silence after which a stream is reopened.
+        request_timeout_s: how long one call waits for its answer.
+        transport: an httpx transport (tests); the default opens TCP connections.
     """
 
     def __init__(
@@ -359,12 +363,16 @@ class ControlPlane:
         *,
         connect_wait_s: float = CONNECT_WAIT_S,
         stream_read_timeout_s: float = STREAM_READ_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.connect_wait_s = connect_wait_s
         self.stream_read_timeout_s = stream_read_timeout_s
         self._url: str | None = None
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(request_timeout_s, connect=5.0), transport=transport
+        )
 
     async def __aenter__(self) -> ControlPlane:
         return self
@@ -372,8 +380,9 @@ class ControlPlane:
     async def __aexit__(self, *exc: object) -> None:
         await self._http.aclose()
 
-    async def url(self) -> str:
-        """The base URL, waiting up to :attr:`connect_wait_s` for a restarting control plane.
+    async def url(self, *, until: float | None = None) -> str:
+        """The base URL, waiting for a restarting control plane until ``until`` (trio
+        time; by default :attr:`connect_wait_s` from now).
 
         Raises:
             NoControlPlane: there is none, or it did not come back in time.
@@ -381,7 +390,7 @@ class ControlPlane:
         if self._url is not None:
             return self._url
         asked = False
-        with trio.move_on_after(self.connect_wait_s):
+        with trio.move_on_at(trio.current_time() + self.connect_wait_s if until is None else until):
             while True:
                 url = locate(self.state_dir)
                 if url is not None:
@@ -421,20 +430,24 @@ class ControlPlane:
     ) -> dict[str, Any]:
         """One API call; its JSON answer.
 
-        Connection failures are retried (after re-reading ``server.json``) until
-        :attr:`connect_wait_s`: a request that never reached the server is always safe to
-        send again. Failures after it may have arrived, and 502/504 answers, are retried
-        only when ``idempotent`` (a POST is, when it carries an idempotency key the server
-        keeps); 503 (nothing done) always is.
+        Connection failures are retried (after re-reading ``server.json``) for
+        :attr:`connect_wait_s` from the first one: a request that never reached the server is
+        always safe to send again. Failures after it may have arrived, and 502/504 answers,
+        are retried only when ``idempotent`` (a POST is, when it carries an idempotency key
+        the server keeps); 503 (nothing done) always is.
+
+        The wait counts from the first failure, not from the call: a request that hung on a
+        stopped control plane until its read timeout has not used up the wait for the one
+        the host starts in its place (the host kills a plane that stops answering its probe).
 
         Raises:
             NoControlPlane: the control plane cannot be reached.
             ApiError: it answered with an error status.
         """
-        deadline = trio.current_time() + self.connect_wait_s
+        lost_at: float | None = None
         delay = 0.1
         while True:
-            url = await self.url()
+            url = await self.url(until=None if lost_at is None else lost_at + self.connect_wait_s)
             try:
                 response = await self._http.request(method, url + path, json=body, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -455,7 +468,9 @@ class ControlPlane:
                         raise ApiError.from_response(method, path, response)
                     return response.json() if response.content else {}
                 problem = f"{method} {path} answered {response.status_code}"
-            if trio.current_time() + delay > deadline:
+            now = trio.current_time()
+            lost_at = now if lost_at is None else lost_at
+            if now + delay > lost_at + self.connect_wait_s:
                 raise NoControlPlane(
                     f"no running host found on {self.state_dir}: {problem} "
                     f"(for {self.connect_wait_s:g}s)"
@@ -538,7 +553,7 @@ class ControlPlane:
         path = f"/v1/sessions/{session_id}/stream"
         timeout = httpx.Timeout(10.0, read=self.stream_read_timeout_s)
         while True:
-            url = await self.url()
+            url = await self.url(until=None if lost_at is None else lost_at + self.connect_wait_s)
             headers = {"accept": "text/event-stream"}
             if cursor is not None:
                 headers["last-event-id"] = str(cursor)
