@@ -6,16 +6,23 @@ assembles the history a turn is given (:mod:`._history`: a cold cache filled fro
 ``/items``, the messages appended, media inlined), leaves out a history item too large for a
 turn's message, and waits for a deleted session's turn to wind down before a new one of the
 same id starts. The functions build the worker's message and choose its harness and tools.
+
+A server that is unavailable while a turn is set up (no connection, 502/503/504: the embedded
+control plane is back 2 to 4 s after a ``kill -9``, the host restarting it) is asked again for
+:data:`SERVER_WAIT_S` from the first failure, with backoff, before the turn fails; an answer
+that refuses (4xx, a 500, a malformed body) fails it at once, as the real server means it.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import trio
 
+from ..._exceptions import ServerUnavailable
 from ...tools.registry import tool_schemas
 from . import _history as history
 from ._base import DispatchBase
@@ -26,6 +33,14 @@ log = logging.getLogger("corral.actors.dispatch")
 #: How long a turn of a new session waits for the turn of a deleted one of the same id to
 #: end on its worker.
 _DRAIN_TIMEOUT_S = 15.0
+#: How long a turn's setup keeps asking an unavailable server, from its first failure: the
+#: embedded control plane's restart window (2 to 4 s, longer under load) with room to spare.
+#: Each ask is itself a bounded retry (:class:`~corral.server_client.ServerClient`).
+SERVER_WAIT_S = 10.0
+_WAIT_FIRST_S = 0.25
+_WAIT_MAX_S = 2.0
+
+T = TypeVar("T")
 
 
 class TurnSetup(DispatchBase):
@@ -58,6 +73,41 @@ class TurnSetup(DispatchBase):
                 await draining[1].wait()
             self._draining.pop(session_id, None)
 
+    async def _while_unavailable(
+        self, session: Session, what: str, ask: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``ask()``, asked again while the server is unavailable, up to
+        :data:`SERVER_WAIT_S` from the first failure.
+
+        Stops early, with the last error, once the turn being set up has ended meanwhile or
+        the session is gone: nobody waits for that setup any more.
+
+        Raises:
+            ServerUnavailable: still unavailable after the wait.
+            ServerError: any other failure of ``ask``, at once.
+        """
+        turn = session.turn
+        deadline: float | None = None
+        delay = _WAIT_FIRST_S
+        while True:
+            try:
+                return await ask()
+            except ServerUnavailable as exc:
+                now = trio.current_time()
+                deadline = now + SERVER_WAIT_S if deadline is None else deadline
+                wanted = session.turn is turn and self.sessions.get(session.id) is session
+                if not wanted or now + delay > deadline:
+                    raise
+                log.info(
+                    "session %s: %s: the server is unavailable (%s); asking again in %.2fs",
+                    session.id,
+                    what,
+                    exc,
+                    delay,
+                )
+            await trio.sleep(delay)
+            delay = min(delay * 2, _WAIT_MAX_S)
+
     async def _resolve_spec(self, session: Session, agent_id: str | None) -> dict[str, Any]:
         if session.spec is not None:
             return session.spec
@@ -68,9 +118,14 @@ class TurnSetup(DispatchBase):
 
         if not (agent_id or session.record.agent_id):
             # The first-message race (D-09): the server's snapshot knows the agent.
-            snapshot = await server.session_snapshot(session.id)
+            snapshot = await self._while_unavailable(
+                session, "the session", lambda: server.session_snapshot(session.id)
+            )
             session.record.agent_id = snapshot.get("agent_id")
-        spec = spec_to_dict(await server.agent_bundle(session.id))
+        bundle = await self._while_unavailable(
+            session, "the agent", lambda: server.agent_bundle(session.id)
+        )
+        spec = spec_to_dict(bundle)
         session.spec = spec
         return spec
 
@@ -81,7 +136,9 @@ class TurnSetup(DispatchBase):
         if session.history is None:
             stored: list[dict[str, Any]] = []
             if server is not None:
-                stored = await server.items(session.id)
+                stored = await self._while_unavailable(
+                    session, "the history", lambda: server.items(session.id)
+                )
             persisted = {m.get("persisted_item_id") for m in messages} - {None}
             items = stored
             for pid in persisted:
@@ -95,7 +152,13 @@ class TurnSetup(DispatchBase):
             session.history.append(history.user_item(m.get("content")))
         if server is not None:
             # The 0.19 server serves an upload only under its session (ServerClient.file_content).
-            fetch = functools.partial(server.file_content, session_id=session.id)
+            file_content = functools.partial(server.file_content, session_id=session.id)
+
+            async def fetch(file_id: str) -> tuple[bytes, str]:
+                return await self._while_unavailable(
+                    session, f"file {file_id}", lambda: file_content(file_id)
+                )
+
             session.history = await history.resolve_media(session.history, fetch)
         return list(session.history)
 
