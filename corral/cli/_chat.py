@@ -225,13 +225,24 @@ async def _open_session(
         raise click.ClickException(f"unknown agent {name!r} (agents here: {names})") from None
 
 
+#: The error code of a turn whose control plane went away and did not come back in time.
+UNREACHABLE = "control_plane_unreachable"
+
+
+class ControlPlaneLost(click.ClickException):
+    """``corral chat`` lost its control plane during a turn (exit 1, as a failed turn of
+    ``send``; exit 3 is for "no host here" before any session)."""
+
+    exit_code = EXIT_FAILURE
+
+
 def _lost(exc: NoControlPlane, turn: TurnFollower) -> dict[str, Any]:
     """The error of a turn whose control plane went away and did not come back in time."""
     if turn.item_id is None:
         fate = "it did not answer the message's POST, which may or may not have stored it"
     else:
         fate = f"the message was stored as {turn.item_id} and may still run"
-    return {"code": "control_plane_unreachable", "message": f"{exc}; {fate}"}
+    return {"code": UNREACHABLE, "message": f"{exc}; {fate}"}
 
 
 def _session_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -477,6 +488,10 @@ async def chat_turn(
             await run_turn(
                 api, session_id, after, text, on_event=view.show, decide=decide, follower=turn
             )
+        except NoControlPlane as exc:
+            # The turn failed, told as send tells it (control_plane_unreachable, exit 1),
+            # not as "no host" (exit 3): the session exists and its message may still run.
+            turn.status, turn.error = "failed", _lost(exc, turn)
         except Exception as exc:  # re-raised below, unwrapped from the nursery's group
             error = exc
         nursery.cancel_scope.cancel()
@@ -512,6 +527,9 @@ async def chat_loop(
             continue
         turn, quit_chat = await chat_turn(api, reader, view, sid, cursor, line)
         cursor = turn.last_id or cursor
+        if turn.error is not None and turn.error.get("code") == UNREACHABLE:
+            # No control plane to send the next line to: the chat ends here.
+            raise ControlPlaneLost(f"session {sid}: {UNREACHABLE}: {turn.error['message']}")
         if quit_chat:
             return
 
@@ -523,6 +541,8 @@ def chat_command(session_id: str | None, agent: str | None, state_dir: Path | No
     """Talk to an agent: streamed text, tool calls as they happen, approvals inline.
 
     Ctrl-C interrupts the running turn (twice quits); Ctrl-D or Ctrl-C at the prompt quits.
+    A control plane that goes away during a turn and is not back within 30 s ends the chat
+    with control_plane_unreachable (exit 1).
 
     \b
     Example:

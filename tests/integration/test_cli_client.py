@@ -748,6 +748,48 @@ def test_chat_ctrl_c_interrupts_the_turn_then_quits(
     assert "Traceback" not in err
 
 
+def test_chat_whose_control_plane_is_gone_ends_the_turn_control_plane_unreachable(
+    tmp_path: Path,
+) -> None:
+    # Before, chat left with exit 3 ("no host", as if it had never found one) and no word
+    # of the turn; send told the same loss as the turn's failure (exit 1).
+    state = tmp_path / "state"
+    fake = FakePlane()
+    with fake.serving(state):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "corral", "chat", "--agent", "hang"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "CORRAL_STATE_DIR": str(state)},
+        )
+        try:
+            assert proc.stdin is not None
+            _read_until(proc, "you> ", 1, 20)
+            proc.stdin.write(b"hi\n")
+            proc.stdin.flush()
+            _read_until(proc, "working", 1, 20)
+        except BaseException:
+            proc.kill()
+            raise
+    # The plane stopped (its stream ends) and its process is gone, with no host left.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (state / "server" / "server.json").write_text(json.dumps({"url": fake.url, "pid": dead.pid}))
+    try:
+        code = proc.wait(20)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 1, err
+    assert "session s1: control_plane_unreachable: no running host found" in err
+    assert "the message was stored as item_1 and may still run" in err
+    assert "Traceback" not in err
+
+
 async def test_chat_loop_in_process(plane: FakePlane, tmp_path: Path) -> None:
     lines = iter(["hi", "yes"])
 
