@@ -448,7 +448,7 @@ def options_of(params: dict[str, Any]) -> ChaosOptions:
     base = ChaosOptions(sessions=4, turns=3) if params.get("quick") else ChaosOptions()
     given = {
         key: params[key]
-        for key in ("sessions", "turns", "mode", "kind", "seed")
+        for key in ("sessions", "turns", "mode", "kind", "seed", "turn_timeout_s")
         if params.get(key) is not None
     }
     if given.get("kind") == TUNNEL:

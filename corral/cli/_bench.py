@@ -52,6 +52,13 @@ CHAOS_KINDS = [
     help="chaos: what to kill (default any; tunnel: drop the tunnel, as --mode tunnel).",
 )
 @click.option("--seed", type=int, help="chaos: the killer's random seed.")
+@click.option(
+    "--turn-timeout",
+    "turn_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="chaos: a turn not ended after this long counts as hung, its session stops (120).",
+)
 @json_option
 def bench_command(
     name: str,
@@ -61,6 +68,7 @@ def bench_command(
     mode: str | None,
     kind: str | None,
     seed: int | None,
+    turn_timeout_s: float | None,
     as_json: bool,
 ) -> None:
     """Run a benchmark and print its figures against its baseline.
@@ -70,7 +78,14 @@ def bench_command(
     module = importlib.import_module(BENCHMARKS[name])
     params: dict[str, object] = {"quick": quick}
     if name == "chaos":
-        params |= {"sessions": sessions, "turns": turns, "mode": mode, "kind": kind, "seed": seed}
+        params |= {
+            "sessions": sessions,
+            "turns": turns,
+            "mode": mode,
+            "kind": kind,
+            "seed": seed,
+            "turn_timeout_s": turn_timeout_s,
+        }
     result = module.run(params)
     failed = result.get("ok") is False
     if as_json:

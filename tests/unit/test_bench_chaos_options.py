@@ -1,0 +1,29 @@
+"""``corral bench chaos``'s options reach its :class:`~corral.bench.chaos.ChaosOptions`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from corral.bench import chaos
+from corral.cli._bench import bench_command
+
+
+def test_turn_timeout_flag_sets_the_runs_turn_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[chaos.ChaosOptions] = []
+
+    def run(params: dict[str, Any]) -> dict[str, Any]:
+        seen.append(chaos.options_of(params))
+        return {"ok": True, "baseline": {}, "results": []}
+
+    monkeypatch.setattr(chaos, "run", run)
+    out = CliRunner().invoke(bench_command, ["chaos", "--quick", "--turn-timeout", "45", "--json"])
+    assert out.exit_code == 0, out.output
+    assert (seen[0].turn_timeout_s, seen[0].sessions) == (45.0, 4)
+    assert chaos.options_of({}).turn_timeout_s == 120.0, "the default stays"
+    for bad in ("0", "-1", "soon"):
+        refused = CliRunner().invoke(bench_command, ["chaos", "--turn-timeout", bad])
+        assert refused.exit_code == 2, (bad, refused.output)
+    assert len(seen) == 1
