@@ -13,6 +13,12 @@ context, dies with its parent (the harness actor), and serves inputs:
 Deltas go to the turn's ``reply_to`` as stream messages, in batches; terminal events and
 elicitation requests go durably, so a restarting dispatch still gets them. Lifecycle events
 are copied to the harness actor, which tracks in-flight turns (H-08) and worker liveness.
+
+Every event of the turn sent to ``reply_to`` is also held here until dispatch says it is
+:class:`Confirmed` (with every receiver, durably): a dispatch killed mid-stream loses what it
+had taken and not yet published, and its next incarnation asks for it again
+(:class:`Resend`). What is held is the turn's unconfirmed tail, at most :data:`HELD_MAX`
+events (dispatch confirms each batch it publishes, so it is a few batches in a healthy run).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import signal
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,6 +45,7 @@ from ._observe import Observer
 from .protocol import (
     HARNESS_ACTOR,
     Approval,
+    Confirmed,
     ElicitationParked,
     ElicitationRequest,
     InputAccepted,
@@ -49,6 +57,8 @@ from .protocol import (
     PolicyEvaluationRequested,
     PolicyVerdict,
     ReasoningDelta,
+    Resend,
+    Resending,
     ResponseCancelled,
     ResponseCompleted,
     ResponseCreated,
@@ -73,6 +83,9 @@ LLM_REQUEST = "PHASE_LLM_REQUEST"
 #: the evaluation until a person answers, and a turn with no event for long is ended by
 #: dispatch's idle watchdog (which cannot see that the turn waits on a person).
 POLICY_HEARTBEAT_S = 30.0
+#: The most unconfirmed events a worker holds (the oldest go first past it, logged): dispatch
+#: confirms every published batch, so only a dispatch down for long leaves this many.
+HELD_MAX = 65536
 APPROVAL_SCHEMA = {
     "type": "object",
     "properties": {"approved": {"type": "boolean"}},
@@ -397,6 +410,13 @@ class Worker:
         self._turn_done = trio.Event()
         self._turn_done.set()
         self.outbox = Outbox(peer)
+        #: The latest turn's events not yet confirmed by dispatch, oldest first, with where
+        #: they went; the last sequence number it emitted (-1: none yet).
+        self.held_turn: str | None = None
+        self.held: deque[tuple[str, Output]] = deque()
+        self.held_last = -1
+        #: Unconfirmed events of the turn dropped past ``HELD_MAX``.
+        self.dropped = 0
 
     async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
         """Send an output event (durable ones wait until the broker has them).
@@ -407,13 +427,52 @@ class Worker:
         harness actor, which forwards them: it is the one place that ends a turn, so a turn
         never gets two terminal events (or none) whatever dies.
         """
-        if isinstance(event, Output) and is_terminal(event):
-            to = HARNESS_ACTOR
+        if isinstance(event, Output):
+            if is_terminal(event):
+                to = HARNESS_ACTOR
+            else:
+                self._hold(to, event)
         if not durable:
             await self.outbox.put(to, event, session_id=self.session_id)
             return
         await self.outbox.flush()
         await self.peer.cast(to, event, durable=True, session_id=self.session_id)
+
+    def _hold(self, to: str, event: Output) -> None:
+        """Keep ``event`` until dispatch confirms it (a new turn's first event starts afresh:
+        dispatch saves a turn's end only once every event of it is with every receiver)."""
+        if event.turn_id != self.held_turn:
+            self.held_turn, self.held_last, self.dropped = event.turn_id, -1, 0
+            self.held.clear()
+        self.held.append((to, event))
+        self.held_last = event.sequence_number
+        if len(self.held) > HELD_MAX:
+            self.held.popleft()
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "turn %s: dispatch confirms nothing; the oldest unconfirmed events are "
+                    "dropped (at most %d are held)",
+                    event.turn_id,
+                    HELD_MAX,
+                )
+
+    def _confirmed(self, msg: Confirmed) -> None:
+        """Forget the held events dispatch has confirmed."""
+        if msg.turn_id != self.held_turn:
+            return
+        while self.held and self.held[0][1].sequence_number <= msg.upto:
+            self.held.popleft()
+
+    def _resend(self, msg: Resend) -> Resending:
+        """Queue the held events of ``msg``'s turn again, oldest first; what is sent."""
+        if msg.turn_id != self.held_turn:
+            return Resending(known=False)
+        first = self.held[0][1].sequence_number if self.held else self.held_last + 1
+        for to, event in self.held:
+            self.outbox.put_nowait(to, event, session_id=self.session_id)
+        log.info("turn %s: sending events %d..%d again", msg.turn_id, first, self.held_last)
+        return Resending(known=True, first=first, last=self.held_last)
 
     async def flush_outputs(self) -> None:
         """Send every queued stream event now, in order."""
@@ -468,6 +527,11 @@ class Worker:
             self._turn_done = trio.Event()
             nursery.start_soon(self._run_turn, self.turn)
             return InputAccepted(status=200)
+        if isinstance(msg, Confirmed):
+            self._confirmed(msg)
+            return None
+        if isinstance(msg, Resend):
+            return self._resend(msg)
         if isinstance(msg, Interrupt):
             if turn is None or self._turn_scope is None:
                 return InputAccepted(status=404, error={"code": "no_turn"})

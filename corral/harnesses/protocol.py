@@ -9,7 +9,9 @@ as they are.
 Inputs (dispatch → harness actor → worker), each answered with :class:`InputAccepted`:
 :class:`TurnStart`, :class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict`,
 :class:`Interrupt` — :data:`WorkerInbound`, what a worker decodes. A worker also sends the
-harness actor :class:`WorkerAlive` and :class:`ElicitationParked`.
+harness actor :class:`WorkerAlive` and :class:`ElicitationParked`. Dispatch itself tells a
+worker which of its events are :class:`Confirmed` and asks it to :class:`Resend` the rest
+(docs/harnesses.md, "Events held until confirmed").
 
 This protocol stays in ``corral.harnesses`` (not beside the harness actor) because workers
 import it and sit below the actors (STYLE.md's layering): a worker must not import an
@@ -96,6 +98,36 @@ class Interrupt(Request["InputAccepted"], tag="harness.interrupt"):
     """Cancel the session's active turn; it ends with ``response.cancelled``."""
 
     session_id: str
+
+
+class Resend(Request["Resending"], tag="harness.resend"):
+    """Dispatch → a worker: send again what of ``turn_id`` dispatch has not confirmed.
+
+    A new incarnation of dispatch asks it of the turn it resumes (what the killed one had
+    taken and not yet published is gone with it), and any incarnation asks it when a turn's
+    events arrive with a gap in their ``sequence_number``."""
+
+    session_id: str
+    turn_id: str
+
+
+class Resending(Message, tag="harness.resending"):
+    """A worker's answer to :class:`Resend`: it sends its events of the turn from ``first``
+    (all before it were confirmed) to ``last``, the last it emitted, again; ``known`` is
+    False when it holds nothing of the turn (it never started it, or is a new process)."""
+
+    known: bool
+    first: int = 0
+    last: int = -1
+
+
+class Confirmed(Message, tag="harness.confirmed"):
+    """Dispatch → a worker: every event of ``turn_id`` up to ``sequence_number`` ``upto`` is
+    with every receiver (durable at the broker): the worker forgets them (stream)."""
+
+    session_id: str
+    turn_id: str
+    upto: int
 
 
 class InputAccepted(Message, tag="harness.accepted"):
@@ -267,5 +299,6 @@ class ElicitationParked(Message, tag="harness.elicitation_parked"):
     reply_to: str
 
 
-#: What a worker decodes: its inputs (the harness actor forwards them).
-WorkerInbound = TurnStart | ToolResult | Approval | PolicyVerdict | Interrupt
+#: What a worker decodes: its inputs (the harness actor forwards them), and dispatch's
+#: confirmations of and requests for its turn's events.
+WorkerInbound = TurnStart | ToolResult | Approval | PolicyVerdict | Interrupt | Resend | Confirmed

@@ -300,3 +300,114 @@ async def test_d04_a_stream_true_message_posted_again_gets_the_rest_of_its_turn(
         assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
         assert gw.texts(sid) == "x" * 100, "one turn"
     host.stop()
+
+
+def _tokens(start: int, count: int) -> str:
+    return "".join(f"{i:04d}|" for i in range(start, start + count))
+
+
+def _streaming_agent(
+    server: FakeOmnigentServer, cwd: Path, tail: dict[str, Any]
+) -> tuple[str, str]:
+    """A turn of distinct tokens (each its own delta, so a lost, doubled or swapped one shows),
+    a shell call, then ``tail``; the next turn answers ``done.``."""
+    shell = {"tool": "sys_os_shell", "arguments": {"command": "echo ran >> runs.txt"}}
+    first = {"text": _tokens(0, 120), "chunk": 5, "delay_ms": 5}
+    text = "\n".join(
+        [
+            "name: streams",
+            "executor:",
+            "  harness: scripted",
+            "  model: scripted-model",
+            "  script:",
+            "    turns:",
+            f"      - - {json.dumps(first)}",
+            f"        - {json.dumps(shell)}",
+            f"        - {json.dumps(tail)}",
+            '      - - {text: "done."}',
+            f"os_env: {{type: caller_process, cwd: {json.dumps(str(cwd))}}}",
+        ]
+    )
+    agent_id = server.add_agent(text + "\n")
+    return agent_id, server.add_session(agent_id)["id"]
+
+
+def _items(tunnels: FakeTunnelServer, sid: str, kind: str) -> list[dict[str, Any]]:
+    return [
+        e["item"]
+        for e in tunnels.events[sid]
+        if e.get("type") == "response.output_item.done" and e["item"].get("type") == kind
+    ]
+
+
+@pytest.mark.chaos
+async def test_d08_kill9_of_dispatch_mid_stream_loses_no_delta_and_doubles_none(
+    host_factory, tunnels, server, tmp_path: Path
+) -> None:
+    """Dispatch dies (``crash_at = "streaming"``) right after taking its worker's 31st event
+    of the turn, before publishing it; events it had taken and not sent, and those the broker
+    was routing to it, die with it. The worker holds what dispatch has not confirmed and the
+    next incarnation asks for it again: every delta reaches the server once and in order,
+    with the turn's message items and its tool output once each (it used to lose about one
+    batch per kill: deltas, a message item, a ``function_call_output``)."""
+    tail = {"text": _tokens(120, 120), "chunk": 5, "delay_ms": 5}
+    agent_id, sid = _streaming_agent(server, tmp_path, tail)
+    host = host_factory(_config(tunnels, server, "streaming"))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        assert await _post(t, sid, message("first", agent_id, "streams")) == 202
+        await tunnels.until_status(sid, timeout=60)
+        assert host.log().count("crash_at streaming: exiting now") == 1
+        assert tunnels.deltas(sid) == _tokens(0, 240)
+        assert tunnels.statuses(sid) == ["running", "idle"]
+        messages = [i["content"][0]["text"] for i in _items(tunnels, sid, "message")]
+        assert messages == [_tokens(0, 120), _tokens(120, 120)]
+        assert len(_items(tunnels, sid, "function_call_output")) == 1
+        completed = [e for e in tunnels.events[sid] if e.get("type") == "response.completed"]
+        assert len(completed) == 1
+        assert _runs(tmp_path) == 1
+        # The session goes on (a cold cache reads turn 1 from the server, which the fake
+        # server does not save by itself): its next turn streams once too.
+        server.add_item(sid, user_message("first"))
+        server.add_item(sid, assistant_message(_tokens(0, 240)))
+        assert await _post(t, sid, message("second", agent_id, "streams")) == 202
+        await tunnels.until_status(sid, count=2, timeout=60)
+        assert tunnels.deltas(sid) == _tokens(0, 240) + "done."
+
+
+@pytest.mark.chaos
+async def test_d08_kill9_of_dispatch_and_its_worker_together_doubles_nothing(
+    host_factory, tunnels, server, tmp_path: Path
+) -> None:
+    """Dispatch and the turn's worker are killed together mid-turn (the worker sleeps after
+    its tool call): what the worker held dies with it, the harness actor ends the turn
+    ``failed`` (``harness_crashed``), and nothing reaches the server twice — the deltas are
+    a prefix of the turn's, once each, with one terminal edge; the next turn runs."""
+    agent_id, sid = _streaming_agent(server, tmp_path, {"sleep_ms": 60_000})
+    host = host_factory(_config(tunnels, server, ""))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        assert await _post(t, sid, message("first", agent_id, "streams")) == 202
+        await tunnels.until(
+            lambda: _items(tunnels, sid, "function_call_output"), 60, "the tool's output"
+        )
+        harness = await trio.to_thread.run_sync(lambda: host.ask("inspect", actor="harness"))
+        pid = next(w["pid"] for w in harness["state"]["workers"] if w["session_id"] == sid)
+        before = host.actor("dispatch")
+        os.kill(before["pid"], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+        await trio.to_thread.run_sync(lambda: host.restarted("dispatch", before))
+        await tunnels.until_status(sid, "failed", timeout=60)
+        streamed = tunnels.deltas(sid)
+        assert _tokens(0, 120).startswith(streamed), "a prefix of the turn, once each"
+        assert tunnels.statuses(sid) == ["running", "failed"]
+        edge = next(e for e in tunnels.events[sid] if e.get("status") == "failed")
+        assert edge["error"]["code"] in ("harness_crashed", "harness_restarted"), edge
+        assert len(_items(tunnels, sid, "function_call_output")) == 1
+        server.add_item(sid, user_message("first"))
+        assert await _post(t, sid, message("second", agent_id, "streams")) == 202
+        await tunnels.until_status(sid, timeout=60)
+        assert tunnels.deltas(sid) == streamed + "done."
+        assert _runs(tmp_path) == 1

@@ -114,6 +114,8 @@ def test_a_worker_decodes_only_its_inputs() -> None:
         "harness.approval",
         "harness.policy_verdict",
         "harness.interrupt",
+        "harness.resend",
+        "harness.confirmed",
     }
     with pytest.raises(ProtocolError, match=r"^unknown message type 'journal\.append'$"):
         decoder.decode(_envelope("journal.append"))

@@ -14,6 +14,8 @@ The actor is a chain of parts (see ``_base``), with helpers of their own:
     _turns      the life of a turn: start or buffer, end, continuation, interrupt note
     _history    the history a harness sees: rehydration, dedup, media (pure, plus a fetch)
     _calls      tool calls: a worker's through policy and back, and ``mcp/execute``
+    _stream     a turn's worker events in their order, numbered by the worker's own
+                sequence, confirmed to it and asked again after a restart
     _fanout     events to the subscribers (durable batches), the journal, a streaming caller
     _store      ``sessions.log``: fsynced records, tombstones, compaction, the epoch
     _watchdog   the per-turn watchdog's verdict
@@ -50,22 +52,10 @@ from typing import Any
 from ..._exceptions import BadInput
 from ..._input import check_session_id
 from ...bus import Incoming
-from ...harnesses.protocol import (
-    ElicitationRequest,
-    ElicitationResolved,
-    Output,
-    OutputItemDone,
-    OutputTextDelta,
-    PolicyEvaluationRequested,
-    ProgressOutput,
-    ResponseInProgress,
-    TerminalOutput,
-)
+from ...harnesses.protocol import HARNESS_ACTOR, Output, ProgressOutput, TerminalOutput
 from ...routes import HttpRequest, HttpResponse
 from .._actor import every, handles
 from .._deferred import Deferred
-from ..policy.messages import PolicyEvaluate
-from . import _history as history
 from ._http import SessionRoutes
 from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route, refused
 from ._session import Session
@@ -75,9 +65,6 @@ from ._watchdog import overdue, watchdog_error
 from .messages import PublishEvents
 
 log = logging.getLogger("corral.actors.dispatch")
-
-#: Events the session stream never carries (PROTOCOL_FACTS.md §ii.6).
-_NOT_ON_STREAM = {"response.created", "policy_evaluation.requested"}
 
 
 class DispatchActor(SessionRoutes):
@@ -96,13 +83,18 @@ class DispatchActor(SessionRoutes):
             assert runner.id is not None
             self.servers[runner.id] = ServerClient(runner.server, token=runner.token)
         self.epoch = await self.store.next_epoch()
+        self.fanout.on_sent = self._on_sent
         for record in await self.store.load():
-            # Events published after the last save were numbered past record.seq; a new
-            # epoch starts above anything the previous incarnation could have used.
-            record.seq = max(record.seq, self.epoch << EPOCH_SHIFT)
+            if not record.turn_id:
+                # A new epoch starts above anything the previous incarnation numbered. An
+                # active turn's numbers are its own (``_stream``): its worker's events keep
+                # theirs, and the runner's own were saved before they were sent.
+                record.seq = max(record.seq, self.epoch << EPOCH_SHIFT)
             session = Session(record, saved_seq=record.seq)
             if record.turn_id:
                 session.turn = Turn.resume(record)  # its terminal still comes
+                # What its worker sent the killed incarnation may be lost: asked again.
+                self.nursery.start_soon(self._resend, session, session.turn)
             self.sessions[record.id] = session
             if record.outbox:  # saved, and maybe never sent: again, with their own seqs
                 self.fanout.republish(record, record.outbox)
@@ -184,49 +176,12 @@ class DispatchActor(SessionRoutes):
         if session is None or session.turn is None or session.turn.turn_id != msg.turn_id:
             return
         turn = session.turn
-        turn.heard()
-        if isinstance(msg, OutputTextDelta):
-            turn.text.append(msg.delta)
-        elif isinstance(msg, OutputItemDone):
-            history.take_item(turn.items, turn.text, msg.item)
-        elif isinstance(msg, ElicitationRequest):
-            turn.wait_on_elicitation(msg.elicitation_id)
-            if msg.elicitation_id not in session.record.elicitations:
-                session.record.elicitations.append(msg.elicitation_id)
-                await self._save(session)
-        elif isinstance(msg, ElicitationResolved):
-            turn.elicitation_closed(msg.elicitation_id)
-            await self._elicitation_closed(session, msg.elicitation_id)
-        tag = msg.__struct_config__.tag
-        if isinstance(msg, OutputItemDone) and msg.item.get("status") == "action_required":
-            # Acked once the call is on its way to policy, not when this handler returns: a
-            # crash in between redelivers the request instead of losing it (the worker would
-            # wait for a result that never comes).
-            deferred = self.defer(incoming)
-            self.in_order(
-                session.id, lambda: self._tool_call(session, turn, msg.item, deferred), deferred
-            )
-            self.fanout.to_stream(turn.stream_to, msg)
+        if incoming.env.sender == HARNESS_ACTOR:  # its own events, not its worker's
+            turn.heard()
+            run = functools.partial(self._harness_event, session, turn, msg)
+            await self._runner_event(session, turn, run, incoming)
             return
-        if isinstance(msg, PolicyEvaluationRequested) and self.options.policy is not None:
-            request = PolicyEvaluate(
-                session_id=session.id,
-                evaluation_id=msg.evaluation_id,
-                phase=msg.phase,
-                data=msg.data,
-                runner_id=session.record.runner_id,
-            )
-            self.in_order(session.id, lambda: self._to_policy(request))
-        if isinstance(msg, ResponseInProgress):
-            # As omnigent's runner says it (PROTOCOL_FACTS.md; §D.3a): a foreground, stored
-            # response.
-            msg.response.setdefault("background", False)
-            msg.response.setdefault("store", True)
-        self.fanout.to_stream(turn.stream_to, msg)
-        if tag not in _NOT_ON_STREAM:
-            self.fanout.publish(
-                session.record, msg, run_id=turn.turn_id, origin_at=incoming.env.created_at
-            )
+        await self._worker_event(session, turn, msg, incoming)
 
     @handles(PublishEvents)
     async def publish_events(self, msg: PublishEvents, incoming: Incoming) -> None:
@@ -234,9 +189,12 @@ class DispatchActor(SessionRoutes):
         if session is None:
             log.info("dropping %d events of unknown session %s", len(msg.events), msg.session_id)
             return
-        run_id = session.turn.turn_id if session.turn is not None else None
-        for event in msg.events:
-            self.fanout.publish(session.record, event, run_id=run_id)
+        turn = session.turn
+        if turn is None:
+            await self._publish_runner_events(session, None, msg.events)
+            return
+        run = functools.partial(self._publish_runner_events, session, turn, msg.events)
+        await self._runner_event(session, turn, run, incoming)
 
     @handles(TerminalOutput)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:
@@ -249,7 +207,7 @@ class DispatchActor(SessionRoutes):
         if session is None or session.turn is None or session.turn.turn_id != msg.turn_id:
             log.info("ignoring a terminal event for turn %s, which is not active", msg.turn_id)
             return
-        await self._terminal(session, msg)
+        await self._worker_terminal(session, session.turn, msg, incoming)
 
     # --- the watchdog ----------------------------------------------------------------------
 
@@ -261,6 +219,7 @@ class DispatchActor(SessionRoutes):
     @every(1.0)
     async def _watchdog(self) -> None:
         now = time.monotonic()
+        self._check_gaps(now)
         for session in list(self.sessions.values()):
             turn = session.turn
             if turn is None:

@@ -7,6 +7,7 @@ its own, each adding one job to the one below it::
     TurnSetup      (_start)   a turn's spec, history and worker message
     TurnFlow       (_turns)   the life of a turn
     ToolCalls      (_calls)   tool calls through policy and back
+    StreamOrder    (_stream)  a turn's worker events in order, sent again after a restart
     SessionRoutes  (_http)    the session routes
     DispatchActor  (_actor)   lifecycle, the message handlers, the watchdog
 

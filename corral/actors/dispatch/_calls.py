@@ -38,12 +38,15 @@ class ToolCalls(TurnFlow):
     """Tool calls: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
 
     async def _tool_call(
-        self, session: Session, turn: Turn, item: dict[str, Any], deferred: Deferred
+        self, session: Session, turn: Turn, item: dict[str, Any], deferred: Deferred | None
     ) -> None:
+        """Send a worker's call on (``deferred``: its durable request, None for the copy a
+        worker sent again), acking the request once it is on its way."""
         try:
             await self._send_tool_call(session, turn, item)
         finally:
-            deferred.ack()
+            if deferred is not None:
+                deferred.ack()
 
     async def _send_tool_call(self, session: Session, turn: Turn, item: dict[str, Any]) -> None:
         if not turn.spec_resolved:

@@ -70,6 +70,8 @@ class _Queued:
     origin_at: float = 0.0
     upstream: bool = True
     track: bool = False
+    #: A worker event's sequence number in its turn (reported to ``on_sent``).
+    k: int | None = None
 
 
 class Fanout:
@@ -94,6 +96,11 @@ class Fanout:
         self._receivers: dict[tuple[str, int], int] = {}
         #: Told ``(session_id, seq)`` of a tracked event once every receiver has it.
         self.on_delivered: Callable[[str, int], None] | None = None
+        #: Told ``(session_id, k)`` once every subscriber has the session's worker events up
+        #: to sequence number ``k`` (one call per session and round): the worker forgets them.
+        self.on_sent: Callable[[str, int], None] | None = None
+        #: The worker sequence number of each queued worker event, by (session, seq).
+        self._worker_k: dict[tuple[str, int], int] = {}
         #: Batches of subscriber events queued and sent so far (:meth:`sent`).
         self._queued_n = self._sent_n = 0
         self._sent_more = trio.Event()
@@ -114,19 +121,29 @@ class Fanout:
         origin_at: float = 0.0,
         upstream: bool = True,
         track: bool = False,
+        seq: int | None = None,
+        k: int | None = None,
     ) -> int:
-        """Number ``event`` in the session's stream and queue it for the subscribers (unless
-        not ``upstream``) and the journal run ``run_id`` (the active turn's by default);
+        """Number ``event`` in the session's stream (the next ``seq``, or ``seq``: a turn's
+        worker event, numbered by its turn) and queue it for the subscribers (unless not
+        ``upstream``) and the journal run ``run_id`` (the active turn's by default);
         ``terminal`` marks the run's last event; with ``track``, ``on_delivered`` hears when
-        every receiver has it. Its ``seq``.
+        every receiver has it; ``k``, a worker event's own number, goes to ``on_sent`` once
+        every subscriber has it. Its ``seq``.
 
         While the session is held (:meth:`held`) the event waits, in order, until the hold
         ends: what is saved before it is sent is never sent before it is saved."""
-        record.seq += 1
+        if seq is None:
+            record.seq += 1
+            seq = record.seq
+        else:
+            # A worker event: one sent again after a restart may be below what the runner
+            # numbered since (the gateway has it, or it is new to the gateway and in order).
+            record.seq = max(record.seq, seq)
         self._queue(
             _Queued(
                 session_id=record.id,
-                seq=record.seq,
+                seq=seq,
                 event=event,
                 runner_id=record.runner_id,
                 run=run_id or record.turn_id,
@@ -134,9 +151,10 @@ class Fanout:
                 origin_at=origin_at,
                 upstream=upstream,
                 track=track,
+                k=k,
             )
         )
-        return record.seq
+        return seq
 
     def republish(self, record: SessionRecord, pending: list[PendingEvent]) -> None:
         """Queue events a previous incarnation saved and may not have sent, with their own
@@ -191,6 +209,8 @@ class Fanout:
             )
         if receivers:
             self._queued_n += 1
+            if q.k is not None:
+                self._worker_k[(q.session_id, q.seq)] = q.k
         self._events_ready.set()
         key = (q.session_id, q.seq)
         final = bool(self.journal and q.run and q.terminal)
@@ -244,6 +264,9 @@ class Fanout:
             self._events_ready = trio.Event()
             pending, self._events = self._events, {}
             upto = self._queued_n
+            sent: dict[str, int] = {}
+            failed: set[str] = set()
+            worker_k = self._worker_k
             for name, events in pending.items():
                 try:
                     await self.peer.cast_many(name, event_batches(events), durable=True, timeout=60)
@@ -258,10 +281,23 @@ class Fanout:
                     )
                     for event in events:
                         self._receivers.pop((event.session_id, event.seq), None)
+                        failed.add(event.session_id)
                     continue
+                if worker_k:
+                    for event in events:
+                        k = worker_k.get((event.session_id, event.seq))
+                        if k is not None:
+                            sent[event.session_id] = k  # in publish order: the last is the top
                 if self._receivers:
                     for event in events:
                         self._received((event.session_id, event.seq))
+            for events in pending.values():
+                for event in events if worker_k else ():
+                    worker_k.pop((event.session_id, event.seq), None)
+            if self.on_sent is not None:
+                for session_id, k in sent.items():
+                    if session_id not in failed:
+                        self.on_sent(session_id, k)
             self._sent_n = upto
             self._sent_more.set()
             self._sent_more = trio.Event()

@@ -20,7 +20,6 @@ import trio
 from ..._input import check_session_id
 from ...harnesses.protocol import Approval, InputAccepted, Interrupt
 from ...routes import HttpRequest, HttpResponse, empty_response, json_response
-from ._calls import ToolCalls
 from ._events import (
     ApprovalEvent,
     BadEvent,
@@ -33,12 +32,13 @@ from ._events import (
 )
 from ._routes import error, from_harness
 from ._session import Session, SessionRecord
+from ._stream import StreamOrder
 from ._turn import Phase, Trigger, transition
 
 log = logging.getLogger("corral.actors.dispatch")
 
 
-class SessionRoutes(ToolCalls):
+class SessionRoutes(StreamOrder):
     """The session routes: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
 
     async def create_session(self, msg: HttpRequest) -> HttpResponse:

@@ -42,5 +42,8 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     #: Crash tests only: exit at once at this point of a turn, once per data directory —
     #: after a turn's record is saved (``turn_saved``), after its start is with the broker
     #: (``turn_sent``), after its end is saved (``end_saved``), after every receiver has its
-    #: end (``edge_delivered``). Empty: never.
-    crash_at: Literal["", "turn_saved", "turn_sent", "end_saved", "edge_delivered"] = ""
+    #: end (``edge_delivered``), mid-stream: after taking its worker's event number
+    #: ``_stream.CRASH_K`` and before sending it (``streaming``). Empty: never.
+    crash_at: Literal["", "turn_saved", "turn_sent", "end_saved", "edge_delivered", "streaming"] = (
+        ""
+    )

@@ -57,6 +57,8 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     #: ``?stream=true`` POST, if any.
     turn_started_at: float = 0.0
     stream_to: list[str] | None = None
+    #: The active turn's stream numbering (``_turn.worker_seq``): the seq of its ``running``.
+    turn_base: int = 0
     #: Ids of the active turn's tool calls sent to policy (written before each is sent), and
     #: of those whose outcome went to the worker (written after): what the turn has in flight
     #: after a restart (``Turn.resume``). One write per call and per outcome; none per delta.
@@ -114,6 +116,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     def end_turn(self) -> None:
         """Forget everything of the active turn."""
         self.turn_id, self.turn_started_at, self.stream_to = None, 0.0, None
+        self.turn_base = 0
         self.starting = None
         self.tool_calls, self.answered, self.elicitations = [], [], []
         self.interrupted = False

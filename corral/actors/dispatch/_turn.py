@@ -22,16 +22,36 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+import trio
 
 from ..._exceptions import CorralError
 
 if TYPE_CHECKING:
+    from ...harnesses.protocol import Output
+    from .._deferred import Deferred
     from ._session import SessionRecord
 
 #: Prefix of a harness elicitation's key in ``Turn.waiting`` (tool calls use their call id).
 _ELICITATION = "elicitation:"
+
+#: A turn's stream numbering: its worker's event ``k`` (its ``sequence_number``) is
+#: ``base + (k + 1) * STRIDE`` whichever incarnation publishes it, so an event sent again
+#: after a restart keeps its ``seq`` (the gateway drops a ``seq`` it has seen); the runner's
+#: own events of the turn take the numbers in between (``record.seq + 1``: fewer than
+#: ``STRIDE`` between two of the worker's, a handful per tool call).
+STRIDE = 1 << 10
+#: Past any worker event of a turn (2**24 events): where a turn whose worker is gone, and
+#: so cannot say what it had sent, numbers its end.
+PAST_WORKER = (1 << 24) * STRIDE
+
+
+def worker_seq(base: int, k: int) -> int:
+    """The ``seq`` of worker event ``k`` of the turn numbered from ``base``."""
+    return base + (k + 1) * STRIDE
 
 
 class Phase(enum.Enum):
@@ -179,6 +199,34 @@ class Turn:
     #: It sent policy an evaluation (the server may hold one until a person answers), so
     #: its end tells policy. Assumed of a resumed turn: a restart forgets it.
     evaluated: bool = False
+    #: Its stream numbering (:func:`worker_seq`): the ``seq`` of its ``running`` edge.
+    base: int = 0
+    #: The worker event to publish next (events are published in their worker's order);
+    #: None while a resumed turn waits to hear from its worker what it holds.
+    next_k: int | None = 0
+    #: The last event the worker said it had sent (:class:`~corral.harnesses.protocol.
+    #: Resending`): the runner's own events wait until the turn is past it.
+    resent_upto: int = -1
+    #: Worker events that came ahead of ``next_k`` (after a gap), by sequence number, with
+    #: their ``origin_at`` and the handle of a durable one.
+    early: dict[int, tuple[Output, float, Deferred | None]] = field(default_factory=dict)
+    #: What waits for the turn to be in order (:attr:`in_order`): the runner's own events
+    #: and the terminal, each with the handle of its durable message.
+    later: list[tuple[Callable[[], Awaitable[None]], Deferred | None]] = field(default_factory=list)
+    #: The last worker event confirmed to the worker, and since when a gap waits.
+    confirmed: int = -1
+    gap_since: float | None = None
+    resending: bool = False
+    #: Its terminal event, waiting for the worker events before it, with its handle.
+    ending: tuple[Output, Deferred | None] | None = None
+    #: Taken while its events are ordered and taken (a resend's answer comes in a task).
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+    @property
+    def in_order(self) -> bool:
+        """Whether everything the worker said it had sent is published (the runner's own
+        events then number past it)."""
+        return self.next_k is not None and self.next_k > self.resent_upto
 
     @property
     def phase(self) -> Phase:
@@ -223,4 +271,6 @@ class Turn:
             answered=answered,
             interrupted=record.interrupted,
             evaluated=True,
+            base=record.turn_base,
+            next_k=None,
         )

@@ -126,6 +126,7 @@ class TurnFlow(TurnSetup):
             # A continuation is a turn of its own: ``running`` again, with no ``idle`` before
             # it (§E.3; the server clears its text accumulator at each ``running``).
             self._publish_saved(session, {"type": "session.status", "status": "running"})
+            session.record.turn_base = turn.base = session.record.seq  # numbers its stream
             await self._save(session)
             self._crash_point("turn_saved")
         self.stats["turns"] += 1
@@ -134,8 +135,7 @@ class TurnFlow(TurnSetup):
         return response
 
     async def _restart(self, session: Session) -> None:
-        """Start again the recovered turn whose start a crash may have cut off (its record
-        still has its messages): the harness actor ignores a start it has already seen."""
+        """Start again a recovered turn whose start a crash may have cut off (seen: ignored)."""
         turn, messages = session.turn, session.record.starting
         if turn is None or messages is None:
             return
@@ -253,16 +253,17 @@ class TurnFlow(TurnSetup):
         """End the active turn on its terminal event ``msg`` (from its worker, or the
         runner's own ``failed``).
 
-        The terminal event and the edge are saved before they leave (held until the end's
-        save): an incarnation that finds them in the record sends them again with their own
-        ``seq`` (the gateway drops a ``seq`` it has seen), and one that does not finds the
-        turn still active, so the redelivered terminal ends it — one edge either way.
+        The end is saved once the turn's stream is with every receiver (its worker forgets
+        it then), and its terminal event and edge before they leave: an incarnation that
+        finds them in the record sends them again with their own ``seq`` (the gateway drops
+        a ``seq`` it has seen); one that does not ends the turn on the redelivered terminal.
         """
         turn = session.turn
-        if turn is None or turn.turn_id != msg.turn_id:
-            return
-        with self.fanout.held(session.id):
-            await self._end(session, turn, msg)
+        if turn is not None and turn.turn_id == msg.turn_id:
+            await self.fanout.sent()
+        if turn is not None and turn.turn_id == msg.turn_id and session.turn is turn:
+            with self.fanout.held(session.id):
+                await self._end(session, turn, msg)
 
     async def _end(self, session: Session, turn: Turn, msg: Output) -> None:
         end = on_terminal(turn.phase, _terminal_kind(msg))
