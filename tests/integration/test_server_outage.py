@@ -495,5 +495,7 @@ async def test_a_turn_whose_server_never_comes_back_ends_with_one_failed_edge(
         edges = [e for e in gw.events[sid] if e["type"] == "session.status"]
     assert edges[-1]["error"]["code"] == "spec_resolver_failed"
     assert len(edges) == 2, edges
-    assert waited >= SERVER_WAIT_S, "asked again for the server's restart window"
-    assert len(server.received("GET", route)) > 4
+    # Asked again over the server's restart window (it stops short of a retry past it),
+    # where it used to give up after one call's 4 attempts, in about 2 s.
+    assert waited > SERVER_WAIT_S / 2, waited
+    assert len(server.received("GET", route)) > 8
