@@ -8,6 +8,9 @@ throws them away with the socket. The plane is stopped with SIGSTOP for exactly 
 the gateway is seen to write the turn's events into it, and the plane is killed. What the
 client must see afterwards is the whole-system invariant: every event the runner published
 reaches it once and in order, the turn has exactly one terminal edge, nothing hangs.
+
+The last part sets turns up while the server is unavailable: dispatch with a fake omnigent
+server whose GETs of the session drop their connection, as a restarting plane does.
 """
 
 from __future__ import annotations
@@ -310,6 +313,52 @@ async def test_a_message_post_cut_off_by_kill9_is_posted_again_and_runs_once(
     assert len(users) == 1, "the message is stored once"
     assert turn.item_id == users[0]["id"]
     assert len(assistants) == 2, "one turn: text, tool call, text (no second run)"
+
+
+class _KillWhenLooking(ControlPlane):
+    """A client that ``kill -9``s the control plane at the moment it looks for it to post
+    the message: the stream is open, the URL is forgotten, and the plane dies before
+    ``server.json`` and ``host.json`` are read."""
+
+    plane_pid = 0
+    killed = False
+    posting = False
+
+    async def url(self, *, until: float | None = None) -> str:
+        if self.posting and not self.killed:
+            self._url = None  # look again, as after a failure
+            os.kill(self.plane_pid, signal.SIGKILL)
+            self.killed = True
+        return await super().url(until=until)
+
+    async def post_message(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.posting = True
+        return await super().post_message(*args, **kwargs)
+
+
+@pytest.mark.chaos
+async def test_a_send_whose_control_plane_dies_as_it_looks_for_it_waits_for_the_next(
+    plane_host: HostProcess,
+) -> None:
+    host = plane_host
+    plane = await trio.to_thread.run_sync(_plane, host)
+    assert plane is not None
+    async with _KillWhenLooking(host.state_dir) as api:
+        api.plane_pid = plane["pid"]
+        session = await api.create_session("slow")
+        with trio.fail_after(120):
+            turn = await run_turn(
+                api,
+                session["id"],
+                str(session["last_event_id"]),
+                "go",
+                on_event=lambda e: None,
+                decide=_decline,
+                follower=TurnFollower(session["id"]),
+            )
+    assert api.killed
+    assert (turn.status, turn.error, turn.text) == ("idle", None, FIRST + SECOND)
+    _check_once_in_order(turn.events)
 
 
 @pytest.mark.chaos
