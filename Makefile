@@ -5,8 +5,8 @@
 #   make test-fast — the same set-up, then all but the interop and chaos tests
 # make test-fast runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
 # module per worker at a time, so a module's shared host stays in one process. make test (and
-# so CI) runs one test at a time: the chaos and interop tests time crashes and the real
-# server, and a loaded machine makes the tests' 0.6 s heartbeat window miss (docs/testing.md).
+# so CI) runs one test at a time: the chaos and interop tests time crashes (a 0.6 s heartbeat
+# window) and the real server, which a second worker's load would distort (docs/testing.md).
 PYTHON ?= python3
 JOBS   ?= auto
 VENV   ?= .venv
