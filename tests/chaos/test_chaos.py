@@ -44,48 +44,15 @@ async def run(**options: object) -> ChaosFigures:
     return figures
 
 
-#: Reproduced in every run since 962ab16 (and before it): a worker's deltas, message item and
-#: tool output sent while dispatch is down are dropped, and the turn still completes (one
-#: run: turn seq 11-14 never reached the server, its response.completed seq 15 did).
-LOST_WHILE_DISPATCH_DOWN = (
-    "#15 what a worker streams while dispatch is dead is lost: workers do not yet hold and "
-    "re-send what dispatch never acked"
-)
-
-
-# Not strict: whether random kills land at the moments that break a turn is chance (they did
-# in 5 of 7 runs); the dispatch-only test reproduces the loss every time. At 20 sessions
-# (docs/benchmarks.md) random kills also leave turns without a worker and give a turn a
-# history with a user message twice.
-@pytest.mark.xfail(
-    strict=False,
-    reason=LOST_WHILE_DISPATCH_DOWN + "; a turn restarted by dispatch, its worker killed with "
-    "the harness actor and dispatch killed again never ends; a restarted turn's session gets a "
-    "user message twice in its next history",
-)
 async def test_random_kills_of_every_process_kind_keep_every_invariant() -> None:
     figures = await run(kind="any", seed=1)
     assert figures.ok, verdict(figures)
 
 
-def only_lost_while_dispatch_down(figures: ChaosFigures) -> bool:
-    """Whether all that broke is ``LOST_WHILE_DISPATCH_DOWN``: deltas or items of completed
-    turns missing, while every turn ended once and nothing came twice, ran twice or hung."""
-    others = (
-        figures.no_terminal, figures.duplicate_terminals, figures.duplicated, figures.misordered,
-        figures.run_twice, figures.tool_runs_twice, figures.history_lost, figures.parked_left,
-        figures.orphans, figures.hung, figures.repeated_stream_ids,
-    )  # fmt: skip
-    return bool(figures.lost or figures.events_lost) and not any(others)
-
-
 async def test_dispatch_killed_again_and_again_keeps_every_invariant() -> None:
-    """Every invariant but one holds; the loss of what a worker streams while dispatch is down
-    is the known gap (an expected failure, not a strict one: a run whose kills all miss a
-    stream loses nothing, and it passes)."""
+    """What a worker streams while dispatch is down is held by the worker and sent again to
+    the next incarnation: nothing lost, nothing twice."""
     figures = await run(kind="dispatch", seed=2, **SHORT)
-    if not figures.ok and only_lost_while_dispatch_down(figures):
-        pytest.xfail(LOST_WHILE_DISPATCH_DOWN)
     assert figures.ok, verdict(figures)
 
 

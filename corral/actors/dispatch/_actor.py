@@ -190,10 +190,10 @@ class DispatchActor(SessionRoutes):
             log.info("dropping %d events of unknown session %s", len(msg.events), msg.session_id)
             return
         turn = session.turn
-        if turn is None:
-            await self._publish_runner_events(session, None, msg.events)
-            return
         run = functools.partial(self._publish_runner_events, session, turn, msg.events)
+        if turn is None:
+            self._queue_run(session, run, self.defer(incoming))
+            return
         await self._runner_event(session, turn, run, incoming)
 
     @handles(TerminalOutput)

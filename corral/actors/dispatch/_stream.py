@@ -170,13 +170,27 @@ class StreamOrder(ToolCalls):
         run: Callable[[], Awaitable[None]],
         incoming: Incoming,
     ) -> None:
-        """Run ``run`` (it publishes the runner's own events of ``turn``) now if the turn is
-        in order, else once it is (its durable message in flight meanwhile)."""
+        """Run ``run`` (it publishes the runner's own events of ``turn``) in the session's
+        queue once the turn is in order (its durable message in flight until then)."""
+        deferred = self.defer(incoming)
         async with turn.lock:
             if turn.in_order and not turn.later:
-                await run()
-                return
-            turn.later.append((run, self.defer(incoming)))
+                self._queue_run(session, run, deferred)
+            else:
+                turn.later.append((run, deferred))
+
+    def _queue_run(
+        self, session: Session, run: Callable[[], Awaitable[None]], deferred: Deferred | None
+    ) -> None:
+        """``run`` in the session's queue, never in a handler: it waits for acceptances, and
+        those can queue behind the handler's inbox."""
+
+        async def job() -> None:
+            await run()
+            if deferred is not None:
+                deferred.ack()
+
+        self.in_order(session.id, job, *([deferred] if deferred is not None else []))
 
     async def _worker_terminal(
         self, session: Session, turn: Turn, msg: Output, incoming: Incoming
@@ -184,30 +198,39 @@ class StreamOrder(ToolCalls):
         """The turn's terminal event: it ends the turn once every worker event before it is
         taken (the worker's own), or once the turn is in order (one the harness actor made
         up, numbered past anything the worker could have sent)."""
+        deferred = self.defer(incoming)
         async with turn.lock:
             if not self._ready_to_end(turn, msg):
-                turn.ending = (msg, self.defer(incoming))
+                turn.ending = (msg, deferred)
+                turn.gap_since = turn.gap_since or time.monotonic()
                 return
-            await self._end_on(session, turn, msg)
+            self._queue_end(session, turn, msg, deferred)
 
     def _ready_to_end(self, turn: Turn, msg: Output) -> bool:
         if msg.sequence_number == 0:
             return turn.in_order
         return turn.next_k is not None and turn.next_k >= msg.sequence_number
 
-    async def _end_on(self, session: Session, turn: Turn, msg: Output) -> None:
-        if msg.sequence_number == 0:
-            record = session.record
-            record.seq = max(record.seq, turn.base + PAST_WORKER)
-        for _, _, deferred in turn.early.values():
-            if deferred is not None:
-                deferred.ack()
-        turn.early.clear()
-        await self._terminal(session, msg)
+    def _queue_end(
+        self, session: Session, turn: Turn, msg: Output, deferred: Deferred | None
+    ) -> None:
+        """End the turn on ``msg`` in the session's queue (its end waits for its stream)."""
+
+        async def end() -> None:
+            if msg.sequence_number == 0:
+                record = session.record
+                record.seq = max(record.seq, turn.base + PAST_WORKER)
+            for _, _, held in turn.early.values():
+                if held is not None:
+                    held.ack()
+            turn.early.clear()
+            await self._terminal(session, msg)
+
+        self._queue_run(session, end, deferred)
 
     async def _drain(self, session: Session, turn: Turn) -> None:
-        """Take the kept events that are next, then what waited for the turn to be in order,
-        then its terminal if it is due."""
+        """Take the kept events that are next; then queue what waited for the turn to be in
+        order, and its terminal if it is due."""
         while turn.next_k is not None and turn.next_k in turn.early:
             msg, origin_at, deferred = turn.early.pop(turn.next_k)
             await self._take(session, turn, msg, origin_at, deferred)
@@ -217,24 +240,16 @@ class StreamOrder(ToolCalls):
                 deferred = turn.early.pop(k)[2]
                 if deferred is not None:
                     deferred.ack()
-        if not turn.early:
-            turn.gap_since = None
-        while turn.in_order and turn.later and session.turn is turn:
-            run, deferred = turn.later.pop(0)
-            try:
-                await run()
-            finally:
-                if deferred is not None:
-                    deferred.ack()
-        if turn.ending is not None and session.turn is turn:
+        if turn.in_order:
+            for run, deferred in turn.later:
+                self._queue_run(session, run, deferred)
+            turn.later.clear()
+        if turn.ending is not None and self._ready_to_end(turn, turn.ending[0]):
             msg, deferred = turn.ending
-            if self._ready_to_end(turn, msg):
-                turn.ending = None
-                try:
-                    await self._end_on(session, turn, msg)
-                finally:
-                    if deferred is not None:
-                        deferred.ack()
+            turn.ending = None
+            self._queue_end(session, turn, msg, deferred)
+        if not turn.early and turn.ending is None:
+            turn.gap_since = None
 
     async def _resend(self, session: Session, turn: Turn) -> None:
         """Ask the turn's worker where it stands and to send again what is not confirmed
@@ -284,6 +299,7 @@ class StreamOrder(ToolCalls):
             turn = session.turn
             if turn is None or turn.resending:
                 continue
+            # A gap behind kept events or a terminal that waits, or a turn not yet in order.
             stuck = turn.gap_since is not None and now - turn.gap_since > GAP_S
             if stuck or turn.next_k is None:
                 self.nursery.start_soon(self._resend, session, turn)
@@ -308,11 +324,12 @@ class StreamOrder(ToolCalls):
         """Publish the runner's own events of ``turn`` (None: of no turn), saved before they
         are sent: what the next incarnation numbers comes after them. Saved once what was
         published before them is with every receiver: the next incarnation sends them again
-        first, and a worker event before them it had not sent would then come after them."""
-        await self.fanout.sent()
+        first, and a worker event before them it had not sent would then come after them.
+        Events published meanwhile wait behind them (the session is held)."""
         if session.turn is not turn:
             turn = None
         with self.fanout.held(session.id):
             for event in events:
                 self._publish_saved(session, event, run_id=turn.turn_id if turn else None)
+            await self.fanout.sent()
             await self._save(session)

@@ -189,8 +189,7 @@ class TurnFlow(TurnSetup):
             or self.options.default_harness
         )
         if session.turn is not turn:
-            # Ended while its spec was fetched (a restarted turn's terminal can come first):
-            # its messages must not join the history a second time.
+            # Ended during the spec's fetch: its messages must not join the history twice.
             return None if continuation else accepted()
         try:
             content = await self._history(session, messages)
@@ -259,10 +258,11 @@ class TurnFlow(TurnSetup):
         a ``seq`` it has seen); one that does not ends the turn on the redelivered terminal.
         """
         turn = session.turn
-        if turn is not None and turn.turn_id == msg.turn_id:
-            await self.fanout.sent()
-        if turn is not None and turn.turn_id == msg.turn_id and session.turn is turn:
-            with self.fanout.held(session.id):
+        if turn is None or turn.turn_id != msg.turn_id:
+            return
+        with self.fanout.held(session.id):
+            await self.fanout.sent()  # never in a handler: acceptances may queue behind it
+            if session.turn is turn:
                 await self._end(session, turn, msg)
 
     async def _end(self, session: Session, turn: Turn, msg: Output) -> None:
