@@ -942,9 +942,10 @@ def test_up_with_server_flag_serves_that_runner_and_no_control_plane(tmp_path: P
                 status = request(control, "status")
             except (OSError, RuntimeError, ValueError):
                 return None
-            return status if status["host"]["state"] == "running" else None
+            # The gateway reports its tunnel once it has tried it, after it is running.
+            return status if status["host"]["state"] == "running" and status["tunnels"] else None
 
-        status = wait_until(running, 30, "the host")
+        status = wait_until(running, 30, "the host and its tunnel's row")
         assert status["server"] is None
         assert [t["runner_id"] for t in status["tunnels"]] == ["runner-e2e"]
         assert (tmp_path / "ws").is_dir()
