@@ -471,7 +471,9 @@ def _kill_during_a_demo_turn(host: HostProcess, at: int) -> None:
     wait_until(lambda: _last_event_id_of_all(url) >= before + at, 30, "the turn to stream")
     os.kill(pid, signal.SIGKILL)
     code, result, err = _finish(send)
-    assert (code, result["status"]) == (0, "idle"), (at, result["error"], err)
+    # On failure the host's own account too: CI once saw a send give up at once ("no running
+    # host found") while the plane restarted, and kept nothing else of it.
+    assert (code, result["status"]) == (0, "idle"), (at, result["error"], err, _tail(host))
     _check_once_in_order(result["events"])
     assert result["text"].startswith("Hello from corral!")
     wait_until(
@@ -479,6 +481,12 @@ def _kill_during_a_demo_turn(host: HostProcess, at: int) -> None:
         30,
         "the restarted control plane",
     )
+
+
+def _tail(host: HostProcess) -> str:
+    """The host's exit code and the end of its log, for a failure's message."""
+    exited = host.proc.poll() if host.proc is not None else None
+    return f"host exit code {exited}; its log ends:\n" + host.log()[-4000:]
 
 
 def _last_event_id_of_all(url: str) -> int:
