@@ -3,6 +3,8 @@ restart intensity, backoff and liveness from data (docs/supervision.md), one hea
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import trio
@@ -97,3 +99,38 @@ async def test_a_peer_without_the_bus_heartbeat_sends_none(tmp_path: Path) -> No
             assert broker.last_seen("quiet") == quiet
             assert (broker.last_seen("loud") or 0.0) > loud
         nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_killed_while_it_starts_is_replaced_and_its_turn_runs(
+    host_factory,
+) -> None:
+    """A worker ``kill -9``-ed while it starts (here: while it imports its harness) is
+    replaced by a new one for the same turn, a restart within the session's budget, and the
+    turn runs (it used to end ``harness_unavailable``, "exited at start")."""
+    host = host_factory(
+        FAST_LIVENESS
+        + "[actors.harness.options]\ncrash_backoff_s = 0.05\n"
+        + "[actors.harness.options.harnesses]\n"
+        + 'slow = "tests.integration._slow_start_harness:SlowStart"\n'
+    ).start()
+    # The marker the first worker leaves as it starts to hang (named after its parent).
+    marker = Path(f"/tmp/corral-slow-start-{host.actor('harness')['pid']}")
+    try:
+        async with fake_dispatch(host.endpoint) as d:
+            turn = await d.start_turn("s-slow", {"name": "slow", "executor": {"harness": "slow"}})
+
+            def starting_pid() -> int | None:
+                workers = [w for w in _state(host)["workers"] if w["session_id"] == "s-slow"]
+                return workers[0]["pid"] if workers and marker.exists() else None
+
+            pid = await trio.to_thread.run_sync(
+                lambda: wait_until(starting_pid, 15, "the worker importing its harness")
+            )
+            os.kill(pid, signal.SIGKILL)
+            end = await d.terminal(turn, timeout=30)
+        assert end.__struct_config__.tag == "response.completed", end
+        state = _state(host)
+        assert (state["spawned"], state["crashed"]) == (2, 1)
+    finally:
+        marker.unlink(missing_ok=True)
+    host.stop()

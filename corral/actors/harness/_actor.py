@@ -59,6 +59,10 @@ Forwarded = ToolResult | PolicyVerdict | Interrupt
 #: Exit code of a worker that could not load its harness implementation.
 EXIT_CANNOT_LOAD = 78
 
+#: How many workers a turn's start tries (each after the first replaces one that died while
+#: it started or as the turn reached it, a restart counted against the session's budget).
+START_ATTEMPTS = 3
+
 #: Turn ids an incarnation remembers taking a start of (about 40 bytes each): a second start
 #: of a turn comes from a dispatch restarted seconds after the first, so thousands are plenty.
 TAKEN_KEPT = 4096
@@ -303,10 +307,14 @@ class HarnessActor(Actor):
         await self.started_turns.mark(msg.turn_id)
         self.stats["turns"] += 1
         name = worker_address(msg.session_id)
-        # Twice at most: a worker that dies just as the turn reaches it (its exit not yet
-        # seen here) is replaced once, so the turn still gets a fresh worker.
-        for attempt in (1, 2):
-            error = await self._ensure_worker(msg.session_id, harness, target, env)
+        # A worker that dies while it starts, or just as the turn reaches it (its exit not
+        # yet seen here), is replaced — each replacement a restart the supervisor counts
+        # against the session's budget — so the turn still gets a fresh worker.
+        for attempt in range(1, START_ATTEMPTS + 1):
+            error, died = await self._ensure_worker(msg.session_id, harness, target, env)
+            if error is not None and died and attempt < START_ATTEMPTS:
+                log.warning("%s; starting another for turn %s", error, msg.turn_id)
+                continue
             if error is not None:
                 await self._end(msg.session_id, _failed(msg, "harness_unavailable", error))
                 return
@@ -314,7 +322,7 @@ class HarnessActor(Actor):
                 reply = await self._call_worker(name, msg, self.start_timeout_s)
                 break
             except Unreachable as exc:
-                if attempt == 2:
+                if attempt == START_ATTEMPTS:
                     await self._end(msg.session_id, _failed(msg, "harness_crashed", str(exc)))
                     return
                 await self._await_exit(name)
@@ -377,14 +385,16 @@ class HarnessActor(Actor):
 
     async def _ensure_worker(
         self, session_id: str, harness: str, target: str, env: dict[str, str]
-    ) -> str | None:
-        """Spawn the session's worker if needed and wait until it is up; an error or None."""
+    ) -> tuple[str | None, bool]:
+        """Spawn the session's worker if needed and wait until it is up: an error or None,
+        and whether the worker died while it started (a kill, a crash: another may start;
+        not one that cannot load its harness or did not start in time)."""
         name = worker_address(session_id)
         state = self.workers.get(session_id)
         child = self.children.children.get(name)
         alive = state is not None and not state.exited and child is not None and child.pid
         if alive and state is not None and state.harness == harness:
-            return None
+            return None, False
         if child is not None and child.state.up:
             # A worker on its way out (reaped, or another harness): let it finish first.
             await self.children.stop_child(name)
@@ -416,23 +426,25 @@ class HarnessActor(Actor):
             )
         except RestartIntensityExceeded as exc:
             new.exited = True
-            return str(exc)
+            return str(exc), False
         except OSError as exc:
             new.exited = True
-            return f"the {harness!r} harness could not start: {exc}"
+            return f"the {harness!r} harness could not start: {exc}", False
         new.pid = child.pid
         self.stats["spawned"] += 1
         with trio.move_on_after(self.start_timeout_s):
             await child.settled()
         if child.ready.is_set():
-            return None
+            return None, False
         exit_info = child.last_exit if child.exited.is_set() else None
         if exit_info and exit_info["code"] == EXIT_CANNOT_LOAD:
-            return f"the {harness!r} harness could not be loaded ({target})"
+            return f"the {harness!r} harness could not be loaded ({target})", False
         if exit_info:
-            return f"the {harness!r} harness worker exited at start: {exit_info['reason']}"
+            why = f"the {harness!r} harness worker exited at start: {exit_info['reason']}"
+            return why, True
         self.children.kill(name, "did not start in time")
-        return f"the {harness!r} harness worker did not start within {self.start_timeout_s:g}s"
+        late = f"the {harness!r} harness worker did not start within {self.start_timeout_s:g}s"
+        return late, False
 
     # --- inputs forwarded to workers -------------------------------------------------------
 
