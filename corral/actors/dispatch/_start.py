@@ -9,7 +9,8 @@ same id starts. The functions build the worker's message and choose its harness 
 
 A server that is unavailable while a turn is set up (no connection, 502/503/504: the embedded
 control plane is back 2 to 4 s after a ``kill -9``, the host restarting it) is asked again for
-:data:`SERVER_WAIT_S` from the first failure, with backoff, before the turn fails; an answer
+:data:`SERVER_WAIT_S` from the first failure, with backoff
+(:func:`~corral.server_client.while_unavailable`), before the turn fails; an answer
 that refuses (4xx, a 500, a malformed body) fails it at once, as the real server means it.
 """
 
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..._exceptions import ServerUnavailable
+from ...server_client import SERVER_WAIT_S, while_unavailable
 from ...tools.registry import tool_schemas
 from . import _history as history
 from ._base import DispatchBase
@@ -33,12 +34,6 @@ log = logging.getLogger("corral.actors.dispatch")
 #: How long a turn of a new session waits for the turn of a deleted one of the same id to
 #: end on its worker.
 _DRAIN_TIMEOUT_S = 15.0
-#: How long a turn's setup keeps asking an unavailable server, from its first failure: the
-#: embedded control plane's restart window (2 to 4 s, longer under load) with room to spare.
-#: Each ask is itself a bounded retry (:class:`~corral.server_client.ServerClient`).
-SERVER_WAIT_S = 10.0
-_WAIT_FIRST_S = 0.25
-_WAIT_MAX_S = 2.0
 
 T = TypeVar("T")
 
@@ -76,10 +71,8 @@ class TurnSetup(DispatchBase):
     async def _while_unavailable(
         self, session: Session, what: str, ask: Callable[[], Awaitable[T]]
     ) -> T:
-        """``ask()``, asked again while the server is unavailable, up to
-        :data:`SERVER_WAIT_S` from the first failure.
-
-        Stops early, with the last error, once the turn being set up has ended meanwhile or
+        """``ask()`` through :func:`~corral.server_client.while_unavailable`, for
+        :data:`SERVER_WAIT_S`; it stops early once the turn being set up has ended meanwhile or
         the session is gone: nobody waits for that setup any more.
 
         Raises:
@@ -87,26 +80,12 @@ class TurnSetup(DispatchBase):
             ServerError: any other failure of ``ask``, at once.
         """
         turn = session.turn
-        deadline: float | None = None
-        delay = _WAIT_FIRST_S
-        while True:
-            try:
-                return await ask()
-            except ServerUnavailable as exc:
-                now = trio.current_time()
-                deadline = now + SERVER_WAIT_S if deadline is None else deadline
-                wanted = session.turn is turn and self.sessions.get(session.id) is session
-                if not wanted or now + delay > deadline:
-                    raise
-                log.info(
-                    "session %s: %s: the server is unavailable (%s); asking again in %.2fs",
-                    session.id,
-                    what,
-                    exc,
-                    delay,
-                )
-            await trio.sleep(delay)
-            delay = min(delay * 2, _WAIT_MAX_S)
+        return await while_unavailable(
+            ask,
+            what=f"session {session.id}: {what}",
+            wait_s=SERVER_WAIT_S,
+            wanted=lambda: session.turn is turn and self.sessions.get(session.id) is session,
+        )
 
     async def _resolve_spec(self, session: Session, agent_id: str | None) -> dict[str, Any]:
         if session.spec is not None:

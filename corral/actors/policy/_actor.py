@@ -11,8 +11,11 @@ A tool call of a turn passes, in order:
 2. **The server's verdict** for ``PHASE_TOOL_CALL`` (``POST /policies/evaluate``,
    PROTOCOL_0_19 §F): ALLOW or UNSPECIFIED run it; DENY answers the model with the reason;
    ASK publishes ``response.elicitation_request`` and parks the call in this actor's mailbox
-   until a human verdict arrives. Any error, non-200 or malformed answer **fails closed**:
-   the call does not run.
+   until a human verdict arrives. A server that is unavailable (no connection, 502/503/504:
+   the embedded control plane is back 2 to 4 s after a ``kill -9``) is asked again for
+   ``server_wait_s`` from the first failure, with backoff, and the call waits meanwhile;
+   after that, and at once on any other error, non-200 or malformed answer, it **fails
+   closed**: the call does not run.
 3. **The tools actor** runs it (a durable call; the tools actor answers a redelivered call
    from its results log, so nothing runs twice).
 4. **The server's verdict** for ``PHASE_TOOL_RESULT``: DENY withholds the output from the
@@ -28,6 +31,12 @@ would fail the phase)::
                "target": <name>, "data": {"result": <output string>}}}
     {"event": {"type": "PHASE_LLM_REQUEST", "data": <the worker's data object>},
      "_omnigent_elicitation_id": "elicit_evaluate_<32 hex>"}
+
+Asking an evaluation again cannot act twice: a verdict changes nothing on the server but the
+prompt of an ASK, and a held phase's body carries an elicitation id, so asking again
+re-attaches to the prompt already shown. A held evaluation that timed out on its own deadline
+(``ask_timeout_s``) is not asked again: that would only extend it. The turn's end cancels the
+wait with the evaluation.
 
 For the phases the server may hold until a person answers (TOOL_CALL, LLM_REQUEST: §F.3)
 the read deadline is ``ask_timeout_s`` (a day), not the client's 30 s, and the body carries
@@ -64,7 +73,7 @@ import trio
 from ...bus import Incoming
 from ...config import RunnerSettings
 from ...harnesses.protocol import HARNESS_ACTOR, Approval, InputAccepted, PolicyVerdict
-from ...server_client import pick_server
+from ...server_client import SERVER_WAIT_S, pick_server, while_unavailable
 from ...tools.registry import is_runner_local
 from .._actor import Actor, ActorContext, handles
 from .._deferred import Deferred
@@ -113,6 +122,9 @@ class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     evaluate_results: bool = True
     #: How long an evaluation the server holds for a person (an ASK) may take (§F.3).
     ask_timeout_s: float = 86400.0
+    #: How long an evaluation keeps asking an unavailable server, from its first failure,
+    #: before its phase fails closed (or open): the control plane's restart window.
+    server_wait_s: float = SERVER_WAIT_S
 
 
 class PolicyError(Exception):
@@ -432,8 +444,14 @@ class PolicyActor(Actor):
         body: dict[str, Any] = {"event": event}
         if phase in HELD and hold_key is not None:
             body["_omnigent_elicitation_id"] = evaluate_elicitation_id(session_id, hold_key)
+        held = phase in HELD
         try:
-            answer = await server.evaluate_policy(session_id, body, held=phase in HELD)
+            answer = await while_unavailable(
+                lambda: server.evaluate_policy(session_id, body, held=held),
+                what=f"policy evaluation ({phase}) for session {session_id}",
+                wait_s=self.options.server_wait_s,
+                timeouts=not held,
+            )
             action, reason = parse_verdict(answer)
         except Exception as exc:
             if phase in FAIL_CLOSED:
