@@ -58,6 +58,10 @@ log = logging.getLogger("corral.actors.dispatch")
 GAP_S = 1.0
 #: How long the worker gets to answer a :class:`Resend`.
 RESEND_TIMEOUT_S = 5.0
+#: Worker events between two confirmations: one message per accepted round would double a
+#: streaming worker's inbound traffic (a round can be one delta), and what a worker holds
+#: unconfirmed is bounded either way.
+CONFIRM_EVERY = 64
 #: The worker event after which ``crash_at = "streaming"`` stops dispatch (crash tests).
 CRASH_K = 30
 #: Events the session stream never carries (PROTOCOL_FACTS.md §ii.6).
@@ -309,7 +313,7 @@ class StreamOrder(ToolCalls):
         turn's worker may forget them."""
         session = self.sessions.get(session_id)
         turn = session.turn if session is not None else None
-        if turn is None or k <= turn.confirmed:
+        if turn is None or k < turn.confirmed + CONFIRM_EVERY:
             return
         turn.confirmed = k
         self.fanout.outbox.put_nowait(
