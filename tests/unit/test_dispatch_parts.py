@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from corral.actors.dispatch import messages as messages_module
 from corral.actors.dispatch._fanout import event_batches
 from corral.actors.dispatch._routes import ROUTES, match
 from corral.actors.dispatch._session import Session, SessionRecord
+from corral.actors.dispatch._start import TurnSetup
 from corral.actors.dispatch._store import SessionStore
 from corral.actors.dispatch._turns import TurnFlow
 from corral.actors.gateway.messages import SessionEvent
@@ -131,8 +133,10 @@ async def test_d27_history_media_is_fetched_from_the_session_of_the_upload() -> 
     async with trio.open_nursery() as nursery:
         await server.start(nursery)
         client = ServerClient(server.base_url)
-        # The part alone: the history needs nothing of the actor but its server client.
-        actor = cast(Any, SimpleNamespace(_server=lambda _session: client))
+        # The part alone: the history needs nothing of the actor but its server client and
+        # the setup's wait for an unavailable server (which asks once of one that answers).
+        actor = cast(Any, SimpleNamespace(_server=lambda _session: client, sessions={}))
+        actor._while_unavailable = functools.partial(TurnSetup._while_unavailable, actor)
         try:
             content = await TurnFlow._history(actor, Session(SessionRecord(id=sid)), [])
         finally:
