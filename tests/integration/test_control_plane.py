@@ -1026,7 +1026,11 @@ async def test_restart_keeps_sessions_items_events_and_port(
         await ctx.message(sid, "remember me")
         sse, _ = await open_sse(ctx, sid)
         await runner.emit(sid, *turn(["kept"]))
-        await sse.wait_until(lambda: sse.has("session.status", 2))
+        # The message's delivery outcome is stored when the runner's answer to its POST is
+        # read, which may come after the turn's events.
+        await sse.wait_until(
+            lambda: sse.has("session.status", 2) and sse.has("session.input.consumed")
+        )
         before_items = await ctx.items(sid)
         before_events = [(i, k) for i, k, _ in sse.events]
         port, url, token = ctx.plane.info.port, ctx.url, ctx.token  # type: ignore[union-attr]
