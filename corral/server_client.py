@@ -45,7 +45,7 @@ import random
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import msgspec
@@ -67,7 +67,6 @@ __all__ = [
     "InputRequired",
     "ServerClient",
     "runner_id_for_token",
-    "while_unavailable",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,15 +82,6 @@ UNAVAILABLE_STATUS = frozenset({502, 503, 504})
 MAX_JSON_BYTES = 32 * 1024 * 1024
 #: Largest file read by :meth:`ServerClient.file_content`.
 MAX_FILE_BYTES = 64 * 1024 * 1024
-
-#: How long a caller keeps asking an unavailable server, from its first failure: the embedded
-#: control plane's restart window (2 to 4 s, longer under load) with room to spare.
-SERVER_WAIT_S = 10.0
-#: The backoff of :func:`while_unavailable`: the first wait, doubling up to the last.
-WAIT_FIRST_S = 0.25
-WAIT_MAX_S = 2.0
-
-T = TypeVar("T")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
 
@@ -666,42 +656,3 @@ def pick_server(
     if len(by_runner) == 1:
         return next(iter(by_runner.values()))
     return None
-
-
-async def while_unavailable(
-    ask: Callable[[], Awaitable[T]],
-    *,
-    what: str,
-    wait_s: float,
-    wanted: Callable[[], bool] = lambda: True,
-    timeouts: bool = True,
-) -> T:
-    """``ask()``, asked again while the server is unavailable, up to ``wait_s`` from the first
-    failure, waiting :data:`WAIT_FIRST_S` doubling to :data:`WAIT_MAX_S` in between.
-
-    Each ask is itself a :class:`ServerClient` call with its own bounded retries. The wait is
-    cancellable (a trio sleep), and stops early, with the last error, once ``wanted()`` is
-    false: nobody waits for the answer any more. ``what`` names the call in the log line of
-    each retry. ``timeouts=False`` raises a :class:`ServerTimeout` at once: a call whose
-    server may hold it (a policy evaluation waiting for a person) timed out on its own
-    deadline, which asking again would only extend.
-
-    Raises:
-        ServerUnavailable: still unavailable after the wait.
-        ServerError: any other failure of ``ask``, at once (and anything else it raises).
-    """
-    deadline: float | None = None
-    delay = WAIT_FIRST_S
-    while True:
-        try:
-            return await ask()
-        except ServerUnavailable as exc:
-            if not timeouts and isinstance(exc, ServerTimeout):
-                raise
-            now = trio.current_time()
-            deadline = now + wait_s if deadline is None else deadline
-            if not wanted() or now + delay > deadline:
-                raise
-            log.info("%s: the server is unavailable (%s); asking again in %.2fs", what, exc, delay)
-        await trio.sleep(delay)
-        delay = min(delay * 2, WAIT_MAX_S)

@@ -17,7 +17,7 @@ import trio
 
 from corral.actors.policy._actor import POLICY_FAILED
 from corral.bus import InspectRequest
-from corral.server_client import SERVER_WAIT_S
+from corral.server_wait import SERVER_WAIT_S
 from tests.conftest import HostProcess, shared_or_fresh, wait_until
 from tests.fake_server import FakeOmnigentServer
 from tests.integration._gateway import FakeGateway, fake_gateway

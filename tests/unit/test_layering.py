@@ -36,6 +36,7 @@ FLOOR = frozenset(
         "routes",
         "runners",
         "server_client",
+        "server_wait",
         "spec",
     }
 )
@@ -48,7 +49,7 @@ RULES: dict[str, tuple[frozenset[str], str]] = {
         for part in FLOOR
     },
     "harnesses": (
-        FLOOR - {"journal", "runners", "server_client", "routes", "instance"},
+        FLOOR - {"journal", "runners", "server_client", "server_wait", "routes", "instance"},
         "a worker is a process of its own: it talks to the host as a bus peer, never through "
         "an actor's code, the journal or the server",
     ),

@@ -13,13 +13,8 @@ import trio
 import trio.testing
 
 from corral._exceptions import ServerRejected, ServerTimeout, ServerUnavailable
-from corral.server_client import (
-    SERVER_WAIT_S,
-    WAIT_FIRST_S,
-    WAIT_MAX_S,
-    ServerClient,
-    while_unavailable,
-)
+from corral.server_client import ServerClient
+from corral.server_wait import SERVER_WAIT_S, WAIT_FIRST_S, WAIT_MAX_S, while_unavailable
 
 EVENT = {"event": {"type": "PHASE_TOOL_CALL", "data": {"name": "x", "arguments": {}}}}
 

@@ -73,7 +73,8 @@ import trio
 from ...bus import Incoming
 from ...config import RunnerSettings
 from ...harnesses.protocol import HARNESS_ACTOR, Approval, InputAccepted, PolicyVerdict
-from ...server_client import SERVER_WAIT_S, pick_server, while_unavailable
+from ...server_client import pick_server
+from ...server_wait import SERVER_WAIT_S, while_unavailable
 from ...tools.registry import is_runner_local
 from .._actor import Actor, ActorContext, handles
 from .._deferred import Deferred
