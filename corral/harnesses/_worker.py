@@ -14,11 +14,8 @@ Deltas go to the turn's ``reply_to`` as stream messages, in batches; terminal ev
 elicitation requests go durably, so a restarting dispatch still gets them. Lifecycle events
 are copied to the harness actor, which tracks in-flight turns (H-08) and worker liveness.
 
-Every event of the turn sent to ``reply_to`` is also held here until dispatch says it is
-:class:`Confirmed` (with every receiver, durably): a dispatch killed mid-stream loses what it
-had taken and not yet published, and its next incarnation asks for it again
-(:class:`Resend`). What is held is the turn's unconfirmed tail, at most :data:`HELD_MAX`
-events (dispatch confirms each batch it publishes, so it is a few batches in a healthy run).
+Every event of the turn sent to ``reply_to`` is also held until dispatch confirms it, and
+sent again when dispatch's next incarnation asks (:mod:`._held`).
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ import signal
 import sys
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,6 +37,7 @@ import trio
 from .. import logs
 from ..bus import Incoming, Message, Outbox, Peer, open_peer
 from ..config import BusSettings, LivenessSettings
+from ._held import HeldEvents
 from ._observe import Observer
 from .protocol import (
     HARNESS_ACTOR,
@@ -83,9 +80,6 @@ LLM_REQUEST = "PHASE_LLM_REQUEST"
 #: the evaluation until a person answers, and a turn with no event for long is ended by
 #: dispatch's idle watchdog (which cannot see that the turn waits on a person).
 POLICY_HEARTBEAT_S = 30.0
-#: The most unconfirmed events a worker holds (the oldest go first past it, logged): dispatch
-#: confirms every published batch, so only a dispatch down for long leaves this many.
-HELD_MAX = 65536
 APPROVAL_SCHEMA = {
     "type": "object",
     "properties": {"approved": {"type": "boolean"}},
@@ -410,13 +404,7 @@ class Worker:
         self._turn_done = trio.Event()
         self._turn_done.set()
         self.outbox = Outbox(peer)
-        #: The latest turn's events not yet confirmed by dispatch, oldest first, with where
-        #: they went; the last sequence number it emitted (-1: none yet).
-        self.held_turn: str | None = None
-        self.held: deque[tuple[str, Output]] = deque()
-        self.held_last = -1
-        #: Unconfirmed events of the turn dropped past ``HELD_MAX``.
-        self.dropped = 0
+        self.held = HeldEvents()
 
     async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
         """Send an output event (durable ones wait until the broker has them).
@@ -431,48 +419,19 @@ class Worker:
             if is_terminal(event):
                 to = HARNESS_ACTOR
             else:
-                self._hold(to, event)
+                self.held.hold(to, event)
         if not durable:
             await self.outbox.put(to, event, session_id=self.session_id)
             return
         await self.outbox.flush()
         await self.peer.cast(to, event, durable=True, session_id=self.session_id)
 
-    def _hold(self, to: str, event: Output) -> None:
-        """Keep ``event`` until dispatch confirms it (a new turn's first event starts afresh:
-        dispatch saves a turn's end only once every event of it is with every receiver)."""
-        if event.turn_id != self.held_turn:
-            self.held_turn, self.held_last, self.dropped = event.turn_id, -1, 0
-            self.held.clear()
-        self.held.append((to, event))
-        self.held_last = event.sequence_number
-        if len(self.held) > HELD_MAX:
-            self.held.popleft()
-            self.dropped += 1
-            if self.dropped == 1:
-                log.warning(
-                    "turn %s: dispatch confirms nothing; the oldest unconfirmed events are "
-                    "dropped (at most %d are held)",
-                    event.turn_id,
-                    HELD_MAX,
-                )
-
-    def _confirmed(self, msg: Confirmed) -> None:
-        """Forget the held events dispatch has confirmed."""
-        if msg.turn_id != self.held_turn:
-            return
-        while self.held and self.held[0][1].sequence_number <= msg.upto:
-            self.held.popleft()
-
     def _resend(self, msg: Resend) -> Resending:
         """Queue the held events of ``msg``'s turn again, oldest first; what is sent."""
-        if msg.turn_id != self.held_turn:
-            return Resending(known=False)
-        first = self.held[0][1].sequence_number if self.held else self.held_last + 1
-        for to, event in self.held:
+        answer, events = self.held.again(msg.turn_id)
+        for to, event in events:
             self.outbox.put_nowait(to, event, session_id=self.session_id)
-        log.info("turn %s: sending events %d..%d again", msg.turn_id, first, self.held_last)
-        return Resending(known=True, first=first, last=self.held_last)
+        return answer
 
     async def flush_outputs(self) -> None:
         """Send every queued stream event now, in order."""
@@ -528,7 +487,7 @@ class Worker:
             nursery.start_soon(self._run_turn, self.turn)
             return InputAccepted(status=200)
         if isinstance(msg, Confirmed):
-            self._confirmed(msg)
+            self.held.confirmed(msg)
             return None
         if isinstance(msg, Resend):
             return self._resend(msg)
