@@ -712,6 +712,19 @@ def _read_until(proc: subprocess.Popen, marker: str, count: int, timeout: float)
     return out
 
 
+def _exit_and_stderr(proc: subprocess.Popen, timeout: float = 20) -> tuple[int, str]:
+    """The process's exit code and its stderr, once it exits within ``timeout`` (killed if
+    it does not)."""
+    try:
+        code = proc.wait(timeout)
+        assert proc.stderr is not None
+        return code, proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 @pytest.mark.parametrize("quit_with", ["eof", "ctrl-c"])
 def test_chat_ctrl_c_interrupts_the_turn_then_quits(
     plane: FakePlane, tmp_path: Path, quit_with: str
@@ -736,13 +749,11 @@ def test_chat_ctrl_c_interrupts_the_turn_then_quits(
             proc.stdin.close()
         else:
             proc.send_signal(signal.SIGINT)  # at the prompt: quits
-        code = proc.wait(20)
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
+    code, err = _exit_and_stderr(proc)
     assert code == 0, err
     assert "interrupting the turn" in out
     assert "Traceback" not in err
@@ -776,14 +787,7 @@ def test_chat_whose_control_plane_is_gone_ends_the_turn_control_plane_unreachabl
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (state / "server" / "server.json").write_text(json.dumps({"url": fake.url, "pid": dead.pid}))
-    try:
-        code = proc.wait(20)
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    code, err = _exit_and_stderr(proc)
     assert code == 1, err
     assert "session s1: control_plane_unreachable: no running host found" in err
     assert "the message was stored as item_1 and may still run" in err

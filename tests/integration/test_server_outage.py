@@ -284,6 +284,22 @@ async def _decline(event: object) -> str:
     return "decline"
 
 
+async def _slow_turn(api: ControlPlane) -> tuple[dict[str, Any], TurnFollower]:
+    """A new session of the slow agent and its first turn ("go"), its approvals declined."""
+    session = await api.create_session("slow")
+    with trio.fail_after(120):
+        turn = await run_turn(
+            api,
+            session["id"],
+            str(session["last_event_id"]),
+            "go",
+            on_event=lambda e: None,
+            decide=_decline,
+            follower=TurnFollower(session["id"]),
+        )
+    return session, turn
+
+
 @pytest.mark.chaos
 async def test_a_message_post_cut_off_by_kill9_is_posted_again_and_runs_once(
     plane_host: HostProcess,
@@ -293,17 +309,7 @@ async def test_a_message_post_cut_off_by_kill9_is_posted_again_and_runs_once(
     assert plane is not None
     async with _KillDuringPost(host.state_dir) as api:
         api.plane_pid, api.port = plane["pid"], int(plane["url"].rsplit(":", 1)[1])
-        session = await api.create_session("slow")
-        with trio.fail_after(120):
-            turn = await run_turn(
-                api,
-                session["id"],
-                str(session["last_event_id"]),
-                "go",
-                on_event=lambda e: None,
-                decide=_decline,
-                follower=TurnFollower(session["id"]),
-            )
+        session, turn = await _slow_turn(api)
     assert api.killed
     assert (turn.status, turn.error, turn.text) == ("idle", None, FIRST + SECOND)
     _check_once_in_order(turn.events)
@@ -345,17 +351,7 @@ async def test_a_send_whose_control_plane_dies_as_it_looks_for_it_waits_for_the_
     assert plane is not None
     async with _KillWhenLooking(host.state_dir) as api:
         api.plane_pid = plane["pid"]
-        session = await api.create_session("slow")
-        with trio.fail_after(120):
-            turn = await run_turn(
-                api,
-                session["id"],
-                str(session["last_event_id"]),
-                "go",
-                on_event=lambda e: None,
-                decide=_decline,
-                follower=TurnFollower(session["id"]),
-            )
+        _, turn = await _slow_turn(api)
     assert api.killed
     assert (turn.status, turn.error, turn.text) == ("idle", None, FIRST + SECOND)
     _check_once_in_order(turn.events)
