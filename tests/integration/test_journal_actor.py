@@ -42,6 +42,11 @@ from tests.conftest import FAST_LIVENESS, HostProcess
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 
+#: One host serves the module: each test writes runs of its own session ids and reads the
+#: actor's counters as differences (the kill -9 test and those with journal options of their
+#: own start their own host).
+SHARE_HOST = True
+
 
 async def _read(peer: Peer, session_id: str, run_id: str, **kw: Any) -> dict[str, Any]:
     reply = await peer.call("journal", JournalRead(session_id=session_id, run_id=run_id, **kw))
@@ -111,6 +116,7 @@ def _observation(session_id: str, run_id: str, model: str) -> dict[str, Any]:
 async def test_append_read_summary_snapshot_and_list_round_trip(host: HostProcess) -> None:
     observed = _observation("session-a", "run-a", "backup")
     async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        start = await _stats(peer)
         one = await peer.call("journal", JournalAppend.one("session-a", "run-a", "token", None))
         assert one == JournalAppended(session_id="session-a", run_id="run-a", seqs=[1])
         batch = JournalAppend(
@@ -179,8 +185,8 @@ async def test_append_read_summary_snapshot_and_list_round_trip(host: HostProces
 
         listing = await peer.call("journal", JournalList())
         assert isinstance(listing, JournalListReply)
-        (row,) = listing.listing["sessions"]
-        assert row["session_id"] == "session-a" and row["runs"] == 1 and row["bytes"] > 0
+        (row,) = [r for r in listing.listing["sessions"] if r["session_id"] == "session-a"]
+        assert row["runs"] == 1 and row["bytes"] > 0
         runs = await peer.call("journal", JournalList(session_id="session-a"))
         assert isinstance(runs, JournalListReply)
         (run,) = runs.listing["runs"]
@@ -188,10 +194,10 @@ async def test_append_read_summary_snapshot_and_list_round_trip(host: HostProces
         assert run["terminal_state"] == "completed" and run["bytes"] > 0
 
         stats = await _stats(peer)
-    assert stats["appends"] == 5 and stats["policy"] == "every"
-    assert 1 <= stats["fsync_rounds"] <= 3
-    assert stats["open_runs"] == 0  # a finished run's file is closed at once
-    assert stats["duplicates"] == 0 and stats["held"] == 0
+    assert stats["appends"] - start["appends"] == 5 and stats["policy"] == "every"
+    assert 1 <= stats["fsync_rounds"] - start["fsync_rounds"] <= 3
+    assert stats["open_runs"] == start["open_runs"]  # a finished run's file is closed at once
+    assert stats["duplicates"] == start["duplicates"] and stats["held"] == 0
 
 
 async def test_a_cast_append_is_visible_to_a_read_sent_after_it(host: HostProcess) -> None:
@@ -239,6 +245,7 @@ async def test_fifty_runs_appending_concurrently_keep_their_order(host: HostProc
         open_peer("dispatch-a", host.endpoint, liveness=FAST) as peer_a,
         open_peer("dispatch-b", host.endpoint, liveness=FAST) as peer_b,
     ):
+        start = await _stats(peer_a)
         async with trio.open_nursery() as nursery:
             for index, (session_id, run_id) in enumerate(runs):
                 peer = peer_a if index % 2 else peer_b
@@ -255,10 +262,11 @@ async def test_fifty_runs_appending_concurrently_keep_their_order(host: HostProc
             assert [e["payload"]["n"] for e in events] == list(range(count)), run_id
             assert all(e["session_id"] == session_id and e["run_id"] == run_id for e in events)
         stats = await _stats(peer_a)
-    assert stats["appends"] == len(runs) * count
-    assert stats["hold_timeouts"] == 0
+    appends = stats["appends"] - start["appends"]
+    assert appends == len(runs) * count
+    assert stats["hold_timeouts"] == start["hold_timeouts"]
     # Group commit: the runs shared fsync rounds instead of paying one per event.
-    assert stats["fsync_rounds"] < stats["appends"] / 3, stats
+    assert stats["fsync_rounds"] - start["fsync_rounds"] < appends / 3, stats
 
 
 async def test_a_stream_append_waits_for_the_durable_append_it_follows(host: HostProcess) -> None:
@@ -266,18 +274,20 @@ async def test_a_stream_append_waits_for_the_durable_append_it_follows(host: Hos
     try:
         async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
             # The stream append overtakes the durable one it names: it must be held...
-            follow = JournalAppend.one("s", "r", "token", {"text": "after"}, after="durable-1")
+            follow = JournalAppend.one(
+                "s-held", "r-held", "token", {"text": "after"}, after="durable-1"
+            )
             await peer.cast("journal", follow)
             with trio.fail_after(5):
                 while (await _stats(peer))["held"] != 1:
                     await trio.sleep(0.02)
             # ...until the durable one is applied.
-            first = JournalAppend.one("s", "r", "tool_call", {"text": "first"})
+            first = JournalAppend.one("s-held", "r-held", "tool_call", {"text": "first"})
             assert (await raw.append("durable-1", first)).seqs == [1]
             with trio.fail_after(5):
-                while (await _summary(peer, "s", "r"))["last_seq"] < 2:
+                while (await _summary(peer, "s-held", "r-held"))["last_seq"] < 2:
                     await trio.sleep(0.02)
-            events = (await _read(peer, "s", "r"))["events"]
+            events = (await _read(peer, "s-held", "r-held"))["events"]
             assert [e["payload"]["text"] for e in events] == ["first", "after"]
             assert (await _stats(peer))["held"] == 0
     finally:
@@ -398,7 +408,11 @@ async def _expect(peer: Peer, msg: Any, code: str, *, durable: bool = False) -> 
 async def test_bad_input_gets_typed_errors_and_leaves_the_journal_intact(
     host: HostProcess,
 ) -> None:
+    dirs = (
+        set(os.listdir(host.instance.journal_dir)) if host.instance.journal_dir.exists() else set()
+    )
     async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        start = await _stats(peer)
         for n in range(2):
             await peer.call("journal", JournalAppend.one("good", "run", "token", {"n": n}))
         before = await _read(peer, "good", "run")
@@ -443,10 +457,11 @@ async def test_bad_input_gets_typed_errors_and_leaves_the_journal_intact(
         after = await peer.call("journal", JournalAppend.one("good", "run", "token", {"n": 2}))
         assert isinstance(after, JournalAppended) and after.seqs == [3]
         stats = await _stats(peer)
-    assert sorted(os.listdir(host.instance.journal_dir)) == ["good"]
+    assert sorted(set(os.listdir(host.instance.journal_dir)) - dirs) == ["good"]
     assert os.listdir(host.instance.journal_dir / "good") == ["run.jsonl"]
     assert not (host.state_dir / "x").exists() and not (host.state_dir.parent / "x").exists()
-    assert stats["rejected"] >= 4 * len(BAD_IDS) and stats["appends"] == 3
+    assert stats["rejected"] - start["rejected"] >= 4 * len(BAD_IDS)
+    assert stats["appends"] - start["appends"] == 3
     assert host.actor("journal")["restarts"] == 0
 
 
