@@ -19,6 +19,17 @@ from corral.server_wait import SERVER_WAIT_S, WAIT_FIRST_S, WAIT_MAX_S, while_un
 EVENT = {"event": {"type": "PHASE_TOOL_CALL", "data": {"name": "x", "arguments": {}}}}
 
 
+class _Failing:
+    """An ``ask`` that always raises ``error``, counting its calls."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.asks = error, 0
+
+    async def __call__(self) -> None:
+        self.asks += 1
+        raise self.error
+
+
 def _evaluator(statuses: list[int]) -> tuple[ServerClient, list[float]]:
     """A client whose server answers the evaluations with ``statuses`` in turn (then 200), and
     when each one came."""
@@ -76,36 +87,24 @@ async def test_an_answer_that_refuses_is_not_asked_again(
 async def test_a_timed_out_held_call_is_not_asked_again_when_timeouts_are_off(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    asks = 0
-
-    async def ask() -> None:
-        nonlocal asks
-        asks += 1
-        raise ServerTimeout("POST /x: no answer in time", method="POST", path="/x")
-
+    ask = _Failing(ServerTimeout("POST /x: no answer in time", method="POST", path="/x"))
     with pytest.raises(ServerTimeout):
         await while_unavailable(ask, what="held", wait_s=SERVER_WAIT_S, timeouts=False)
-    assert asks == 1
-    asks = 0
+    assert ask.asks == 1
+    ask.asks = 0
     with pytest.raises(ServerTimeout):
         await while_unavailable(ask, what="held", wait_s=SERVER_WAIT_S)
-    assert asks > 1
+    assert ask.asks > 1
 
 
 async def test_the_wait_stops_once_nobody_wants_the_answer_and_is_cancellable(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    asks = 0
-
-    async def ask() -> None:
-        nonlocal asks
-        asks += 1
-        raise ServerUnavailable("GET /x: ConnectError", method="GET", path="/x")
-
+    ask = _Failing(ServerUnavailable("GET /x: ConnectError", method="GET", path="/x"))
     # Wanted after the first failure, not after the second: asked twice, one wait between.
     with pytest.raises(ServerUnavailable):
-        await while_unavailable(ask, what="gone", wait_s=SERVER_WAIT_S, wanted=lambda: asks < 2)
-    assert asks == 2
+        await while_unavailable(ask, what="gone", wait_s=SERVER_WAIT_S, wanted=lambda: ask.asks < 2)
+    assert ask.asks == 2
     assert trio.current_time() == pytest.approx(WAIT_FIRST_S)
     start = trio.current_time()
     with trio.move_on_after(1.0) as scope:
