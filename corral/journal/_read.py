@@ -11,12 +11,12 @@ import contextlib
 import gc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from ._errors import InvalidCursorError
-from ._records import COMPACTED_EVENT, decode_line, parse_event_id, probe_key, probe_seq
+from ._records import COMPACTED_EVENT, decode_line, parse_event_id, probe_ids, probe_seq
 
 # How much of an unreadable line a malformed report quotes.
 _RAW_QUOTE = 200
@@ -133,21 +133,34 @@ def load_events(path: Path) -> list[dict[str, Any]]:
     return [line.record for line in lines if line.record is not None]
 
 
-def load_keys(path: Path) -> dict[str, int]:
-    """Every idempotency key stored in the run, with its record's seq (file order).
+class StoredIds(NamedTuple):
+    """What a run's file says an appender already stored: every idempotency key with its
+    record's seq, and the highest ``session_seq`` (0 when no record has one)."""
 
-    Only keyed records are decoded, and only their ``seq`` and ``key``; a file without the
-    ``"key"`` field anywhere costs one read and one search.
+    keys: dict[str, int]
+    session_seq: int
+
+
+def load_ids(path: Path) -> StoredIds:
+    """The idempotency keys and the highest ``session_seq`` stored in the run (file order).
+
+    Only records carrying either are decoded, and only their ``seq``, ``key`` and
+    ``session_seq``; a file with neither field anywhere costs one read and two searches.
     """
     data = read_bytes(path)
-    if b'"key":' not in data:
-        return {}
+    if b'"key":' not in data and b'"session_seq":' not in data:
+        return StoredIds({}, 0)
     end = data.rfind(b"\n") + 1
     keys: dict[str, int] = {}
+    top = 0
     for raw in data[:end].split(b"\n"):
-        if b'"key":' in raw and (found := probe_key(raw)) is not None:
-            keys[found[1]] = found[0]
-    return keys
+        if (b'"key":' in raw or b'"session_seq":' in raw) and (found := probe_ids(raw)):
+            seq, key, session_seq = found
+            if key is not None:
+                keys[key] = seq
+            if session_seq is not None and session_seq > top:
+                top = session_seq
+    return StoredIds(keys, top)
 
 
 def _effective_cursor(after_seq: int | str, run_id: str, last_seq: int) -> tuple[int, bool]:

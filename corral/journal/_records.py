@@ -8,7 +8,9 @@ A record is one JSON object on one line, keys in this order::
 
 followed by ``"key"`` only when the appender gave one: an idempotency key that lets an
 appender find out, after a crash, whether a record it submitted was stored (the journal
-actor keys the records of a durable bus message ``"<message id>/<index>"``).
+actor keys the records of a durable bus message ``"<message id>/<index>"``), and by
+``"session_seq"`` only when the appender gave one: the event's ``seq`` in its session's
+stream, by which the journal actor drops an event sent again after a restart.
 
 Ids become file names, so they are checked here, once, before any path is built: anything
 that is not ``^[A-Za-z0-9_.-]+$`` (or is ``.``/``..``, or longer than 200 characters) raises
@@ -65,7 +67,8 @@ _STREAM_EVENTS = frozenset({"token", "reasoning", "response.heartbeat", "session
 class Record(msgspec.Struct, omit_defaults=True):
     """One journal line as it is written. ``payload`` is already-encoded JSON.
 
-    ``key`` is written only when set, so records without one keep the version-1 form.
+    ``key`` and ``session_seq`` are written only when set, so records without them keep the
+    version-1 form.
     """
 
     version: int
@@ -79,6 +82,7 @@ class Record(msgspec.Struct, omit_defaults=True):
     terminal_state: str | None
     payload: msgspec.Raw
     key: str | None = None
+    session_seq: int | None = None
 
 
 class _SeqProbe(msgspec.Struct):
@@ -88,9 +92,11 @@ class _SeqProbe(msgspec.Struct):
 
 
 class _KeyProbe(msgspec.Struct):
-    # Decodes only ``seq`` and ``key``: finding stored keys never builds payload objects.
+    # Decodes only ``seq``, ``key`` and ``session_seq``: finding what a run holds never
+    # builds payload objects.
     seq: int
     key: str | None = None
+    session_seq: int | None = None
 
 
 # A key becomes part of a line; keep it short and printable enough to be useful.
@@ -141,6 +147,15 @@ def validate_key(key: object) -> str | None:
             f"key must be None or a non-empty string of at most {MAX_KEY_LENGTH} characters"
         )
     return key
+
+
+def validate_session_seq(session_seq: object) -> int | None:
+    """Return ``session_seq`` if it is ``None`` or an int >= 1, else raise ``ValueError``."""
+    if session_seq is None:
+        return None
+    if type(session_seq) is not int or session_seq < 1:
+        raise ValueError(f"session_seq must be None or an int >= 1, got {session_seq!r}")
+    return session_seq
 
 
 def encode_payload(payload: Any) -> msgspec.Raw:
@@ -195,6 +210,7 @@ def encode_record(
     terminal_state: str | None,
     created_at: float,
     key: str | None = None,
+    session_seq: int | None = None,
 ) -> bytes:
     """Encode one record as its line, newline included."""
     record = Record(
@@ -209,6 +225,7 @@ def encode_record(
         terminal_state=terminal_state,
         payload=payload,
         key=key,
+        session_seq=session_seq,
     )
     return _encoder.encode(record) + b"\n"
 
@@ -241,15 +258,16 @@ def probe_seq(line: bytes) -> int | None:
     return seq if seq >= 1 else None
 
 
-def probe_key(line: bytes) -> tuple[int, str] | None:
-    """The line's ``(seq, key)`` if it is a keyed record, decoding nothing else; else ``None``."""
+def probe_ids(line: bytes) -> tuple[int, str | None, int | None] | None:
+    """The line's ``(seq, key, session_seq)`` if it has a usable seq, decoding nothing else;
+    else ``None``."""
     try:
         probe = _key_decoder.decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if probe.key is None or probe.seq < 1:
+    if probe.seq < 1:
         return None
-    return probe.seq, probe.key
+    return probe.seq, probe.key, probe.session_seq
 
 
 def decode_json(data: bytes) -> Any:

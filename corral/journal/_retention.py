@@ -86,6 +86,9 @@ def _fold(span: list[dict[str, Any]]) -> bytes:
         "reasoning_text": "".join(reasoning),
     }
     created_at = last.get("created_at")
+    # The span's highest session_seq stays on record: what an appender numbered is still
+    # known to be stored after the fold.
+    numbered = [r["session_seq"] for r in span if type(r.get("session_seq")) is int]
     return encode_record(
         session_id=str(last.get("session_id")),
         run_id=str(last.get("run_id")),
@@ -94,6 +97,7 @@ def _fold(span: list[dict[str, Any]]) -> bytes:
         payload=msgspec.Raw(_encoder.encode(payload)),
         terminal_state=None,
         created_at=float(created_at) if isinstance(created_at, int | float) else 0.0,
+        session_seq=max(numbered) if numbered else None,
     )
 
 

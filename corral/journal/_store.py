@@ -30,7 +30,7 @@ import msgspec
 from .._jsonlines import fsync_dir, write_atomically
 from ._errors import ActiveRunError, JournalError, JournalIOError, WriterAttachedError
 from ._files import FsyncPolicy, RunCursor, append_bytes, close, open_run, sync
-from ._read import load_events, load_keys, read_bytes, replay
+from ._read import StoredIds, load_events, load_ids, read_bytes, replay
 from ._records import (
     decode_json,
     encode_payload,
@@ -39,6 +39,7 @@ from ._records import (
     validate_event,
     validate_id,
     validate_key,
+    validate_session_seq,
 )
 from ._retention import RetentionReport, RunInfo, candidates, compact, is_due
 from ._snapshot import build_snapshot, session_payload
@@ -143,11 +144,14 @@ class RunJournal:
         payload: Any = None,
         *,
         key: str | None = None,
+        session_seq: int | None = None,
     ) -> dict:
         """Append one event to the run and return the stored record (J-01).
 
         The record gets the run's next seq. ``payload`` ``None`` is stored as ``{}`` (J-03).
-        ``key``, if given, is stored with the record as an idempotency key (see :meth:`keys`).
+        ``key``, if given, is stored with the record as an idempotency key (see :meth:`keys`),
+        and ``session_seq`` (an int >= 1) as the event's seq in its session's stream (see
+        :meth:`stored`); the journal stores either as given and drops nothing itself.
         The returned dict equals what :meth:`read` gives back for it.
 
         Raises:
@@ -158,6 +162,7 @@ class RunJournal:
         path = self.path(session_id, run_id)
         event = validate_event(event)
         key = validate_key(key)
+        session_seq = validate_session_seq(session_seq)
         raw = encode_payload(payload)
         state = terminal_state_for(event, payload)
         run_key = (session_id, run_id)
@@ -174,6 +179,7 @@ class RunJournal:
                 terminal_state=state,
                 created_at=self._clock(),
                 key=key,
+                session_seq=session_seq,
             )
             try:
                 append_bytes(cursor, line)
@@ -244,7 +250,17 @@ class RunJournal:
         An appender that may have crashed between storing a record and learning that it was
         stored asks this to skip what is already there. Reads the file; never modifies it.
         """
-        return load_keys(self.path(session_id, run_id))
+        return self.stored(session_id, run_id).keys
+
+    def stored(self, session_id: str, run_id: str) -> StoredIds:
+        """What the run holds of what its appenders numbered: the idempotency keys (as
+        :meth:`keys`) and the highest ``session_seq`` stored (0 if none), in one read.
+
+        The journal actor reads it at its first append to a run after a (re)start, so that
+        an event sent again — by key, or at or below that ``session_seq`` — is not stored
+        twice. Reads the file; never modifies it.
+        """
+        return load_ids(self.path(session_id, run_id))
 
     def listing(self, session_id: str | None = None) -> dict[str, Any]:
         """What the journal holds, for ``corral journal ls`` and the journal actor.

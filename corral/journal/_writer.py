@@ -37,6 +37,7 @@ from ._records import (
     validate_event,
     validate_id,
     validate_key,
+    validate_session_seq,
 )
 from ._store import RunJournal, parse_policy
 
@@ -75,6 +76,7 @@ class PendingAppend:
         "_record",
         "_run",
         "_seq",
+        "_session_seq",
         "_state",
     )
 
@@ -86,10 +88,12 @@ class PendingAppend:
         state: str | None,
         created_at: float,
         key: str | None = None,
+        session_seq: int | None = None,
     ) -> None:
         self._run = run
         self._event = event
         self._key = key
+        self._session_seq = session_seq
         self._payload = payload
         self._state = state
         self._created_at = created_at
@@ -314,13 +318,15 @@ class JournalWriter:
         payload: Any = None,
         *,
         key: str | None = None,
+        session_seq: int | None = None,
     ) -> PendingAppend:
         """Queue one record without waiting; its place in the run is fixed by this call.
 
         Use it to pipeline a stream: submit events as they arrive, wait on them later.
-        ``key`` is stored with the record (see :meth:`RunJournal.keys`). Bad input raises
-        right here (:class:`InvalidIdError`, :class:`InvalidEventError`,
-        :class:`PayloadError`, ``ValueError`` for a bad key) and nothing is queued;
+        ``key`` and ``session_seq`` are stored with the record (see
+        :meth:`RunJournal.stored`). Bad input raises right here (:class:`InvalidIdError`,
+        :class:`InvalidEventError`, :class:`PayloadError`, ``ValueError`` for a bad key or
+        session_seq) and nothing is queued;
         :class:`trio.ClosedResourceError` if the writer is not open.
         """
         if self._state != "open":
@@ -329,6 +335,7 @@ class JournalWriter:
         validate_id(run_id, "run_id")
         event = validate_event(event)
         key = validate_key(key)
+        session_seq = validate_session_seq(session_seq)
         raw = encode_payload(payload)
         state = terminal_state_for(event, payload)
         run_key = (session_id, run_id)
@@ -337,7 +344,7 @@ class JournalWriter:
             run = self._runs[run_key] = _Run(run_key)
             assert self._nursery is not None
             self._nursery.start_soon(self._open_run, run)
-        entry = PendingAppend(run, event, raw, state, self._journal.clock(), key)
+        entry = PendingAppend(run, event, raw, state, self._journal.clock(), key, session_seq)
         run.pending += 1
         self._unfinished.add(entry)
         if run.cursor is None:
@@ -354,6 +361,7 @@ class JournalWriter:
         payload: Any = None,
         *,
         key: str | None = None,
+        session_seq: int | None = None,
     ) -> dict:
         """Append one record and return it once it is durable per the policy.
 
@@ -361,7 +369,9 @@ class JournalWriter:
         written to the file (fsynced at the run's terminal record, or within the interval).
         Same errors as :meth:`submit`, plus :class:`JournalIOError` from the disk.
         """
-        return await self.submit(session_id, run_id, event, payload, key=key).wait()
+        return await self.submit(
+            session_id, run_id, event, payload, key=key, session_seq=session_seq
+        ).wait()
 
     async def flush(self) -> None:
         """Wait until everything submitted so far is written and fsynced, whatever the policy.
@@ -404,6 +414,7 @@ class JournalWriter:
             terminal_state=entry._state,
             created_at=entry._created_at,
             key=entry._key,
+            session_seq=entry._session_seq,
         )
         cursor.next_seq += 1
         self._batch.append(entry)

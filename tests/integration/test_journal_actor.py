@@ -341,6 +341,56 @@ async def test_a_redelivered_durable_append_is_stored_once(host: HostProcess) ->
     assert [e["key"] for e in events] == [f"message-{m}/{i}" for m in (1, 2) for i in range(3)]
 
 
+def _numbered(*session_seqs: int) -> list[JournalEvent]:
+    return [JournalEvent(event="token", payload={"n": n}, session_seq=n) for n in session_seqs]
+
+
+async def test_an_event_sent_again_after_a_restart_is_stored_once(host: HostProcess) -> None:
+    """Events carry their ``session_seq`` (dispatch's numbering, which a replay keeps): one at
+    or below the highest the run holds is dropped, in either durability class, and what the
+    run holds is read from its file — as after a restart of the journal actor (the run is
+    new to it here) — not from memory. A run written before ``session_seq`` existed stores
+    every event."""
+    pre = RunJournal(host.instance.journal_dir)
+    pre.append("s-replay", "run-replay", "token", {"n": 1024}, session_seq=1024)
+    pre.append("s-replay", "run-replay", "token", {"n": 2048}, session_seq=2048)
+    pre.append("s-replay", "run-replay", "state", {"n": 0})  # not numbered: no bearing
+    pre.append("s-replay", "old-run", "token", {"n": 0})  # version-1 form
+    pre.close()
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        start = await _stats(peer)
+
+        async def send(run_id: str, *seqs: int, durable: bool = False) -> JournalAppended:
+            msg = JournalAppend(session_id="s-replay", run_id=run_id, events=_numbered(*seqs))
+            reply = await peer.call("journal", msg, durable=durable)
+            assert isinstance(reply, JournalAppended)
+            return reply
+
+        again = await send("run-replay", 1024, 2048, 3072)
+        assert again.seqs == [0, 0, 4] and again.duplicates == 2
+        assert (await send("run-replay", 3072, 4096, durable=True)).seqs == [0, 5]
+        assert (await send("run-replay", 2048)).seqs == [0]
+        assert (await send("old-run", 1, 2)).seqs == [2, 3]
+        stats = await _stats(peer)
+    events = RunJournal(host.instance.journal_dir).read("s-replay", "run-replay", strict=True)
+    assert [e["payload"]["n"] for e in events["events"]] == [1024, 2048, 0, 3072, 4096]
+    assert [e.get("session_seq") for e in events["events"]] == [1024, 2048, None, 3072, 4096]
+    assert stats["replayed"] - start["replayed"] == 4
+    assert stats["duplicates"] == start["duplicates"]
+
+
+async def test_a_bad_session_seq_does_not_decode(host: HostProcess) -> None:
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        bad = JournalAppend(
+            session_id="s-bad-seq",
+            run_id="run",
+            events=[JournalEvent(event="token", payload={}, session_seq=0)],
+        )
+        with pytest.raises(ProtocolError, match=r"session_seq"):
+            await peer.call("journal", bad, timeout=5)
+    assert not (host.instance.journal_dir / "s-bad-seq").exists()
+
+
 async def _produce_durable(peer: Peer, session_id: str, run_id: str, messages: int) -> None:
     for n in range(messages):
         events = [JournalEvent(event="state", payload={"n": 2 * n + i}) for i in range(2)]

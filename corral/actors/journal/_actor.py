@@ -23,6 +23,13 @@ key is already there are skipped (and reported in ``duplicates``), so a redelive
 appends twice, and a batch torn by a crash is completed rather than repeated. Stream appends
 carry no key: they may be lost, never duplicated by the actor.
 
+Replays. An event may carry its ``session_seq`` (its seq in the session's stream; dispatch
+numbers a turn's worker events so that a replay after a restart keeps it). The actor keeps
+the highest one each run holds (``_RunState.top``, read from the run's file at its first
+append after a (re)start, where it is fsynced with its record) and drops an event at or
+below it: what dispatch or a worker sends again after a crash is stored once, whichever
+class it comes in, as the gateway drops a ``seq`` it has seen.
+
 Options (``[actors.journal] options = {...}`` in corral.toml): see :class:`JournalOptions`.
 """
 
@@ -122,15 +129,19 @@ class _Held:
 class _RunState:
     """What the actor tracks of one run: applied durable ids, held appends, the last write."""
 
-    __slots__ = ("applied", "held", "key", "last", "loaded", "pending", "timer")
+    __slots__ = ("applied", "held", "key", "last", "loaded", "pending", "timer", "top")
 
     def __init__(self, key: _Key) -> None:
         self.key = key
         # Durable message id -> event index -> what is known of it. Also holds the ids a
         # held append gave up waiting for (empty dicts), so that they count as applied.
         self.applied: OrderedDict[str, dict[int, _Stored]] = OrderedDict()
-        # Whether the keys stored in the run's file were merged into ``applied``.
+        # Whether the keys and the top session_seq stored in the run's file were merged into
+        # ``applied`` and ``top``.
         self.loaded = False
+        # The highest session_seq the run holds or was submitted: an event at or below it is
+        # a replay.
+        self.top = 0
         self.held: deque[_Held] = deque()
         self.timer = False
         # Append messages submitted and not yet complete (the state must outlive them).
@@ -167,6 +178,7 @@ class JournalActor(Actor):
             "append_messages": 0,
             "events": 0,
             "duplicates": 0,
+            "replayed": 0,
             "held_total": 0,
             "hold_timeouts": 0,
             "queries": 0,
@@ -228,7 +240,7 @@ class JournalActor(Actor):
         # Pin the state while this handler awaits, so it is never forgotten meanwhile.
         state.pending += 1
         try:
-            if durable or msg.after is not None:
+            if durable or msg.after is not None or _numbered(msg):
                 await self._load(state)
             while self._pending_events >= self.options.max_pending_events:
                 self._drained = trio.Event()
@@ -278,16 +290,27 @@ class JournalActor(Actor):
         mid = deferred.incoming.env.id if durable else None
         known = state.applied.get(mid, {}) if mid is not None else {}
         entries: list[_Stored] = []
-        submitted = 0
+        submitted = replayed = 0
         for index, item in enumerate(msg.events):
             stored = known.get(index)
             if stored is not None:
                 entries.append(stored)
                 continue
+            if item.session_seq is not None and item.session_seq <= state.top:
+                entries.append(0)  # sent again after a restart: the run has it (or later)
+                replayed += 1
+                continue
             key = f"{mid}/{index}" if mid is not None else None
             pending = self.writer.submit(
-                msg.session_id, msg.run_id, item.event, item.payload, key=key
+                msg.session_id,
+                msg.run_id,
+                item.event,
+                item.payload,
+                key=key,
+                session_seq=item.session_seq,
             )
+            if item.session_seq is not None:
+                state.top = item.session_seq
             entries.append(pending)
             state.last = pending
             submitted += 1
@@ -298,12 +321,21 @@ class JournalActor(Actor):
             while len(state.applied) > self.options.remember_ids:
                 state.applied.popitem(last=False)
         self.stats["events"] += submitted
-        self.stats["duplicates"] += duplicates
-        if duplicates:
+        self.stats["duplicates"] += duplicates - replayed
+        self.stats["replayed"] += replayed
+        if replayed:
+            log.info(
+                "%s: %d of %d events at or below session_seq %d, already stored (a replay)",
+                msg.run_id,
+                replayed,
+                len(entries),
+                state.top,
+            )
+        if duplicates > replayed:
             log.info(
                 "%s: %d of %d events already stored for %s (redelivery)",
                 msg.run_id,
-                duplicates,
+                duplicates - replayed,
                 len(entries),
                 mid,
             )
@@ -326,10 +358,13 @@ class JournalActor(Actor):
             ]
         except JournalIOError as exc:
             self.stats["io_errors"] += 1
-            if mid is not None:
-                # The file, not memory, says what got stored: re-read it on the retry.
-                state.applied.pop(mid, None)
+            if mid is not None or _numbered(msg):
+                # The file, not memory, says what got stored: re-read it on the retry (the
+                # failed records, and those queued behind them, were cut back).
+                if mid is not None:
+                    state.applied.pop(mid, None)
                 state.loaded = False
+                state.top = 0
             log.error("%s/%s: append failed: %s", msg.session_id, msg.run_id, exc)
             await self._answer(deferred.incoming, ErrorReply(code="io_error", message=str(exc)))
             await deferred.nack(f"JournalIOError: {exc}")
@@ -349,13 +384,15 @@ class JournalActor(Actor):
         )
 
     async def _load(self, state: _RunState) -> None:
-        """Merge the idempotency keys stored in the run's file into ``state.applied``."""
+        """Merge the idempotency keys and the top session_seq stored in the run's file into
+        ``state.applied`` and ``state.top`` (a run new to the file costs one failed open)."""
         if state.loaded:
             return
-        keys = await trio.to_thread.run_sync(
-            self.journal.keys, *state.key, limiter=self._read_limiter
+        stored = await trio.to_thread.run_sync(
+            self.journal.stored, *state.key, limiter=self._read_limiter
         )
-        for key, seq in keys.items():
+        state.top = max(state.top, stored.session_seq)
+        for key, seq in stored.keys.items():
             mid, _, index = key.rpartition("/")
             if mid and index.isdigit():
                 state.applied.setdefault(mid, {}).setdefault(int(index), seq)
@@ -514,6 +551,11 @@ class JournalActor(Actor):
             for old in idle:
                 del self._runs[old]
         return state
+
+
+def _numbered(msg: JournalAppend) -> bool:
+    """Whether an append carries session_seqs (so the run's top must be known first)."""
+    return any(item.session_seq is not None for item in msg.events)
 
 
 def _error_reply(exc: BaseException) -> ErrorReply:

@@ -21,7 +21,7 @@ The actor itself (ordering, idempotency, options) is :mod:`corral.actors.journal
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -29,10 +29,17 @@ from ...bus import Message, Request
 
 
 class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """One event of an append: its name and its JSON payload (``None`` is stored as ``{}``)."""
+    """One event of an append: its name and its JSON payload (``None`` is stored as ``{}``).
+
+    ``session_seq``, if given, is the event's ``seq`` in its session's stream (dispatch's
+    numbering, which a replay after a restart keeps): the journal stores it with the record
+    and drops an event at or below the highest one the run already holds, as the gateway
+    drops a ``seq`` it has seen.
+    """
 
     event: str
     payload: Any = None
+    session_seq: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class JournalAppend(Request["JournalAppended"], tag="journal.append"):
@@ -65,8 +72,9 @@ class JournalAppend(Request["JournalAppended"], tag="journal.append"):
 class JournalAppended(Message, tag="journal.appended"):
     """The events of an append are durable (per the fsync policy): their seqs, in order.
 
-    ``duplicates`` counts events that an earlier delivery of the same durable message had
-    already stored; their seqs are the stored ones.
+    ``duplicates`` counts events not stored by this append: those an earlier delivery of the
+    same durable message had stored (their seqs are the stored ones), and those whose
+    ``session_seq`` is at or below what the run holds (their seq is ``0``).
     """
 
     session_id: str
