@@ -54,11 +54,16 @@ class HttpResponse(Message, tag="http.response"):
 
 
 class HttpChunk(Message, tag="http.chunk"):
-    """A piece of a streaming answer; ``end`` closes it."""
+    """A piece of a streaming answer; ``end`` closes it.
+
+    ``seq``, if set, numbers the piece in its answer in a way its sender keeps across its own
+    restarts: the gateway drops a piece at or below the last numbered one it relayed (sent
+    again by a restarted sender). Pieces without one are always relayed."""
 
     request_id: str
     data: bytes = b""
     end: bool = False
+    seq: int | None = None
 
 
 def json_response(status: int, body: Any) -> HttpResponse:

@@ -23,6 +23,7 @@ import trio.testing
 
 from corral.actors.dispatch._fanout import Fanout
 from corral.actors.dispatch._session import SessionRecord
+from corral.journal import RunJournal
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
 from tests.fake_tunnel_server import FakeTunnelServer, Tunnel
@@ -376,6 +377,78 @@ async def test_d08_kill9_of_dispatch_mid_stream_loses_no_delta_and_doubles_none(
         assert tunnels.deltas(sid) == _tokens(0, 240) + "done."
 
 
+def _sse(body: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(event, data)`` of each frame of a ``?stream=true`` answer, in order."""
+    frames = []
+    for frame in body.decode().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
+        if "event" in fields:
+            frames.append((fields["event"], json.loads(fields["data"])))
+    return frames
+
+
+async def _journal_run(host: HostProcess, sid: str) -> list[dict[str, Any]]:
+    """The records of the session's one run (its turn), once the journal holds its end."""
+    journal = RunJournal(host.instance.journal_dir)
+
+    def ended() -> str | None:
+        runs = journal.listing(sid)["runs"]
+        return runs[0]["run_id"] if len(runs) == 1 and runs[0]["terminal"] else None
+
+    run_id = await trio.to_thread.run_sync(lambda: wait_until(ended, 30, "the run's end"))
+    return cast(list[dict[str, Any]], journal.read(sid, run_id, strict=True)["events"])
+
+
+_TERMINALS = ("response.completed", "response.failed", "response.cancelled", "response.incomplete")
+
+
+def _once_in_order(events: list[tuple[str, dict[str, Any]]], end: str) -> None:
+    """The ``response.*`` events of one turn: each worker event once and in its worker's
+    order (each carries its ``sequence_number``), and one terminal, ``end``, last."""
+    events = [(kind, data) for kind, data in events if kind.startswith("response.")]
+    numbers = [data["sequence_number"] for kind, data in events if kind not in _TERMINALS]
+    assert numbers == sorted(set(numbers)), f"doubled or misordered: {numbers}"
+    assert [kind for kind, _ in events if kind in _TERMINALS] == [end] == [events[-1][0]]
+
+
+def _journaled(records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(r["event"], r["payload"]) for r in records]
+
+
+@pytest.mark.chaos
+async def test_d08_kill9_of_dispatch_mid_stream_journals_and_streams_every_event_once(
+    host_factory, tunnels, server, tmp_path: Path
+) -> None:
+    """A ``?stream=true`` turn with dispatch killed after taking its worker's 31st event
+    (``crash_at = "streaming"``): the events its worker sends again keep their seq, and
+    besides the server's relay, the journal's run and the caller's SSE body hold each
+    event once, in order (both used to get the replayed ones twice: the journal had no seq
+    to drop them by, and the fan-out to the caller no memory of what it had sent)."""
+    tail = {"text": _tokens(120, 120), "chunk": 5, "delay_ms": 5}
+    agent_id, sid = _streaming_agent(server, tmp_path, tail)
+    host = host_factory(_config(tunnels, server, "streaming"))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        path = f"/v1/sessions/{sid}/events"
+        body = message("first", agent_id, "streams")
+        answer = await t.request("POST", path, body, query="stream=true", timeout=60)
+        assert answer.status == 200
+        await tunnels.until_status(sid, timeout=60)
+        assert host.log().count("crash_at streaming: exiting now") == 1
+        assert tunnels.deltas(sid) == _tokens(0, 240)
+        frames = _sse(answer.body)
+        streamed = "".join(d["delta"] for k, d in frames if k == "response.output_text.delta")
+        assert streamed == _tokens(0, 240), "the caller's SSE body, each delta once"
+        _once_in_order(frames, "response.completed")
+        journaled = _journaled(await _journal_run(host, sid))
+        deltas = [p["delta"] for e, p in journaled if e == "response.output_text.delta"]
+        assert "".join(deltas) == _tokens(0, 240), "the journal's run, each delta once"
+        _once_in_order(journaled, "response.completed")
+        statuses = [p["status"] for e, p in journaled if e == "session.status"]
+        assert statuses == ["running", "idle"], "the turn's edges journaled once each"
+
+
 @pytest.mark.chaos
 async def test_d08_kill9_of_dispatch_and_its_worker_together_doubles_nothing(
     host_factory, tunnels, server, tmp_path: Path
@@ -405,6 +478,10 @@ async def test_d08_kill9_of_dispatch_and_its_worker_together_doubles_nothing(
         assert tunnels.statuses(sid) == ["running", "failed"]
         edge = next(e for e in tunnels.events[sid] if e.get("status") == "failed")
         assert edge["error"]["code"] in ("harness_crashed", "harness_restarted"), edge
+        journaled = _journaled(await _journal_run(host, sid))
+        deltas = [p["delta"] for e, p in journaled if e == "response.output_text.delta"]
+        assert "".join(deltas) == streamed, "the journal has what the server has, once"
+        _once_in_order(journaled, "response.failed")
         assert len(_items(tunnels, sid, "function_call_output")) == 1
         server.add_item(sid, user_message("first"))
         assert await _post(t, sid, message("second", agent_id, "streams")) == 202

@@ -13,9 +13,12 @@ One event goes three ways:
 * **The journal**: one run per turn. Events gather for :data:`_JOURNAL_WINDOW_S` and go out
   as one stream append per run (a delta per append would make the journal the bottleneck of
   every turn); a run's last append (its terminal edge) skips the window and goes durably,
-  after every earlier append of its run.
+  after every earlier append of its run. Each event carries its ``seq``
+  (``JournalEvent.session_seq``): the journal drops one at or below what the run holds, so
+  what is sent again after a restart is journaled once.
 * **A ``?stream=true`` caller**: SSE :class:`~corral.routes.HttpChunk` frames through the
-  outbox, closed by an empty ``end`` chunk when the turn ends.
+  outbox, closed by an empty ``end`` chunk when the turn ends; a worker event's frame
+  carries its ``seq``, and the gateway drops one it has relayed (a replay after a restart).
 
 Saved before sent: while a session is held (:meth:`Fanout.held`, around the save that starts
 or ends a turn) its events wait, in order, so its ``running``, terminal event and edge leave
@@ -221,7 +224,8 @@ class Fanout:
         if not (self.journal and q.run):
             return
         pending = self._journal.setdefault((q.session_id, q.run), [])
-        pending.append(JournalEvent(event=kind, payload=event))
+        # With its seq, which a replay after a restart keeps: the journal drops one it has.
+        pending.append(JournalEvent(event=kind, payload=event, session_seq=q.seq))
         if not q.terminal:
             self._journal_ready.set()
             return
@@ -245,12 +249,20 @@ class Fanout:
         if self.on_delivered is not None:
             self.on_delivered(*key)
 
-    def to_stream(self, stream_to: tuple[str, str] | None, msg: Output) -> None:
-        """Queue ``msg`` as an SSE frame for the ``?stream=true`` caller, if there is one."""
+    def to_stream(
+        self, stream_to: tuple[str, str] | None, msg: Output, seq: int | None = None
+    ) -> None:
+        """Queue ``msg`` as an SSE frame for the ``?stream=true`` caller, if there is one.
+
+        ``seq``, a worker event's (its turn numbers it, so a replay after a restart keeps
+        it), goes with the frame: the gateway drops a frame at or below the last one it
+        relayed to the caller, as it drops a session event's ``seq`` it has seen. A frame
+        without one (the runner's own events) is always relayed."""
         if stream_to is None:
             return
         frame = sse_frame(tag_of(type(msg)), msgspec.json.encode(msg))
-        self.outbox.put_nowait(stream_to[0], HttpChunk(request_id=stream_to[1], data=frame))
+        chunk = HttpChunk(request_id=stream_to[1], data=frame, seq=seq)
+        self.outbox.put_nowait(stream_to[0], chunk)
 
     async def end_stream(self, stream_to: tuple[str, str]) -> None:
         """Close a ``?stream=true`` response, after every frame queued for it."""

@@ -126,7 +126,9 @@ class StreamOrder(ToolCalls):
                     lambda: self._tool_call(session, turn, item, deferred),
                     *([deferred] if deferred is not None else []),
                 )
-                self.fanout.to_stream(turn.stream_to, msg)
+                self.fanout.to_stream(
+                    turn.stream_to, msg, worker_seq(turn.base, msg.sequence_number)
+                )
                 return
             if isinstance(msg, PolicyEvaluationRequested) and self.options.policy is not None:
                 request = PolicyEvaluate(
@@ -142,7 +144,7 @@ class StreamOrder(ToolCalls):
                 # stored response.
                 msg.response.setdefault("background", False)
                 msg.response.setdefault("store", True)
-            self.fanout.to_stream(turn.stream_to, msg)
+            self.fanout.to_stream(turn.stream_to, msg, worker_seq(turn.base, msg.sequence_number))
             if msg.__struct_config__.tag not in _NOT_ON_STREAM:
                 self.fanout.publish(
                     session.record,

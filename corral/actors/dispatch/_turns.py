@@ -36,7 +36,7 @@ from ._events import MessageEvent
 from ._routes import GENERIC_DETAIL, accepted, error
 from ._session import Accepted, Session
 from ._start import TurnSetup, spec_harness, turn_message
-from ._turn import Next, Terminal, Turn, after_end, on_message, on_terminal
+from ._turn import Next, Terminal, Turn, after_end, on_message, on_terminal, worker_seq
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -267,7 +267,9 @@ class TurnFlow(TurnSetup):
 
     async def _end(self, session: Session, turn: Turn, msg: Output) -> None:
         end = on_terminal(turn.phase, _terminal_kind(msg))
-        self.fanout.to_stream(turn.stream_to, msg)
+        # The worker's own end keeps its seq (a made-up one, number 0, has none).
+        k = msg.sequence_number
+        self.fanout.to_stream(turn.stream_to, msg, worker_seq(turn.base, k) if k else None)
         self._publish_saved(session, msg, run_id=turn.turn_id, upstream=end.upstream)
         if isinstance(msg, ResponseFailed):
             if session.history is not None:

@@ -378,8 +378,12 @@ class GatewayActor(Actor):
             if reply.body:
                 await responder.body(reply.body)
             if reply.streaming:
+                relayed = 0  # the highest numbered piece relayed: a restarted owner resends
                 async for chunk in chunks:
-                    if chunk.data:
+                    fresh = chunk.seq is None or chunk.seq > relayed
+                    if chunk.seq is not None:
+                        relayed = max(relayed, chunk.seq)
+                    if chunk.data and fresh:
                         await responder.body(chunk.data)
                     if chunk.end:
                         break
