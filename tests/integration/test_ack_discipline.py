@@ -125,7 +125,9 @@ async def test_a_deferred_message_past_the_bound_shows_as_stuck(tmp_path: Path) 
         row = await _until(lambda: (r := _row(broker))["stuck"] == 1 and r)
         assert row["in_flight"] == 1
         assert [p["state"] for p in row["peek"]] == ["stuck"]
-        assert actor.snapshot()["oldest_deferred_s"] >= 0.2
+        # The broker counts from its delivery, the actor from its defer a little later (5 ms
+        # under load): the actor's age is near the bound, not necessarily past it.
+        assert actor.snapshot()["oldest_deferred_s"] >= 0.15
         actor.held[0].ack()
         await _until(lambda: _row(broker)["in_flight"] == 0)
         assert _row(broker)["stuck"] == 0

@@ -17,11 +17,12 @@ from tests.integration._gateway import fake_gateway, scripted_yaml
 from tests.integration.test_tools_policy import _verdict, restarted
 
 
-def _dhost(factory, server: FakeOmnigentServer) -> HostProcess:
+def _dhost(factory, server: FakeOmnigentServer, dispatch: str = "") -> HostProcess:
+    """A host of dispatch and policy on ``server``; ``dispatch``: more dispatch options."""
     return factory(
         FAST_LIVENESS
         + "[actors.dispatch.options]\n"
-        + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n'
+        + f'server_url = "{server.base_url}"\nsubscribers = ["test-gateway"]\n{dispatch}'
         + f'[actors.policy.options]\nserver_url = "{server.base_url}"\n'
     ).start()
 

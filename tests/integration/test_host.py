@@ -248,7 +248,7 @@ def test_status_wait_exits_when_every_actor_runs_or_names_the_ones_that_do_not(
     missing = corral("status", "--wait", "0.2", "--state-dir", str(h.state_dir))
     assert missing.returncode == 3, missing.stderr
     h.start(wait=False)
-    out = corral("status", "--wait", "5", "--json", "--state-dir", str(h.state_dir))
+    out = corral("status", "--wait", "3", "--json", "--state-dir", str(h.state_dir))
     assert out.returncode == 1, out.stdout
     assert "broken" in out.stderr.split("not running: ")[1]
     h.kill9()

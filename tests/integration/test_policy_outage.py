@@ -17,18 +17,22 @@ import trio
 
 from corral.actors.policy._actor import POLICY_FAILED
 from corral.bus import InspectRequest
-from corral.server_wait import SERVER_WAIT_S
+from corral.server_wait import SERVER_WAIT_S, WAIT_FIRST_S
 from tests.conftest import HostProcess, shared_or_fresh, wait_until
 from tests.fake_server import FakeOmnigentServer
 from tests.integration._gateway import FakeGateway, fake_gateway
 from tests.integration.test_tools_policy import _thost, agent, outputs, tool
 
 EVALUATE = r"/v1/sessions/.*/policies/evaluate"
+#: The hosts' evaluation window, half the default (SERVER_WAIT_S): an evaluation is asked
+#: at 0, 0.25, 0.75, 1.75 and 3.75 s from its first failure (a dropped POST is not retried
+#: within a call), and a window past 3.75 s lets the first test's outage end in it.
+WAIT_S = SERVER_WAIT_S / 2
 
 
 @pytest.fixture(scope="module")
 def shared_phost(module_host_factory, module_server: FakeOmnigentServer) -> Iterator[HostProcess]:
-    h = _thost(module_host_factory, module_server)
+    h = _thost(module_host_factory, module_server, f"server_wait_s = {WAIT_S}\n")
     yield h
     if h.proc is not None and h.proc.poll() is None:
         h.stop()
@@ -37,7 +41,9 @@ def shared_phost(module_host_factory, module_server: FakeOmnigentServer) -> Iter
 @pytest.fixture
 def phost(request, host_factory, server: FakeOmnigentServer) -> Iterator[HostProcess]:
     """The module's host; its own for a test marked chaos or fresh_host."""
-    yield from shared_or_fresh(request, "shared_phost", lambda: _thost(host_factory, server))
+    yield from shared_or_fresh(
+        request, "shared_phost", lambda: _thost(host_factory, server, f"server_wait_s = {WAIT_S}\n")
+    )
 
 
 def _asked(server: FakeOmnigentServer, phase: str) -> list[float]:
@@ -67,12 +73,13 @@ async def test_p03_a_tool_call_evaluated_during_a_server_restart_runs(
         before = await _policy_stats(gw)
         await gw.init(sid, agent_id)
         await gw.message(sid, "go")
-        # Unavailable for 3 s of the call's evaluation (a restart's 2 to 4 s), then back.
+        # Unavailable for its first four asks (1.75 s), then back for the fifth at 3.75 s: the
+        # call waited about 4 s, a restart's 2 to 4 s.
         await trio.to_thread.run_sync(
             wait_until,
-            lambda: _span(_asked(server, "PHASE_TOOL_CALL")) >= 3.0,
+            lambda: _span(_asked(server, "PHASE_TOOL_CALL")) >= 7 * WAIT_FIRST_S,
             30,
-            "3 s of dropped evaluations of the tool call",
+            "four dropped evaluations of the tool call",
         )
         fault.times = 0
         assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
@@ -106,5 +113,5 @@ async def test_p03_a_tool_call_whose_server_never_comes_back_is_denied_once(
     assert after["allowed"] == before["allowed"]
     # Asked over most of the window (it stops short of a retry past it), and no result
     # phase: the call never ran.
-    assert _span(_asked(server, "PHASE_TOOL_CALL")) > SERVER_WAIT_S / 2
+    assert _span(_asked(server, "PHASE_TOOL_CALL")) > WAIT_S / 2
     assert _asked(server, "PHASE_TOOL_RESULT") == []

@@ -31,7 +31,6 @@ import httpx
 import pytest
 import trio
 
-from corral.actors.dispatch._start import SERVER_WAIT_S
 from corral.actors.gateway import StreamBuffer
 from corral.cli._client import ControlPlane, TurnFollower, run_turn
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
@@ -496,11 +495,17 @@ def _last_event_id_of_all(url: str) -> int:
 # --- a turn set up while the server is unavailable (dispatch, a fake server) -----------------
 
 
+#: The dispatch host's restart window: half the default.
+WAIT_S = 5.0
+
+
 @pytest.fixture
 def dispatch_host(
     host_factory: Callable[..., HostProcess], server: FakeOmnigentServer
 ) -> HostProcess:
-    return _dhost(host_factory, server)
+    # Long enough for the outage the first test lets end (6 dropped GETs, about 3 s); the
+    # second test waits it out in half the default's time.
+    return _dhost(host_factory, server, f"server_wait_s = {WAIT_S}\n")
 
 
 def _unavailable(server: FakeOmnigentServer, sid: str) -> tuple[Fault, str]:
@@ -550,5 +555,5 @@ async def test_a_turn_whose_server_never_comes_back_ends_with_one_failed_edge(
     assert len(edges) == 2, edges
     # Asked again over the server's restart window (it stops short of a retry past it),
     # where it used to give up after one call's 4 attempts, in about 2 s.
-    assert waited > SERVER_WAIT_S / 2, waited
-    assert len(server.received("GET", route)) > 8
+    assert waited > WAIT_S / 2, waited
+    assert len(server.received("GET", route)) > 4

@@ -26,12 +26,13 @@ from tests.fake_server import FakeOmnigentServer, evaluate_problem
 from tests.integration._gateway import FakeGateway, fake_gateway
 
 
-def _thost(factory, server: FakeOmnigentServer) -> HostProcess:
+def _thost(factory, server: FakeOmnigentServer, policy: str = "") -> HostProcess:
+    """A host of dispatch, policy and tools on ``server``; ``policy``: more policy options."""
     url = json.dumps(server.base_url)
     return factory(
         FAST_LIVENESS
         + f'[actors.dispatch.options]\nserver_url = {url}\nsubscribers = ["test-gateway"]\n'
-        + f"[actors.policy.options]\nserver_url = {url}\n"
+        + f"[actors.policy.options]\nserver_url = {url}\n{policy}"
     ).start()
 
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import msgspec
 
 from ...config import RunnerSettings
+from ...server_wait import SERVER_WAIT_S
 from ..policy.messages import POLICY_ACTOR
 
 
@@ -34,6 +35,10 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     tools: str | None = "tools"
     journal: str | None = "journal"
     turn_timeout_s: float = 3600.0
+    #: How long a turn's setup keeps asking an unavailable server (its agent spec, the
+    #: session's history), from the first failure, before the turn fails: the control
+    #: plane's restart window, as the policy actor's option of the same name.
+    server_wait_s: float = SERVER_WAIT_S
     #: A session with no turn, nothing buffered and nothing queued, unused this long, leaves
     #: memory (its record stays in ``sessions.log`` and is read back on its next use; its
     #: spec and history are fetched again, as after a restart, D-23). 0: never.

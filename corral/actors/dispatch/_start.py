@@ -9,9 +9,9 @@ same id starts. The functions build the worker's message and choose its harness 
 
 A server that is unavailable while a turn is set up (no connection, 502/503/504: the embedded
 control plane is back 2 to 4 s after a ``kill -9``, the host restarting it) is asked again for
-:data:`SERVER_WAIT_S` from the first failure, with backoff
-(:func:`~corral.server_wait.while_unavailable`), before the turn fails; an answer
-that refuses (4xx, a 500, a malformed body) fails it at once, as the real server means it.
+the ``server_wait_s`` option (:data:`~corral.server_wait.SERVER_WAIT_S`, 10 s) from the first
+failure, with backoff (:func:`~corral.server_wait.while_unavailable`), before the turn fails;
+an answer that refuses (4xx, a 500, a malformed body) fails it at once, as the real server means it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ...server_wait import SERVER_WAIT_S, while_unavailable
+from ...server_wait import while_unavailable
 from ...tools.registry import tool_schemas
 from . import _history as history
 from ._base import DispatchBase
@@ -71,9 +71,9 @@ class TurnSetup(DispatchBase):
     async def _while_unavailable(
         self, session: Session, what: str, ask: Callable[[], Awaitable[T]]
     ) -> T:
-        """``ask()`` through :func:`~corral.server_wait.while_unavailable`, for
-        :data:`SERVER_WAIT_S`; it stops early once the turn being set up has ended meanwhile or
-        the session is gone: nobody waits for that setup any more.
+        """``ask()`` through :func:`~corral.server_wait.while_unavailable`, for the
+        ``server_wait_s`` option; it stops early once the turn being set up has ended meanwhile
+        or the session is gone: nobody waits for that setup any more.
 
         Raises:
             ServerUnavailable: still unavailable after the wait.
@@ -83,7 +83,7 @@ class TurnSetup(DispatchBase):
         return await while_unavailable(
             ask,
             what=f"session {session.id}: {what}",
-            wait_s=SERVER_WAIT_S,
+            wait_s=self.options.server_wait_s,
             wanted=lambda: session.turn is turn and self.sessions.get(session.id) is session,
         )
 
