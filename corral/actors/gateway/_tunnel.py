@@ -160,6 +160,11 @@ class _Reads:
     it), so :meth:`Tunnel._confirmer` runs these callbacks after such a round trip.
     ``waiting`` are the frames written since the last ping went out, ``pinged`` those the
     ping in flight covers.
+
+    Nothing else proves a frame read, a server's Close frame included: the server read what
+    came before its Close went out, not what crossed it on the wire, and omnigent's uvicorn
+    sends 1012 and closes the socket at once (``fail_connection``), reading nothing after.
+    So however a connection ends, what no ping proved read is sent again on the next stream.
     """
 
     __slots__ = ("pinged", "waiting", "wanted")
@@ -178,13 +183,10 @@ class _Reads:
         self.pinged += self.waiting
         self.waiting = []
 
-    def read(self, runner_id: str, *, everything: bool = False) -> None:
-        """The frames the ping covered (with ``everything``, every frame written) were read:
-        run their callbacks (a failing one is logged)."""
+    def read(self, runner_id: str) -> None:
+        """The frames the ping covered were read: run their callbacks (a failing one is
+        logged)."""
         callbacks, self.pinged = self.pinged, []
-        if everything:
-            callbacks += self.waiting
-            self.waiting = []
         for callback in callbacks:
             try:
                 callback()
@@ -430,13 +432,6 @@ class Tunnel:
         finally:
             self._out = None
             self.requests.clear()
-        closed = ws.closed
-        if closed is not None and closed.code != 1006 and self._drop_reason is None:
-            # The server closed the tunnel itself, with a Close frame: it read every frame
-            # sent before it (it stops taking them only at its close). A tunnel that broke
-            # (1006: the server died, or the network) proves nothing: what no ping proved
-            # read is sent again.
-            reads.read(self.runner_id, everything=True)
 
     async def _writer(
         self,
