@@ -25,6 +25,7 @@ import pytest
 import trio
 
 from corral.actors._control import request
+from corral.config import BUILTIN_ACTORS
 from corral.instance import Instance
 from corral.journal import RunJournal
 from tests.fake_server import FakeOmnigentServer
@@ -246,11 +247,16 @@ target = "tests._echo:EchoActor"
 
 
 class Hosts:
-    """The hosts a fixture made under ``base``; :meth:`cleanup` kills what is left of them."""
+    """The hosts a fixture made under ``base``; :meth:`cleanup` kills what is left of them.
+
+    A test module may set ``RUNS_ECHO = True`` (its hosts run the echo actor as well) and
+    ``HOST_ACTORS`` (a frozenset: the only built-in actors its hosts run).
+    """
 
     def __init__(self, base: Path, module: Any) -> None:
         self.base = base
         self.module_echo = getattr(module, "RUNS_ECHO", False)
+        self.module_actors: frozenset[str] | None = getattr(module, "HOST_ACTORS", None)
         self.hosts: list[HostProcess] = []
 
     def make(
@@ -259,6 +265,13 @@ class Hosts:
         config += os.environ.get("CORRAL_TEST_EXTRA_CONFIG", "")
         if self.module_echo if echo is None else echo:
             config += ECHO_ACTOR
+        if self.module_actors is not None:
+            # A module that drives one actor directly (a stand-in for its callers) starts
+            # none of the built-ins it does not use: each is an interpreter's start-up and
+            # heartbeats, a third of a host's CPU for the rest. One the config sets up stays.
+            for actor in sorted(BUILTIN_ACTORS.keys() - self.module_actors):
+                if f"[actors.{actor}" not in config:
+                    config += f"\n[actors.{actor}]\nenabled = false\n"
         if "[server]" not in config:
             # Tests of the host and its actors drive them directly (a stand-in gateway, a
             # fake tunnel server): no embedded control plane unless a test asks for one.

@@ -27,8 +27,10 @@ from corral.config import BusSettings, LivenessSettings
 from tests._echo import EchoPing, EchoPong, EchoSleep
 from tests.conftest import FAST_LIVENESS, HostProcess
 
-#: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it.
+#: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it, and
+#: none of the built-in actors.
 RUNS_ECHO = True
+HOST_ACTORS: frozenset[str] = frozenset()
 #: One host serves the module: each test looks only at the dead letters it caused (the
 #: oversized-message test starts its own, with a smaller bus limit).
 SHARE_HOST = True

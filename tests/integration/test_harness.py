@@ -20,6 +20,8 @@ from tests.integration._dispatch import fake_dispatch, scripted
 #: The tests share one host (tests/conftest.py); each runs its own session ids, and those that
 #: kill, stop or hang a worker are marked chaos and get a host of their own.
 SHARE_HOST = True
+#: The harness actor alone: a stand-in dispatch (``fake_dispatch``) drives it.
+HOST_ACTORS = frozenset({"harness"})
 
 
 def _worker_pid(host: HostProcess, session_id: str) -> int:

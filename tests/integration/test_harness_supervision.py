@@ -14,6 +14,9 @@ from corral.harnesses.protocol import InputAccepted
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.integration._dispatch import fake_dispatch, scripted
 
+#: The harness actor alone: a stand-in dispatch (``fake_dispatch``) drives it.
+HOST_ACTORS = frozenset({"harness"})
+
 
 def _zombie(pid: int) -> bool:
     try:

@@ -25,8 +25,10 @@ from tests.conftest import (
     wait_until,
 )
 
-#: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it.
+#: These tests talk to the test-only echo actor (tests/_echo.py); their hosts run it, and
+#: none of the built-in actors.
 RUNS_ECHO = True
+HOST_ACTORS: frozenset[str] = frozenset()
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 

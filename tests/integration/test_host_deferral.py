@@ -14,6 +14,9 @@ from tests.conftest import FAST_LIVENESS, HostProcess, corral
 
 FAST = LivenessSettings(interval_s=0.2, liveness=3)
 
+#: The test actor alone (tests/_defer.py): none of the built-ins.
+HOST_ACTORS: frozenset[str] = frozenset()
+
 DEFER_HOST = (
     FAST_LIVENESS
     + """

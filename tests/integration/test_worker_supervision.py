@@ -15,6 +15,9 @@ from corral.config import BusSettings, LivenessSettings
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.integration._dispatch import fake_dispatch, scripted
 
+#: The harness actor alone: a stand-in dispatch (``fake_dispatch``) drives it.
+HOST_ACTORS = frozenset({"harness"})
+
 
 def _state(host: HostProcess) -> dict:
     return host.ask("inspect", actor="harness")["state"]
