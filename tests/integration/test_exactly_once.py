@@ -133,6 +133,10 @@ async def test_d08_kill9_of_dispatch_at_any_point_of_a_turn_runs_it_once_and_end
     * ``edge_delivered`` (every receiver has the end, the record still lists it): sent again
       with its seq, dropped by the gateway — one ``idle``, not two.
 
+    The journal's run of the turn holds what the server got, each event once and in order
+    (an edge or event sent again used to be journaled twice, and what waited in the
+    journal's window when dispatch died at ``end_saved`` was lost to it).
+
     Afterwards the server re-POSTs the message (as after a tunnel reconnect): it is the turn
     it already is, answered 202, run no more.
     """
@@ -146,6 +150,7 @@ async def test_d08_kill9_of_dispatch_at_any_point_of_a_turn_runs_it_once_and_end
         # before answering: 202, never a 500.
         assert await _post(t, sid, first) == 202
         await tunnels.until_status(sid, timeout=60)
+        await _journal_is_the_servers(host, tunnels, sid)
         await _dispatch_restarts(host, 1)
         assert await _post(t, sid, first) == 202, "a re-POST is the turn it already is"
         history = await _second_turn(server, tunnels, t, sid, agent_id)
@@ -397,6 +402,18 @@ async def _journal_run(host: HostProcess, sid: str) -> list[dict[str, Any]]:
 
     run_id = await trio.to_thread.run_sync(lambda: wait_until(ended, 30, "the run's end"))
     return cast(list[dict[str, Any]], journal.read(sid, run_id, strict=True)["events"])
+
+
+async def _journal_is_the_servers(host: HostProcess, tunnels: FakeTunnelServer, sid: str) -> None:
+    """The journal's run of the session's one turn holds what the server got, each once and
+    in the same order."""
+    journaled = [p for _, p in _journaled(await _journal_run(host, sid))]
+    got = [e for e in tunnels.events[sid] if e.get("type") != "session.heartbeat"]
+
+    def brief(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(e.get("type"), e.get("sequence_number"), e.get("status")) for e in events]
+
+    assert journaled == got, (brief(journaled), brief(got))
 
 
 _TERMINALS = ("response.completed", "response.failed", "response.cancelled", "response.incomplete")

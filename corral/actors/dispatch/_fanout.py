@@ -316,11 +316,17 @@ class Fanout:
 
     async def sent(self) -> None:
         """Return once every event queued for the subscribers so far has been sent (the
-        broker took it, or its send failed and was logged): an answer that must not overtake
-        an edge — DELETE's after the deleted turn's ``idle`` — waits on it."""
+        broker took it, or its send failed and was logged), and the journal's events queued
+        so far are on the bus too, without their window: an answer that must not overtake
+        an edge — DELETE's after the deleted turn's ``idle`` — waits on it, and so does the
+        save of a turn's end, after which nothing sends the events before it again (their
+        journal append used to wait in the window, and a dispatch killed then lost them)."""
         upto = self._queued_n
         while self._sent_n < upto:
             await self._sent_more.wait()
+        if self._journal:
+            self._flush_journal()
+            await self.outbox.flush()
 
     async def run_journal(self) -> None:
         """Flush journal events after a short window, so that an append carries many; send
