@@ -484,7 +484,10 @@ class Worker:
                 return InputAccepted(status=409, error={"code": "turn_in_flight"})
             self.turn = TurnContext(self, msg)
             self._turn_done = trio.Event()
-            nursery.start_soon(self._run_turn, self.turn)
+            # From the start: an interrupt that comes before the turn reaches its harness
+            # stops it there (the harness actor stops a stale turn as soon as it starts).
+            self._turn_scope = trio.CancelScope()
+            nursery.start_soon(self._run_turn, self.turn, self._turn_scope)
             return InputAccepted(status=200)
         if isinstance(msg, Confirmed):
             self.held.confirmed(msg)
@@ -511,7 +514,7 @@ class Worker:
             )
         return InputAccepted(status=422, error={"code": "unsupported", "type": incoming.env.type})
 
-    async def _run_turn(self, turn: TurnContext) -> None:
+    async def _run_turn(self, turn: TurnContext, scope: trio.CancelScope) -> None:
         failed: tuple[str, str] | None = None
         cancelled = False
         try:
@@ -520,8 +523,7 @@ class Worker:
                 HARNESS_ACTOR, WorkerAlive(session_id=self.session_id, busy=True, pid=os.getpid())
             )
             await turn.emit(ResponseInProgress(response=turn.response("in_progress")))
-            with trio.CancelScope() as scope:
-                self._turn_scope = scope
+            with scope:
                 try:
                     await self.kind.run_turn(turn)
                     failed = turn.reported_failure

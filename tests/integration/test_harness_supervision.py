@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from corral.actors._process import alive, start_time
-from corral.harnesses.protocol import InputAccepted
+from corral.harnesses.protocol import InputAccepted, is_terminal
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.integration._dispatch import fake_dispatch, scripted
 
@@ -195,3 +195,49 @@ async def test_kill9_harness_actor_while_parked_resolves_from_mailbox_state(
         assert isinstance(late, InputAccepted) and late.status == 404
         terminals = [e for e in d.of_turn(turn) if e.__struct_config__.tag == "response.failed"]
         assert len(terminals) == 1
+
+
+def _tags(events: list) -> list[str]:
+    return [e.__struct_config__.tag for e in events]
+
+
+async def test_d31_a_start_while_the_sessions_previous_turn_runs_supersedes_it(
+    host: HostProcess,
+) -> None:
+    """Dispatch sends a turn's start only once the session's previous turn is over for it
+    (its watchdog or a failed tool call ended it, or a restart): the harness actor may still
+    hold that turn, its worker running it. The new turn used to fail ``turn_in_flight`` (6
+    of 100 turns in a chaos run); it now waits while the worker is told to stop the stale
+    one, and runs after that turn's end — never two turns at once in the worker."""
+    async with fake_dispatch(host.endpoint) as d:
+        stale = await d.start_turn("s-supersede", scripted({"sleep_ms": 30000}))
+        await d.wait_type("response.in_progress", turn_id=stale)
+        turn = await d.start_turn("s-supersede", scripted({"text": "second"}))
+        end = await d.terminal(turn)
+        assert end.__struct_config__.tag == "response.completed", end
+        ended = await d.terminal(stale, timeout=1)
+        assert ended.__struct_config__.tag == "response.cancelled", "interrupted, not refused"
+        order = [(e.turn_id, is_terminal(e)) for e in d.events]
+        assert order.index((stale, True)) < order.index((turn, False)), "one turn at a time"
+        (w,) = _workers(host)
+        assert host.ask("inspect", actor="harness")["state"]["spawned"] == 1, "one worker"
+        assert w["in_flight"] is False
+
+
+async def test_d31_a_start_queued_behind_a_stale_one_runs_and_the_stale_one_does_not(
+    host: HostProcess,
+) -> None:
+    """Two starts of one session back to back (a restarted harness actor is handed the
+    stale start again, and the new one behind it): the first is over for dispatch, so it
+    ends without running and the second runs. The second used to fail ``turn_in_flight``."""
+    async with fake_dispatch(host.endpoint) as d:
+        stale = await d.start_turn("s-queued", scripted({"text": "stale"}))
+        turn = await d.start_turn("s-queued", scripted({"text": "second"}))
+        end = await d.terminal(turn)
+        assert end.__struct_config__.tag == "response.completed", end
+        ended = await d.terminal(stale, timeout=1)
+        assert [is_terminal(e) for e in d.of_turn(stale)].count(True) == 1, "one end"
+        if ended.__struct_config__.tag == "response.failed":
+            assert ended.error["code"] == "superseded"
+        order = [(e.turn_id, is_terminal(e)) for e in d.events]
+        assert order.index((stale, True)) < order.index((turn, False)), "one turn at a time"

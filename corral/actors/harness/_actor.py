@@ -155,6 +155,9 @@ class HarnessActor(Actor):
         )
         self.workers: dict[str, WorkerState] = {}
         self.turns: dict[str, OwnedTurn] = {}
+        #: A session's newest start, waiting for the stale turn this actor still holds to
+        #: end (:meth:`_supersede`).
+        self.waiting: dict[str, tuple[TurnStart, Deferred]] = {}
         self.parked: dict[str, ParkedElicitation] = {}
         #: Turns a previous incarnation left behind and this one already ended.
         self.ended_turns: set[str] = set()
@@ -239,12 +242,61 @@ class HarnessActor(Actor):
         self.taken[msg.turn_id] = None
         if len(self.taken) > TAKEN_KEPT:
             self.taken.popitem(last=False)
+        held = self.turns.get(msg.session_id)
+        if held is not None and held.start.turn_id != msg.turn_id:
+            self._supersede(held, msg, deferred)
+            return None
         # In flight from this moment: the reaper must not take the worker (H-08).
         turn = self.turns.setdefault(msg.session_id, OwnedTurn(msg, deferred))
         if turn.start.turn_id == msg.turn_id and turn.deferred.resolved:
             turn.deferred = deferred  # redelivered: its start failed, and was nacked
         self.in_order(msg.session_id, lambda: self._start_turn(msg, deferred), deferred)
         return None
+
+    def _supersede(self, held: OwnedTurn, msg: TurnStart, deferred: Deferred) -> None:
+        """``msg`` starts a turn of a session whose turn ``held`` this actor still holds.
+
+        Dispatch sends a turn's start only once the session's previous turn is over for it
+        (its watchdog or a failed tool call ended it, its end outran this actor's restart):
+        ``held`` is stale. Refused, the new turn failed for nothing (``turn_in_flight``, 6
+        of 100 turns in a chaos run); run beside it, the worker would hold two. So the new
+        start waits here, ``held``'s worker is told to stop (its start, still queued, ends
+        it unrun), and ``held``'s end starts it (:meth:`_end`). A start that a previous
+        incarnation started is the stale one: its worker is gone, and it ends
+        ``harness_restarted`` leaving ``held`` alone.
+        """
+        session_id = msg.session_id
+        if self.started_turns.seen(msg.turn_id):
+            failed = _failed(msg, "harness_restarted", "the harness restarted during this turn")
+            self.in_order(session_id, lambda: self._refuse(msg, deferred, failed), deferred)
+            return
+        log.info("turn %s waits for stale turn %s to end", msg.turn_id, held.start.turn_id)
+        before = self.waiting.pop(session_id, None)
+        self.waiting[session_id] = (msg, deferred)
+        if before is not None:
+            # Over for dispatch too: a newer start came after it.
+            failed = _failed(before[0], "superseded", "a newer turn of this session started")
+            self.in_order(session_id, lambda: self._refuse(*before, failed), before[1])
+        stale = held.start.turn_id
+        self.in_order(session_id, lambda: self._interrupt_stale(session_id, stale))
+
+    async def _refuse(self, msg: TurnStart, deferred: Deferred, event: ResponseFailed) -> None:
+        """End a start this actor never holds (dispatch drops the end of a turn it ended)."""
+        await self._emit(msg.reply_to, event, msg.session_id)
+        deferred.ack()
+
+    async def _interrupt_stale(self, session_id: str, turn_id: str) -> None:
+        """Tell the worker to stop the stale turn ``turn_id``: its ``response.cancelled``
+        ends it here. A worker with no such turn has its end on the way, or its exit does."""
+        turn = self.turns.get(session_id)
+        state = self.workers.get(session_id)
+        if turn is None or turn.start.turn_id != turn_id or state is None or state.exited:
+            return
+        name, interrupt = worker_address(session_id), Interrupt(session_id=session_id)
+        try:
+            await self._call_worker(name, interrupt, 10)
+        except Exception as exc:
+            log.warning("could not stop stale turn %s: %s", turn_id, exc)
 
     def _taken_here(self, msg: TurnStart) -> bool:
         """Whether this incarnation took a start of ``msg``'s turn and holds it or ended it:
@@ -264,19 +316,13 @@ class HarnessActor(Actor):
     async def _start_turn(self, msg: TurnStart, deferred: Deferred) -> None:
         turn = self.turns.get(msg.session_id)
         if turn is None or turn.start.turn_id != msg.turn_id:
-            # Another turn holds the session: refuse this one rather than interleave.
-            await self._emit(
-                msg.reply_to,
-                ResponseFailed(
-                    turn_id=msg.turn_id,
-                    error={
-                        "code": "turn_in_flight",
-                        "message": "another turn is running on this session",
-                    },
-                ),
-                msg.session_id,
-            )
-            deferred.ack()
+            if not deferred.resolved:
+                deferred.ack()
+            return  # ended meanwhile (its worker's terminal, redelivered, came first)
+        if msg.session_id in self.waiting:
+            # A newer start came after this one: it is over for dispatch, and runs nothing.
+            failed = _failed(msg, "superseded", "a newer turn of this session started")
+            await self._end(msg.session_id, failed)
             return
         if self.started_turns.seen(msg.turn_id):
             await self._end(
@@ -562,6 +608,13 @@ class HarnessActor(Actor):
         state = self.workers.get(session_id)
         if state is not None:
             state.last_active = time.monotonic()
+        waiting = self.waiting.pop(session_id, None)
+        if waiting is not None:
+            # The stale turn is over: the start that waited for it runs (its worker, if it
+            # still lives, ended that turn before it said so).
+            msg, deferred = waiting
+            self.turns[session_id] = OwnedTurn(msg, deferred)
+            self.in_order(session_id, lambda: self._start_turn(msg, deferred), deferred)
 
     async def _emit(self, to: str, event: Message, session_id: str) -> None:
         try:

@@ -7,7 +7,10 @@ Message → reply:
     TurnStart          → InputAccepted  (durable call, from dispatch) start a turn on the
                                         session's worker, spawning it lazily; 409
                                         ``turn_in_flight`` from a busy worker, and the turn
-                                        then ends ``response.failed`` ``harness_busy``
+                                        then ends ``response.failed`` ``harness_busy``;
+                                        a start for a session whose (stale) turn this
+                                        actor still holds waits until that turn ends
+                                        (its worker interrupted), then runs
     ToolResult         → InputAccepted  forwarded to the session's worker: 204, or 404
     PolicyVerdict      → InputAccepted  (``no_worker``, ``not_found``), 503
     Interrupt          → InputAccepted  ``worker_unreachable``
