@@ -21,7 +21,8 @@ so whichever incarnation publishes it gives it the same ``seq``, and the gateway
 * **The end.** A turn's end is saved once its stream is with every receiver (``_terminal``
   waits for :meth:`~._fanout.Fanout.sent`): a worker forgets a turn's events at its next
   start. An end the harness actor made up (the worker died, ``sequence_number`` 0) numbers
-  past any event the worker could have sent (:data:`~._turn.PAST_WORKER`).
+  past any event the worker could have sent (:data:`~._turn.PAST_WORKER`); so do the
+  runner's events of a resumed turn whose worker cannot say what it sent (``Turn.unplaced``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from ..policy.messages import PolicyEvaluate
 from . import _history as history
 from ._calls import ToolCalls
 from ._session import Session
-from ._turn import PAST_WORKER, Turn, worker_seq
+from ._turn import Turn, worker_seq
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -98,6 +99,7 @@ class StreamOrder(ToolCalls):
                 self.defer(incoming) if durable else None,
             )
             turn.next_k = k + 1
+            turn.unplaced = False  # the worker lives and goes on from here
             await self._drain(session, turn)
 
     async def _take(
@@ -206,6 +208,10 @@ class StreamOrder(ToolCalls):
         up, numbered past anything the worker could have sent)."""
         deferred = self.defer(incoming)
         async with turn.lock:
+            if msg.sequence_number == 0 and turn.unplaced:
+                turn.ending = (msg, deferred)
+                await self._drain(session, turn)
+                return
             if not self._ready_to_end(turn, msg):
                 turn.ending = (msg, deferred)
                 turn.gap_since = turn.gap_since or time.monotonic()
@@ -224,8 +230,7 @@ class StreamOrder(ToolCalls):
 
         async def end() -> None:
             if msg.sequence_number == 0:
-                record = session.record
-                record.seq = max(record.seq, turn.base + PAST_WORKER)
+                turn.number_past_worker(session.record)
             for _, _, held in turn.early.values():
                 if held is not None:
                     held.ack()
@@ -237,6 +242,10 @@ class StreamOrder(ToolCalls):
     async def _drain(self, session: Session, turn: Turn) -> None:
         """Take the kept events that are next; then queue what waited for the turn to be in
         order, and its terminal if it is due."""
+        if turn.unplaced and turn.ending is not None and turn.ending[0].sequence_number == 0:
+            # Made up by the harness actor: the worker is gone. What waited for it (the
+            # cancel of a parked elicitation) numbers past all it could have sent.
+            turn.number_past_worker(session.record)
         while turn.next_k is not None and turn.next_k in turn.early:
             msg, origin_at, deferred = turn.early.pop(turn.next_k)
             await self._take(session, turn, msg, origin_at, deferred)
@@ -264,6 +273,7 @@ class StreamOrder(ToolCalls):
         if turn.resending:
             return
         turn.resending = True
+        resumed = turn.next_k is None
         reply: Resending | None = None
         try:
             reply = await self.peer.call(
@@ -281,7 +291,11 @@ class StreamOrder(ToolCalls):
         async with turn.lock:
             if reply is not None and reply.known:
                 first, turn.resent_upto = reply.first, max(turn.resent_upto, reply.last)
+                turn.unplaced = False
             else:
+                # A resumed turn's worker that cannot say: whatever of its events the last
+                # incarnation published after its last save is unknown (#15).
+                turn.unplaced = turn.unplaced or resumed
                 # Nothing held of it: the worker has not started it (it starts at 0) or is a
                 # new process (the harness actor ends the turn); or it cannot say. What came
                 # goes on; what did not is lost with the worker that held it.

@@ -207,6 +207,11 @@ class Turn:
     #: The last event the worker said it had sent (:class:`~corral.harnesses.protocol.
     #: Resending`): the runner's own events wait until the turn is past it.
     resent_upto: int = -1
+    #: A resumed turn whose worker could not say what it had sent (it died with the last
+    #: incarnation, which published an unknown part of its events past its last save): the
+    #: runner's own events wait for the worker's next event or the turn's end, which numbers
+    #: them past anything the worker could have sent (:data:`PAST_WORKER`).
+    unplaced: bool = False
     #: Worker events that came ahead of ``next_k`` (after a gap), by sequence number, with
     #: their ``origin_at`` and the handle of a durable one.
     early: dict[int, tuple[Output, float, Deferred | None]] = field(default_factory=dict)
@@ -226,12 +231,18 @@ class Turn:
     def in_order(self) -> bool:
         """Whether everything the worker said it had sent is published (the runner's own
         events then number past it)."""
-        return self.next_k is not None and self.next_k > self.resent_upto
+        return self.next_k is not None and self.next_k > self.resent_upto and not self.unplaced
 
     @property
     def phase(self) -> Phase:
         """``running``, or ``interrupted`` once asked to stop."""
         return Phase.INTERRUPTED if self.interrupted else Phase.RUNNING
+
+    def number_past_worker(self, record: SessionRecord) -> None:
+        """Number what comes next in ``record``'s stream past any event this turn's worker
+        could have sent (an end made up for a worker that died, or :attr:`unplaced`)."""
+        record.seq = max(record.seq, self.base + PAST_WORKER)
+        self.unplaced = False
 
     def heard(self) -> None:
         """Something of the turn arrived: the idle watchdog counts from now."""

@@ -267,6 +267,9 @@ class TurnFlow(TurnSetup):
 
     async def _end(self, session: Session, turn: Turn, msg: Output) -> None:
         end = on_terminal(turn.phase, _terminal_kind(msg))
+        if turn.unplaced:
+            # Ended by the runner (its watchdog) before its worker was heard from.
+            turn.number_past_worker(session.record)
         # The worker's own end keeps its seq (a made-up one, number 0, has none).
         k = msg.sequence_number
         self.fanout.to_stream(turn.stream_to, msg, worker_seq(turn.base, k) if k else None)
