@@ -18,6 +18,7 @@ import trio
 from corral.actors.dispatch import DispatchActor
 from corral.actors.dispatch import messages as messages_module
 from corral.actors.dispatch._fanout import event_batches
+from corral.actors.dispatch._options import DispatchOptions
 from corral.actors.dispatch._routes import ROUTES, match
 from corral.actors.dispatch._session import Session, SessionRecord
 from corral.actors.dispatch._start import TurnSetup
@@ -135,7 +136,12 @@ async def test_d27_history_media_is_fetched_from_the_session_of_the_upload() -> 
         client = ServerClient(server.base_url)
         # The part alone: the history needs nothing of the actor but its server client and
         # the setup's wait for an unavailable server (which asks once of one that answers).
-        actor = cast(Any, SimpleNamespace(_server=lambda _session: client, sessions={}))
+        actor = cast(
+            Any,
+            SimpleNamespace(
+                _server=lambda _session: client, sessions={}, options=DispatchOptions()
+            ),
+        )
         actor._while_unavailable = functools.partial(TurnSetup._while_unavailable, actor)
         try:
             content = await TurnFlow._history(actor, Session(SessionRecord(id=sid)), [])

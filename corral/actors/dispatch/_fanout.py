@@ -1,34 +1,25 @@
 """Event fan-out: every published session event to the subscribers, the journal and a
 streaming caller, in publish order, without a handler ever waiting on a peer.
 
-One event goes three ways:
-
 * **Subscribers** (the gateway): durably, in :class:`~corral.actors.gateway.messages.SessionEvents`
-  batches, so that events published while the gateway restarts wait in its mailbox. Batched by
-  acceptance: while one round waits for its group commit, the events published meanwhile gather and
-  go out together (one commit, one ack, one buffer write per message); a lone event finds the loop
-  idle and goes at once. A round's messages are all in flight at once (the broker keeps their
-  order): their acceptance can queue behind a flood of incoming deltas, and one round trip per
-  message would cap the rate at one batch per round trip.
-* **The journal**: one run per turn. Events gather for :data:`_JOURNAL_WINDOW_S` and go out
-  as one stream append per run (a delta per append would make the journal the bottleneck of
-  every turn); a run's last append (its terminal edge) skips the window and goes durably,
-  after every earlier append of its run. Each event carries its ``seq``
-  (``JournalEvent.session_seq``): the journal drops one at or below what the run holds, so
-  what is sent again after a restart is journaled once.
+  batches, so events published while the gateway restarts wait in its mailbox. While one round
+  waits for its group commit, what is published meanwhile gathers and goes next (one commit,
+  ack and buffer write per message); a round's messages are all in flight at once (the broker
+  keeps their order), since one round trip per message would cap the rate.
+* **The journal**: one run per turn. Events gather for :data:`_JOURNAL_WINDOW_S` and go as one
+  stream append per run; a run's last append (its terminal edge) skips the window and goes
+  durably, after every earlier one. Each event carries its ``seq``
+  (``JournalEvent.session_seq``): the journal drops one at or below what the run holds.
 * **A ``?stream=true`` caller**: SSE :class:`~corral.routes.HttpChunk` frames through the
-  outbox, closed by an empty ``end`` chunk when the turn ends; a worker event's frame
-  carries its ``seq``, and the gateway drops one it has relayed (a replay after a restart).
+  outbox, closed by an empty ``end`` chunk; a worker event's frame carries its ``seq``, and
+  the gateway drops one it has relayed (a replay after a restart).
 
 Saved before sent: while a session is held (:meth:`Fanout.held`, around the save that starts
-or ends a turn) its events wait, in order, so its ``running``, terminal event and edge leave
-only once the record holding them is on disk; a tracked event is reported to
-``on_delivered`` once every receiver has it, and :meth:`Fanout.republish` sends what a
-previous incarnation saved again, with its own ``seq`` (the gateway drops a seq it has seen).
-
-:meth:`Fanout.publish` only queues: a handler awaiting a peer's acceptance would stall while
-the peer is not reading (a flood past its inbox and overflow), and the handler is what
-drains it. The two loops (:meth:`Fanout.run_events`, :meth:`Fanout.run_journal`) send.
+or ends a turn) its events wait, so its ``running``, terminal event and edge leave only once
+the record holding them is on disk; a tracked event is reported to ``on_delivered`` once every
+receiver has it, and :meth:`Fanout.republish` sends what a previous incarnation saved again,
+with its own ``seq``. :meth:`Fanout.publish` only queues (a handler awaiting a peer that is
+not reading would stall what drains it); ``run_events`` and ``run_journal`` send.
 """
 
 from __future__ import annotations

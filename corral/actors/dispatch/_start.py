@@ -60,8 +60,9 @@ class TurnSetup(DispatchBase):
         return True
 
     async def _drained(self, session_id: str) -> None:
-        """Wait until the worker has wound down the turn of a deleted session of this id:
-        the harness actor refuses a turn while it holds another (``turn_in_flight``)."""
+        """Wait until the worker has wound down the turn of a deleted session of this id: the
+        harness actor holds a session's new turn until the old one has ended, and the wait
+        is bounded here rather than there."""
         draining = self._draining.get(session_id)
         if draining is not None:
             with trio.move_on_after(_DRAIN_TIMEOUT_S):

@@ -244,6 +244,14 @@ class Turn:
         record.seq = max(record.seq, self.base + PAST_WORKER)
         self.unplaced = False
 
+    def end_seq(self, record: SessionRecord, k: int) -> int | None:
+        """The ``seq`` a stream caller's frame of the turn's terminal event ``k`` carries: the
+        worker's own end keeps its seq, a made-up one (number 0) has none. An end before the
+        worker was heard from (the runner's watchdog) numbers ``record`` past it first."""
+        if self.unplaced:
+            self.number_past_worker(record)
+        return worker_seq(self.base, k) if k else None
+
     def heard(self) -> None:
         """Something of the turn arrived: the idle watchdog counts from now."""
         self.last_event = time.monotonic()

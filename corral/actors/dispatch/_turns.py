@@ -1,14 +1,12 @@
 """The life of a turn: start it (or buffer the message), end it, and what follows.
 
-A message with no active turn starts one (202 ``accepted`` in the background, or 200 SSE when
-streaming); a message during a turn is buffered (202 ``buffered``) and never enters the
-running turn: when that turn ends, everything buffered runs as the next turn — ``session.
-status running`` again, with no ``idle`` in between, and a history in which the first turn's
-answer precedes the buffered messages (PROTOCOL_0_19.md §E.3). Each turn publishes ``session.
-status running`` and exactly one terminal edge — ``idle``, or ``failed`` with ``error: {code,
-message}`` — and edges are published only for the turn id that is active, so never two for
-one turn. What an end publishes and what follows it are decided by the pure functions of
-:mod:`._turn`; this part does the I/O they decide on.
+A message with no active turn starts one (202 ``accepted``, or 200 SSE when streaming); one
+during a turn is buffered (202 ``buffered``) and runs, with everything buffered, as the next
+turn — ``running`` again, no ``idle`` between, the first turn's answer before the buffered
+messages in its history (PROTOCOL_0_19.md §E.3). Each turn publishes ``running`` and exactly
+one terminal edge (``idle``, or ``failed`` with ``error: {code, message}``), edges only for
+the active turn id. The pure functions of :mod:`._turn` decide what an end publishes and
+what follows it; this part does the I/O they decide on.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from ._events import MessageEvent
 from ._routes import GENERIC_DETAIL, accepted, error
 from ._session import Accepted, Session
 from ._start import TurnSetup, spec_harness, turn_message
-from ._turn import Next, Terminal, Turn, after_end, on_message, on_terminal, worker_seq
+from ._turn import Next, Terminal, Turn, after_end, on_message, on_terminal
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -267,12 +265,8 @@ class TurnFlow(TurnSetup):
 
     async def _end(self, session: Session, turn: Turn, msg: Output) -> None:
         end = on_terminal(turn.phase, _terminal_kind(msg))
-        if turn.unplaced:
-            # Ended by the runner (its watchdog) before its worker was heard from.
-            turn.number_past_worker(session.record)
-        # The worker's own end keeps its seq (a made-up one, number 0, has none).
-        k = msg.sequence_number
-        self.fanout.to_stream(turn.stream_to, msg, worker_seq(turn.base, k) if k else None)
+        end_seq = turn.end_seq(session.record, msg.sequence_number)
+        self.fanout.to_stream(turn.stream_to, msg, end_seq)
         self._publish_saved(session, msg, run_id=turn.turn_id, upstream=end.upstream)
         if isinstance(msg, ResponseFailed):
             if session.history is not None:

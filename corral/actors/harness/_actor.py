@@ -18,8 +18,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 import trio
@@ -50,6 +49,8 @@ from .._children import Child, ChildEvent, ChildSupervisor, Exited, GaveUp
 from .._deferred import Deferred
 from .._process import sweep
 from .._specs import Backoff, ChildSpec, Liveness, SupFlags
+from ._options import HarnessOptions
+from ._records import OwnedTurn, ParkedElicitation, WorkerState
 
 log = logging.getLogger("corral.actors.harness")
 
@@ -66,63 +67,6 @@ START_ATTEMPTS = 3
 #: Turn ids an incarnation remembers taking a start of (about 40 bytes each): a second start
 #: of a turn comes from a dispatch restarted seconds after the first, so thousands are plenty.
 TAKEN_KEPT = 4096
-
-
-@dataclass
-class OwnedTurn:
-    """A turn this actor is responsible for ending."""
-
-    start: TurnStart
-    #: Its TurnStart, in flight until the turn's terminal event is sent.
-    deferred: Deferred
-    began: float = field(default_factory=time.monotonic)
-    elicitations: set[str] = field(default_factory=set)
-
-
-@dataclass
-class WorkerState:
-    """One session's worker."""
-
-    session_id: str
-    harness: str
-    spawned: float = field(default_factory=time.monotonic)
-    last_seen: float = field(default_factory=time.monotonic)
-    last_active: float = field(default_factory=time.monotonic)
-    exited: bool = False
-    #: When its process was seen to exit (the record is reclaimed once it is not needed).
-    exited_at: float = 0.0
-    pid: int | None = None
-
-
-@dataclass
-class ParkedElicitation:
-    """A parked elicitation, as this actor knows it."""
-
-    incoming: Incoming
-    msg: ElicitationParked
-    #: The verdict on its way to the worker: the worker may end the turn before the verdict's
-    #: reply is in, and the turn's end must not cancel what is being resolved.
-    verdict: str | None = None
-
-
-class HarnessOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """``[actors.harness.options]``."""
-
-    #: A worker with no turn for this long is stopped (0: never).
-    idle_timeout_s: float = 1800.0
-    #: How long a new worker gets to answer its first turn.
-    start_timeout_s: float = 15.0
-    #: A worker silent this long is dead (default: the bus's liveness window).
-    worker_liveness_s: float | None = None
-    #: The first pause before a crash-looping harness is spawned again (it doubles, to 10 s).
-    crash_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 0.5
-    #: A session's worker restarted (after a crash) more than this many times within
-    #: ``worker_period_s`` is given up on: the session's turns fail ``harness_unavailable``
-    #: until the oldest of those restarts is ``worker_period_s`` old.
-    worker_intensity: Annotated[int, msgspec.Meta(ge=0)] = 10
-    worker_period_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
-    #: More harness kinds: name → ``module:Class`` (H-05).
-    harnesses: dict[str, str] = {}
 
 
 class HarnessActor(Actor):
