@@ -338,6 +338,17 @@ def _streaming_agent(
     return agent_id, server.add_session(agent_id)["id"]
 
 
+async def _kill9_dispatch_and_worker(host: HostProcess, sid: str) -> None:
+    """``kill -9`` dispatch and the session's worker together, then wait for dispatch to be
+    back (the harness actor ends the worker's turn without it)."""
+    harness = await trio.to_thread.run_sync(lambda: host.ask("inspect", actor="harness"))
+    pid = next(w["pid"] for w in harness["state"]["workers"] if w["session_id"] == sid)
+    before = host.actor("dispatch")
+    os.kill(before["pid"], signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+    await trio.to_thread.run_sync(lambda: host.restarted("dispatch", before))
+
+
 def _items(tunnels: FakeTunnelServer, sid: str, kind: str) -> list[dict[str, Any]]:
     return [
         e["item"]
@@ -483,12 +494,7 @@ async def test_d08_kill9_of_dispatch_and_its_worker_together_doubles_nothing(
         await tunnels.until(
             lambda: _items(tunnels, sid, "function_call_output"), 60, "the tool's output"
         )
-        harness = await trio.to_thread.run_sync(lambda: host.ask("inspect", actor="harness"))
-        pid = next(w["pid"] for w in harness["state"]["workers"] if w["session_id"] == sid)
-        before = host.actor("dispatch")
-        os.kill(before["pid"], signal.SIGKILL)
-        os.kill(pid, signal.SIGKILL)
-        await trio.to_thread.run_sync(lambda: host.restarted("dispatch", before))
+        await _kill9_dispatch_and_worker(host, sid)
         await tunnels.until_status(sid, "failed", timeout=60)
         streamed = tunnels.deltas(sid)
         assert _tokens(0, 120).startswith(streamed), "a prefix of the turn, once each"

@@ -9,16 +9,19 @@ as seen.
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
-import trio
 
 from tests.fake_server import FakeOmnigentServer
 from tests.fake_tunnel_server import FakeTunnelServer
-from tests.integration.test_exactly_once import RUNNER, _config, _post, _streaming_agent
+from tests.integration.test_exactly_once import (
+    RUNNER,
+    _config,
+    _kill9_dispatch_and_worker,
+    _post,
+    _streaming_agent,
+)
 from tests.integration.test_gateway import bind, message, running
 
 
@@ -41,12 +44,7 @@ async def test_d08_e03_kill9_of_dispatch_and_its_worker_at_an_elicitation_keeps_
             return [e for e in tunnels.events.get(sid, []) if e.get("type") == kind]
 
         await tunnels.until(lambda: of("response.elicitation_request"), 60, "the elicitation")
-        harness = await trio.to_thread.run_sync(lambda: host.ask("inspect", actor="harness"))
-        pid = next(w["pid"] for w in harness["state"]["workers"] if w["session_id"] == sid)
-        before = host.actor("dispatch")
-        os.kill(before["pid"], signal.SIGKILL)
-        os.kill(pid, signal.SIGKILL)
-        await trio.to_thread.run_sync(lambda: host.restarted("dispatch", before))
+        await _kill9_dispatch_and_worker(host, sid)
         await tunnels.until_status(sid, "failed", timeout=60)
         assert tunnels.statuses(sid) == ["running", "failed"]
         resolved = await tunnels.until(
