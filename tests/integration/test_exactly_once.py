@@ -312,6 +312,10 @@ def _tokens(start: int, count: int) -> str:
     return "".join(f"{i:04d}|" for i in range(start, start + count))
 
 
+#: The tail of a turn streamed through a dispatch crash: 120 more distinct tokens.
+STREAMED_TAIL = {"text": _tokens(120, 120), "chunk": 5, "delay_ms": 5}
+
+
 def _streaming_agent(
     server: FakeOmnigentServer, cwd: Path, tail: dict[str, Any]
 ) -> tuple[str, str]:
@@ -367,8 +371,7 @@ async def test_d08_kill9_of_dispatch_mid_stream_loses_no_delta_and_doubles_none(
     next incarnation asks for it again: every delta reaches the server once and in order,
     with the turn's message items and its tool output once each (it used to lose about one
     batch per kill: deltas, a message item, a ``function_call_output``)."""
-    tail = {"text": _tokens(120, 120), "chunk": 5, "delay_ms": 5}
-    agent_id, sid = _streaming_agent(server, tmp_path, tail)
+    agent_id, sid = _streaming_agent(server, tmp_path, STREAMED_TAIL)
     host = host_factory(_config(tunnels, server, "streaming"))
     async with running(host):
         t = await tunnels.wait_tunnel(RUNNER)
@@ -452,8 +455,7 @@ async def test_d08_kill9_of_dispatch_mid_stream_journals_and_streams_every_event
     besides the server's relay, the journal's run and the caller's SSE body hold each
     event once, in order (both used to get the replayed ones twice: the journal had no seq
     to drop them by, and the fan-out to the caller no memory of what it had sent)."""
-    tail = {"text": _tokens(120, 120), "chunk": 5, "delay_ms": 5}
-    agent_id, sid = _streaming_agent(server, tmp_path, tail)
+    agent_id, sid = _streaming_agent(server, tmp_path, STREAMED_TAIL)
     host = host_factory(_config(tunnels, server, "streaming"))
     async with running(host):
         t = await tunnels.wait_tunnel(RUNNER)
