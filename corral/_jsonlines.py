@@ -1,5 +1,5 @@
 """Durable files: an append-only JSON-lines log with torn-tail repair, ``fsync_dir`` and
-``write_atomically``.
+``write_atomically``; and :data:`JsonObject`, the name for a JSON object of no fixed shape.
 
 A floor module (imports nothing of corral): the tools actor's call log, the session inboxes
 and background-call records, the broker's log, the journal, dispatch's and the gateway's
@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 import trio
 
 log = logging.getLogger("corral.files")
+
+#: A JSON object whose shape nobody here fixes: a wire item of the omnigent protocol, a
+#: provider's request or response body, an agent spec's free-form section, a tool's arguments
+#: as the model wrote them. Where corral builds or reads a fixed shape it says so with a
+#: Struct or a TypedDict instead; this alias marks the places where no such type exists.
+JsonObject: TypeAlias = dict[str, Any]
 
 
 def fsync_dir(path: Path) -> None:
@@ -70,7 +77,7 @@ class JsonLinesLog:
         """Every intact record in file order; repairs a torn tail. ``[]`` if no file."""
         return await trio.to_thread.run_sync(self._load_sync, limiter=self._limiter)
 
-    async def append(self, records: list[dict[str, Any]]) -> None:
+    async def append(self, records: Sequence[Mapping[str, object]]) -> None:
         """Append ``records`` and fsync (creating the file, durably, if needed)."""
         data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
         if not self._fsync and not self._limiter.borrowed_tokens:
@@ -82,7 +89,7 @@ class JsonLinesLog:
             return
         await trio.to_thread.run_sync(self._append_sync, data, limiter=self._limiter)
 
-    async def rewrite(self, records: list[dict[str, Any]]) -> None:
+    async def rewrite(self, records: Sequence[Mapping[str, object]]) -> None:
         """Replace the whole file with ``records``, atomically."""
         data = b"".join(msgspec.json.encode(r) + b"\n" for r in records)
         await trio.to_thread.run_sync(self._rewrite_sync, data, limiter=self._limiter)

@@ -16,6 +16,7 @@ import json
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ workspace = "{workspace}"
 async def _direct(workspace: Path, n: int) -> list[float]:
     """Latencies of calling ``sys_os_read`` in this process."""
 
-    async def publish(event: dict[str, Any]) -> None:
+    async def publish(event: Mapping[str, object]) -> None:
         return None
 
     ctx = ToolContext(

@@ -1,6 +1,6 @@
 """What a runner-local tool is given and returns.
 
-A tool is ``async def run(ctx: ToolContext, args: dict) -> str``: it gets the decoded
+A tool is ``async def run(ctx: ToolContext, args: JsonObject) -> str``: it gets the decoded
 arguments the model produced and returns the ``function_call_output`` text the model sees
 (JSON text for every tool here). A tool that cannot do what it was asked raises
 :class:`ToolError`; its message is meant for the model and becomes ``{"error": message}``.
@@ -10,10 +10,12 @@ Any other exception is a bug: the tools actor logs it and the model gets a gener
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from .._jsonlines import JsonObject
 
 if TYPE_CHECKING:
     from .async_calls import AsyncCalls
@@ -21,9 +23,9 @@ if TYPE_CHECKING:
     from .terminals import Terminals
 
 #: Publishes one session event (``session.resource.created`` ...) on the session's stream.
-Publish = Callable[[dict[str, Any]], Awaitable[None]]
+Publish = Callable[[Mapping[str, object]], Awaitable[None]]
 #: Runs another runner-local tool by name (what ``sys_call_async`` dispatches to).
-RunTool = Callable[[str, dict[str, Any]], Awaitable[str]]
+RunTool = Callable[[str, JsonObject], Awaitable[str]]
 
 ToolFamily = Literal["os", "terminal", "inbox", "session", "agent"]
 
@@ -55,7 +57,7 @@ class ToolContext:
     #: The ``call_id`` of the model's function call (idempotency key for durable effects).
     call_id: str
     #: The session's agent spec as a plain dict (``spec_to_dict``); ``{}`` when unknown.
-    spec: dict[str, Any]
+    spec: JsonObject
     #: The runner workspace (``corral up --workspace``, ``CORRAL_WORKSPACE`` or
     #: ``OMNIGENT_RUNNER_WORKSPACE``); None when the runner has none.
     workspace: Path | None
@@ -79,7 +81,6 @@ class ToolContext:
     run_tool: RunTool | None = None
     #: Largest output a tool returns before it is cut with a marker.
     max_output_chars: int = 100_000
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +90,8 @@ class ToolSpec:
     name: str
     description: str
     #: JSON schema of the arguments object.
-    parameters: dict[str, Any]
-    run: Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+    parameters: JsonObject
+    run: Callable[[ToolContext, JsonObject], Awaitable[str]]
     family: ToolFamily
     #: Publishes ``session.changed_files.invalidated`` after it runs (T-20).
     mutates_files: bool = False

@@ -30,11 +30,11 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 import trio
 
-from .._jsonlines import JsonLinesLog
+from .._jsonlines import JsonLinesLog, JsonObject
 from ._api import RunTool, ToolContext, ToolSpec
 from .inbox import NO_INBOX, SYS_READ_INBOX, Inbox
 
@@ -56,7 +56,41 @@ def new_handle_id() -> str:
     return f"handle_{secrets.token_hex(6)}"
 
 
-def dispatched_output(handle_id: str, tool_name: str) -> dict[str, Any]:
+class Dispatched(TypedDict):
+    """The immediate answer of ``sys_call_async``."""
+
+    handle_id: str
+    tool_name: str
+    status: Literal["in_progress"]
+    message: str
+
+
+class CancelAnswer(TypedDict):
+    """The answer of ``sys_cancel_async``; see :meth:`AsyncCalls.cancel`."""
+
+    cancelled: bool
+    handle_id: str
+    status: NotRequired[str]
+    message: NotRequired[str]
+
+
+class _StartRecord(TypedDict):
+    op: Literal["start"]
+    handle_id: str
+    session_id: str
+    call_id: str
+    tool_name: str
+    at: float
+    status: NotRequired[str]
+
+
+class _Header(TypedDict):
+    op: Literal["header"]
+    format: Literal["corral.async_calls"]
+    version: int
+
+
+def dispatched_output(handle_id: str, tool_name: str) -> Dispatched:
     """The immediate answer of ``sys_call_async`` (T-23)."""
     return {
         "handle_id": handle_id,
@@ -80,8 +114,8 @@ class _Started:
     at: float
     status: str | None = None
 
-    def record(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def record(self) -> _StartRecord:
+        out: _StartRecord = {
             "op": "start",
             "handle_id": self.handle_id,
             "session_id": self.session_id,
@@ -181,8 +215,8 @@ class AsyncCalls:
     # -- operations -----------------------------------------------------------------------
 
     async def call(
-        self, ctx: ToolContext, tool_name: str, args: dict[str, Any], run_tool: RunTool
-    ) -> dict[str, Any]:
+        self, ctx: ToolContext, tool_name: str, args: JsonObject, run_tool: RunTool
+    ) -> Dispatched:
         """Start ``tool_name(args)`` in the background for ``ctx``'s session.
 
         Idempotent by ``(ctx.session_id, ctx.call_id)``: a repeated call returns the first
@@ -218,7 +252,7 @@ class AsyncCalls:
 
     async def cancel(
         self, session_id: str, handle_id: str, *, wait_s: float = 10.0
-    ) -> dict[str, Any]:
+    ) -> CancelAnswer:
         """Cancel ``handle_id`` and wait (at most ``wait_s``) until it has reported.
 
         Returns ``{"cancelled": True, "handle_id"}`` when the call ended cancelled (now or
@@ -265,7 +299,7 @@ class AsyncCalls:
     # -- internals ------------------------------------------------------------------------
 
     async def _run_one(
-        self, started: _Started, running: _Running, args: dict[str, Any], run_tool: RunTool
+        self, started: _Started, running: _Running, args: JsonObject, run_tool: RunTool
     ) -> None:
         status, output = "failed", ""
         try:
@@ -324,7 +358,7 @@ class AsyncCalls:
                 self._records = 1
             self._loaded = True
 
-    def _replay(self, record: dict[str, Any]) -> None:
+    def _replay(self, record: JsonObject) -> None:
         op = record.get("op")
         if op == "header":
             version = record.get("version")
@@ -368,7 +402,7 @@ class AsyncCalls:
         self._by_call = {(s.session_id, s.call_id): s.handle_id for s in ordered}
 
 
-def _header() -> dict[str, Any]:
+def _header() -> _Header:
     return {"op": "header", "format": "corral.async_calls", "version": FORMAT_VERSION}
 
 
@@ -376,7 +410,7 @@ def _header() -> dict[str, Any]:
 # The tools
 
 
-def _inner_args(raw: Any) -> dict[str, Any] | str:
+def _inner_args(raw: Any) -> JsonObject | str:
     """The inner tool's arguments (an object, a JSON text of one, or absent), or an error."""
     if raw is None:
         return {}
@@ -392,7 +426,7 @@ def _inner_args(raw: Any) -> dict[str, Any] | str:
     return raw
 
 
-async def _sys_call_async(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _sys_call_async(ctx: ToolContext, args: JsonObject) -> str:
     tool = args.get("tool")
     if not isinstance(tool, str) or not tool.strip():
         return 'Error: sys_call_async requires "tool" argument'
@@ -410,7 +444,7 @@ async def _sys_call_async(ctx: ToolContext, args: dict[str, Any]) -> str:
     return json.dumps(answer, ensure_ascii=False)
 
 
-async def _sys_cancel_async(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _sys_cancel_async(ctx: ToolContext, args: JsonObject) -> str:
     handle = args.get("handle_id") or args.get("task_id")  # task_id: the legacy spelling
     if not isinstance(handle, str) or not handle.strip():
         return 'Error: sys_cancel_async requires "handle_id" argument'

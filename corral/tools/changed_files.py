@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Final, Literal, TypedDict
 
 from ._api import Publish
 
@@ -38,7 +38,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 #: The event's ``type``.
-EVENT_TYPE = "session.changed_files.invalidated"
+EVENT_TYPE: Final = "session.changed_files.invalidated"
 #: The event's ``environment_id``: the session's one OS environment.
 ENVIRONMENT_ID = "default"
 #: Seconds during which a session's later mutations publish nothing.
@@ -47,7 +47,15 @@ THROTTLE_WINDOW_S = 0.75
 MAX_TRACKED_SESSIONS = 4096
 
 
-def changed_files_event(session_id: str) -> dict[str, Any]:
+class FilesInvalidated(TypedDict):
+    """The ``session.changed_files.invalidated`` event."""
+
+    type: Literal["session.changed_files.invalidated"]
+    session_id: str
+    environment_id: str
+
+
+def changed_files_event(session_id: str) -> FilesInvalidated:
     """The ``session.changed_files.invalidated`` event for ``session_id`` (T-20)."""
     return {"type": EVENT_TYPE, "session_id": session_id, "environment_id": ENVIRONMENT_ID}
 

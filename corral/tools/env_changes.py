@@ -37,11 +37,11 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from .._child_env import base_env
+from ._replies import Change, ChangesPage, FileDiff
 from .env_files import ENTRY_OBJECT, MAX_READ_BYTES, FsError, Target, open_file
 from .os_tools import in_thread
 
@@ -161,9 +161,7 @@ def _parse_numstat(out: bytes) -> dict[str, tuple[int | None, int | None]]:
     return counts
 
 
-def _record(
-    root: str, rel: str, status: str, counts: tuple[int | None, int | None]
-) -> dict[str, Any]:
+def _record(root: str, rel: str, status: str, counts: tuple[int | None, int | None]) -> Change:
     size: int | None = None
     mtime: int | None = None
     if status != "deleted":
@@ -199,7 +197,7 @@ async def _git_status(git: _Git, pathspec: str) -> bytes:
     return out
 
 
-async def changed_files(root: Path | str) -> dict[str, Any]:
+async def changed_files(root: Path | str) -> ChangesPage:
     """``GET .../changes``: the uncommitted changes under ``root``, newest first."""
     git = _Git(os.path.realpath(root))
     prefix = await git.prefix()
@@ -231,7 +229,7 @@ async def changed_files(root: Path | str) -> dict[str, Any]:
     return {"object": "list", "data": records[:MAX_CHANGES], "has_more": len(records) > MAX_CHANGES}
 
 
-async def file_diff(target: Target) -> dict[str, Any]:
+async def file_diff(target: Target) -> FileDiff:
     """``GET .../diff/{path}``: the file at ``HEAD`` and now, if git counts it as changed.
 
     Raises:

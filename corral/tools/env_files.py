@@ -40,8 +40,17 @@ import stat
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
+from ._replies import (
+    DirectoryPage,
+    Entry,
+    FileContent,
+    FileEdited,
+    FileWritten,
+    PathDeleted,
+    SearchPage,
+)
 from .os_tools import MAX_EDIT_BYTES, atomic_write
 from .paths import is_inside
 
@@ -188,7 +197,7 @@ def open_file(real: str, path: str) -> tuple[BinaryIO, os.stat_result]:
 # -- entries --------------------------------------------------------------------------------
 
 
-def _entry(root: str, rel: str, path: str) -> dict[str, Any]:
+def _entry(root: str, rel: str, path: str) -> Entry:
     """The entry at ``path`` (inside ``root``), reported as ``rel``.
 
     A symlink is described by its target when that lies inside the root; a link out of
@@ -214,9 +223,7 @@ def _entry(root: str, rel: str, path: str) -> dict[str, Any]:
     return _entry_dict(rel, name, kind, st.st_size if kind == "file" else None, int(st.st_mtime))
 
 
-def _entry_dict(
-    rel: str, name: str, kind: str, size: int | None, mtime: int | None
-) -> dict[str, Any]:
+def _entry_dict(rel: str, name: str, kind: str, size: int | None, mtime: int | None) -> Entry:
     return {
         "id": rel,
         "object": ENTRY_OBJECT,
@@ -228,7 +235,7 @@ def _entry_dict(
     }
 
 
-def _entry_size(entry: dict[str, Any]) -> int:
+def _entry_size(entry: Entry) -> int:
     # A bound, not an exact size: every character escaped at its widest.
     return 120 + 12 * (len(entry["path"]) + len(entry["name"]))
 
@@ -244,7 +251,7 @@ def list_or_read(
     order: str,
     after: str | None,
     before: str | None,
-) -> dict[str, Any]:
+) -> DirectoryPage | FileContent:
     """``GET .../filesystem[/{path}]``: a directory's page, or a file's content.
 
     Raises:
@@ -264,7 +271,7 @@ def list_or_read(
 
 def _list_dir(
     target: Target, path: str, *, limit: int, order: str, after: str | None, before: str | None
-) -> dict[str, Any]:
+) -> DirectoryPage:
     names: list[str] = []
     try:
         with os.scandir(target.real) as entries:
@@ -297,7 +304,7 @@ def _list_dir(
     start = start_at + 1 if start_at is not None else 0
     end = end_at if end_at is not None else len(names)
     positions = range(end - 1, start - 1, -1) if end_at is not None else range(start, end)
-    data: list[dict[str, Any]] = []
+    data: list[Entry] = []
     size = 0
     has_more = False
     for i in positions:
@@ -320,28 +327,28 @@ def _list_dir(
     }
 
 
-def _read_file(target: Target, path: str) -> dict[str, Any]:
+def _read_file(target: Target, path: str) -> FileContent:
     raw, _st = open_file(target.real, path)
     with raw:
         data = raw.read(MAX_READ_BYTES + 1)
     truncated = len(data) > MAX_READ_BYTES
     data = data[:MAX_READ_BYTES]
     text = _as_text(data, truncated)
-    answer: dict[str, Any] = {
+    kind = mimetypes.guess_type(target.rel)[0]
+    encoding: Literal["utf-8", "base64"]
+    if text is None:
+        content, size, encoding = base64.b64encode(data).decode(), len(data), "base64"
+    else:
+        content, size, encoding = text, len(text.encode()), "utf-8"
+    return {
         "object": "session.environment.filesystem.file_content",
         "path": target.rel,
-        "content_type": mimetypes.guess_type(target.rel)[0],
+        "content_type": kind,
+        "bytes": size,
+        "truncated": truncated,
+        "encoding": encoding,
+        "content": content,
     }
-    if text is None:
-        answer.update(
-            bytes=len(data),
-            truncated=truncated,
-            encoding="base64",
-            content=base64.b64encode(data).decode(),
-        )
-    else:
-        answer.update(bytes=len(text.encode()), truncated=truncated, encoding="utf-8", content=text)
-    return answer
 
 
 def _as_text(data: bytes, truncated: bool) -> str | None:
@@ -378,7 +385,7 @@ def open_download(root: Path | str, path: str) -> tuple[BinaryIO, str, int]:
 # -- write / edit / delete -------------------------------------------------------------------
 
 
-def write_file(root: Path | str, path: str, data: bytes, *, create_parents: bool) -> dict[str, Any]:
+def write_file(root: Path | str, path: str, data: bytes, *, create_parents: bool) -> FileWritten:
     """``PUT .../filesystem/{path}``: create or replace a file with ``data``."""
     target = resolve(root, path)
     if not target.rel:
@@ -415,7 +422,7 @@ def write_file(root: Path | str, path: str, data: bytes, *, create_parents: bool
 
 def edit_file(
     root: Path | str, path: str, old_text: str, new_text: str, *, replace_all: bool
-) -> dict[str, Any]:
+) -> FileEdited:
     """``PATCH .../filesystem/{path}``: replace ``old_text`` (once, unless ``replace_all``).
 
     Raises:
@@ -457,7 +464,7 @@ def edit_file(
     }
 
 
-def delete_path(root: Path | str, path: str, *, recursive: bool) -> dict[str, Any]:
+def delete_path(root: Path | str, path: str, *, recursive: bool) -> PathDeleted:
     """``DELETE .../filesystem/{path}``: a file, a symlink (not its target) or a directory.
 
     Raises:
@@ -600,7 +607,7 @@ def search(
     include: list[str] | None = None,
     exclude: list[str] | None = None,
     clock: Any = time.monotonic,
-) -> dict[str, Any]:
+) -> SearchPage:
     """``GET .../search[/{path}]?q=``: files and directories whose name or path contains
     ``query`` (case-insensitive), under ``path``, sorted by path.
 

@@ -54,16 +54,26 @@ import logging
 import mimetypes
 import os
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 import trio
 
+from .._jsonlines import JsonObject
 from ..routes import HttpRequest
 from . import env_changes, env_files
 from ._api import ProcessTracker, ToolError
+from ._replies import (
+    EnvironmentResource,
+    FileDiff,
+    Page,
+    PageParams,
+    Resource,
+    SearchPage,
+    ShellAnswer,
+)
 from .changed_files import ENVIRONMENT_ID
 from .env_files import FsError
 from .os_env import effective_os_env, unsupported_reason
@@ -171,7 +181,7 @@ def _flag(params: dict[str, str], name: str) -> bool:
     raise _bad_input(f"{name} must be true or false")
 
 
-def _body(request: HttpRequest) -> dict[str, Any]:
+def _body(request: HttpRequest) -> JsonObject:
     try:
         body = request.json()
     except (ValueError, UnicodeDecodeError):
@@ -183,7 +193,7 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return body
 
 
-def page_params(params: dict[str, str]) -> dict[str, Any]:
+def page_params(params: dict[str, str]) -> PageParams:
     """``limit`` (1 to 1000, default 20), ``order`` (``asc``/``desc``, default ``desc``),
     ``after`` and ``before`` of a list route, checked.
 
@@ -202,13 +212,13 @@ def page_params(params: dict[str, str]) -> dict[str, Any]:
 
 
 def page(
-    items: list[dict[str, Any]],
+    items: Sequence[Resource],
     *,
     limit: int = DEFAULT_PAGE_LIMIT,
     order: str = "desc",
     after: str | None = None,
     before: str | None = None,
-) -> dict[str, Any]:
+) -> Page:
     """A list page of resources by ``id``, as omnigent's runner pages in memory.
 
     ``desc`` reverses the list; ``after`` starts past its id, ``before`` ends before its id
@@ -233,7 +243,7 @@ def page(
     }
 
 
-def environment_resource(session_id: str) -> dict[str, Any]:
+def environment_resource(session_id: str) -> EnvironmentResource:
     """The ``session.resource`` of a session's ``default`` environment (as lists carry it)."""
     return {
         "id": ENVIRONMENT_ID,
@@ -258,12 +268,12 @@ class SessionSpecs:
 
     def __init__(self, dir: Path) -> None:
         self.dir = dir
-        self._known: dict[str, dict[str, Any]] = {}
+        self._known: dict[str, JsonObject] = {}
 
     def _path(self, session_id: str) -> Path:
         return self.dir / (hashlib.sha256(session_id.encode()).hexdigest()[:32] + ".json")
 
-    async def learn(self, session_id: str, spec: dict[str, Any]) -> None:
+    async def learn(self, session_id: str, spec: Mapping[str, object]) -> None:
         """Remember the ``os_env`` of ``spec`` (a tool call's) for ``session_id``."""
         os_env = spec.get("os_env")
         value = {"os_env": os_env} if os_env is not None else {}
@@ -272,14 +282,14 @@ class SessionSpecs:
         self._known[session_id] = value
         await trio.to_thread.run_sync(self._write, session_id, value)
 
-    def _write(self, session_id: str, value: dict[str, Any]) -> None:
+    def _write(self, session_id: str, value: JsonObject) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self._path(session_id)
         temp = path.with_suffix(".tmp")
         temp.write_text(json.dumps(value))
         os.replace(temp, path)
 
-    async def get(self, session_id: str) -> dict[str, Any]:
+    async def get(self, session_id: str) -> JsonObject:
         """The spec (``{"os_env": ...}`` or ``{}``) to resolve ``session_id``'s root with."""
         known = self._known.get(session_id)
         if known is None:
@@ -287,7 +297,7 @@ class SessionSpecs:
             self._known[session_id] = known
         return known
 
-    def _read(self, session_id: str) -> dict[str, Any]:
+    def _read(self, session_id: str) -> JsonObject:
         try:
             value = json.loads(self._path(session_id).read_text())
         except FileNotFoundError:
@@ -339,7 +349,7 @@ class Environments:
         """
         spec = await self.specs.get(session_id)
 
-        def resolve() -> dict[str, Any]:
+        def resolve() -> JsonObject:
             return effective_os_env(
                 spec,
                 workspace=self.workspace,
@@ -362,7 +372,7 @@ class Environments:
 
     async def answer(
         self, request: HttpRequest, session_id: str, rest: list[str]
-    ) -> tuple[int, dict[str, Any] | Download, bool]:
+    ) -> tuple[int, Mapping[str, object] | Download, bool]:
         """Answer a request whose path below ``.../resources/environments`` is ``rest``.
 
         Returns:
@@ -402,7 +412,7 @@ class Environments:
             return 200, await self._shell(session_id, _body(request)), True
         raise RouteError(404, "not_found", f"No route {method} {request.path} on this runner.")
 
-    async def _describe(self, session_id: str) -> dict[str, Any]:
+    async def _describe(self, session_id: str) -> EnvironmentResource:
         root = str(await self.root(session_id))
         resource = environment_resource(session_id)
         metadata = resource["metadata"]
@@ -434,7 +444,7 @@ class Environments:
         session_id: str,
         path: str,
         params: dict[str, str],
-    ) -> tuple[int, dict[str, Any] | Download, bool]:
+    ) -> tuple[int, Mapping[str, object] | Download, bool]:
         if method == "GET":
             paging = page_params(params)
             # The server sends ``scope=reach`` for a caller who may follow a link out of the
@@ -467,18 +477,18 @@ class Environments:
             if not isinstance(replace_all, bool):
                 raise _bad_input("replace_all must be true or false")
             root = await self.root(session_id)
-            result = await self._fs(
+            edited = await self._fs(
                 env_files.edit_file, root, path, old, new, replace_all=replace_all
             )
-            return 200, result, True
+            return 200, edited, True
         if method == "DELETE":
             recursive = _flag(params, "recursive")
             root = await self.root(session_id)
-            result = await self._fs(env_files.delete_path, root, path, recursive=recursive)
-            return 200, result, True
+            deleted = await self._fs(env_files.delete_path, root, path, recursive=recursive)
+            return 200, deleted, True
         raise _not_allowed(method)
 
-    async def _search(self, session_id: str, path: str, params: dict[str, str]) -> dict[str, Any]:
+    async def _search(self, session_id: str, path: str, params: dict[str, str]) -> SearchPage:
         query = params.get("q", "")
         if not query.strip():
             raise _bad_input("q must be a non-blank search text")
@@ -490,14 +500,14 @@ class Environments:
             env_files.search, root, path, query, limit=limit, include=include, exclude=exclude
         )
 
-    async def _diff(self, session_id: str, path: str) -> dict[str, Any]:
+    async def _diff(self, session_id: str, path: str) -> FileDiff:
         root = await self.root(session_id)
         target = await self._fs(env_files.resolve, root, path)
         if not target.rel:
             raise RouteError(400, "invalid_path", "Cannot diff the environment root")
         return await _git(env_changes.file_diff(target))
 
-    async def _shell(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _shell(self, session_id: str, body: Mapping[str, object]) -> ShellAnswer:
         command = body.get("command")
         if not isinstance(command, str) or not command.strip():
             raise _bad_input("'command' is required")
@@ -537,7 +547,7 @@ async def _git(work: Awaitable[_T]) -> _T:
         raise RouteError(exc.status, exc.code, exc.message) from None
 
 
-def _content(body: dict[str, Any]) -> bytes:
+def _content(body: Mapping[str, object]) -> bytes:
     content = body.get("content", "")
     if not isinstance(content, str):
         raise _bad_input("content must be a string")

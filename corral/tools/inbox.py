@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, TypedDict
 
 import trio
 
-from .._jsonlines import JsonLinesLog
+from .._jsonlines import JsonLinesLog, JsonObject
 from ._api import ToolContext, ToolSpec
 
 #: What a drain of an empty inbox returns (T-19).
@@ -73,12 +73,20 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def terminal_idle_item(terminal: str, session: str) -> dict[str, Any]:
+class TerminalIdle(TypedDict):
+    """The inbox item of a terminal that went quiet."""
+
+    type: Literal["terminal_idle"]
+    source: str
+    session: str
+
+
+def terminal_idle_item(terminal: str, session: str) -> TerminalIdle:
     """A well-formed ``terminal_idle`` inbox item: terminal ``terminal:session`` went quiet."""
     return {"type": "terminal_idle", "source": terminal, "session": session}
 
 
-def _terminal_idle_problem(item: dict[str, Any]) -> str | None:
+def _terminal_idle_problem(item: Mapping[str, object]) -> str | None:
     source = item.get("source")
     session = item.get("session")
     if not isinstance(source, str) or not source:
@@ -88,7 +96,7 @@ def _terminal_idle_problem(item: dict[str, Any]) -> str | None:
     return None
 
 
-def _render_sub_agent(item: dict[str, Any]) -> str:
+def _render_sub_agent(item: Mapping[str, object]) -> str:
     # S-15: the sub-agent forms name the child task and "<agent>:<title>".
     task = _as_text(item.get("task_id") or item.get("handle_id"))
     who = f"{_as_text(item.get('agent') or item.get('tool_name'))}:{_as_text(item.get('title'))}"
@@ -96,7 +104,7 @@ def _render_sub_agent(item: dict[str, Any]) -> str:
 
 
 def _task_line(
-    task: str, who: str, item: dict[str, Any], *, cancelled_names_who: bool = False
+    task: str, who: str, item: Mapping[str, object], *, cancelled_names_who: bool = False
 ) -> str:
     """One finished task's line: ``[System: <task> <status> — <who> returned: <output>]``
     and its cancelled, failed and no-output forms (T-17, S-15)."""
@@ -112,7 +120,7 @@ def _task_line(
     return f"[System: {task} {status} — {who} returned: {cap_output(output)}]"
 
 
-def render_item(item: dict[str, Any]) -> str:
+def render_item(item: Mapping[str, object]) -> str:
     """The line ``sys_read_inbox`` shows for one inbox item.
 
     Async-task items (``handle_id``, ``tool_name``, ``status``, ``output``) render as T-17
@@ -146,12 +154,12 @@ class Reviewed(NamedTuple):
     that could not answer: the model sees a placeholder now and the real item later).
     """
 
-    item: dict[str, Any]
+    item: Mapping[str, object]
     keep: bool = False
 
 
 #: Looks at each queued item during a drain; ``None`` renders the item unchanged.
-Review = Callable[[dict[str, Any]], Awaitable[Reviewed | None]]
+Review = Callable[[Mapping[str, object]], Awaitable[Reviewed | None]]
 
 
 @dataclass(slots=True)
@@ -160,7 +168,7 @@ class _SessionBox:
     log: JsonLinesLog
     lock: trio.Lock = field(default_factory=trio.Lock)
     #: Queued items by key, in push order.
-    queue: dict[str, dict[str, Any]] = field(default_factory=dict)
+    queue: dict[str, Mapping[str, object]] = field(default_factory=dict)
     #: Every retained key (queued or delivered), oldest first.
     seen: dict[str, None] = field(default_factory=dict)
     #: Recorded drain answers by call id, oldest first.
@@ -188,7 +196,7 @@ class Inbox:
         self._boxes: dict[str, _SessionBox] = {}
         self._open_lock = trio.Lock()
 
-    async def push(self, session_id: str, item: dict[str, Any], key: str) -> bool:
+    async def push(self, session_id: str, item: Mapping[str, object], key: str) -> bool:
         """Queue ``item`` for ``session_id`` unless ``key`` was pushed before.
 
         Returns True if queued, False if ``key`` was already seen (a redelivery). Durable
@@ -305,7 +313,7 @@ class Inbox:
             return
         delivered = [k for k in box.seen if k not in box.queue][-_KEEP_KEYS:]
         drains = list(box.drains.items())[-_KEEP_DRAINS:]
-        records: list[dict[str, Any]] = [_header(box.session_id)]
+        records: list[Mapping[str, object]] = [_header(box.session_id)]
         records.append({"op": "seen", "keys": delivered})
         records.extend({"op": "push", "key": k, "item": v} for k, v in box.queue.items())
         # A kept drain's items are gone already: only its answer matters now.
@@ -316,7 +324,14 @@ class Inbox:
         box.drains = dict(drains)
 
 
-def _header(session_id: str) -> dict[str, Any]:
+class _Header(TypedDict):
+    op: Literal["header"]
+    format: Literal["corral.inbox"]
+    version: int
+    session_id: str
+
+
+def _header(session_id: str) -> _Header:
     return {
         "op": "header",
         "format": "corral.inbox",
@@ -325,7 +340,7 @@ def _header(session_id: str) -> dict[str, Any]:
     }
 
 
-def _replay(box: _SessionBox, records: list[dict[str, Any]]) -> None:
+def _replay(box: _SessionBox, records: list[JsonObject]) -> None:
     for record in records:
         op = record.get("op")
         if op == "header":
@@ -360,7 +375,7 @@ def _replay(box: _SessionBox, records: list[dict[str, Any]]) -> None:
 NO_INBOX = "Error: async inbox not initialized for this session"
 
 
-async def _sys_read_inbox(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _sys_read_inbox(ctx: ToolContext, args: JsonObject) -> str:
     del args
     if ctx.inbox is None:
         return NO_INBOX

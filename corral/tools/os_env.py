@@ -36,11 +36,12 @@ import copy
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import trio
 
+from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError
 
 __all__ = [
@@ -91,7 +92,7 @@ def sanitize_conversation_id(conversation_id: str) -> str:
     return safe
 
 
-def clone_os_env(os_env: dict[str, Any]) -> dict[str, Any]:
+def clone_os_env(os_env: JsonObject) -> JsonObject:
     """A field-complete, unshared copy of an ``os_env`` mapping (T-11).
 
     Every key is kept, unknown ones included; lists and nested mappings (the sandbox) are
@@ -101,12 +102,12 @@ def clone_os_env(os_env: dict[str, Any]) -> dict[str, Any]:
 
 
 def effective_os_env(
-    spec: dict[str, Any],
+    spec: Mapping[str, object],
     *,
     workspace: Path | None,
     conversation_id: str,
     os_env_root: Path,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The OS env the session's tools run in, with a concrete absolute ``cwd`` (T-05 to T-11).
 
     Args:
@@ -144,7 +145,7 @@ def effective_os_env(
     return env
 
 
-def unsupported_reason(env: dict[str, Any]) -> str | None:
+def unsupported_reason(env: Mapping[str, object]) -> str | None:
     """Why this runner cannot honour an effective OS env, or None when it can.
 
     Running a tool with less isolation than the spec asked for is an escape, so a spec

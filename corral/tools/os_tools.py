@@ -57,14 +57,16 @@ import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
 from .._child_env import base_env
+from .._jsonlines import JsonObject
 from ._api import ProcessTracker, ToolContext, ToolError, ToolSpec
+from ._replies import EditResult, ReadResult, ShellResult, WriteResult
 from .os_env import effective_cwd, effective_cwd_sync
 from .paths import is_inside, resolve_inside
 
@@ -116,7 +118,7 @@ async def in_thread(fn: Callable[..., _T], *args: Any) -> _T:
 # -- arguments ------------------------------------------------------------------------------
 
 
-def _str_arg(args: dict[str, Any], *names: str, allow_empty: bool = False) -> str:
+def _str_arg(args: Mapping[str, object], *names: str, allow_empty: bool = False) -> str:
     """The first of ``names`` present in ``args`` (later names are aliases), as a string."""
     for name in names:
         if name in args and args[name] is not None:
@@ -128,7 +130,7 @@ def _str_arg(args: dict[str, Any], *names: str, allow_empty: bool = False) -> st
     raise ToolError(f"missing required argument {names[0]!r}")
 
 
-def _int_arg(args: dict[str, Any], name: str, default: int | None) -> int | None:
+def _int_arg(args: Mapping[str, object], name: str, default: int | None) -> int | None:
     value = args.get(name)
     if value is None:
         return default
@@ -137,7 +139,7 @@ def _int_arg(args: dict[str, Any], name: str, default: int | None) -> int | None
     return value
 
 
-def _timeout_arg(args: dict[str, Any], ctx: ToolContext) -> float:
+def _timeout_arg(args: Mapping[str, object], ctx: ToolContext) -> float:
     value = args.get("timeout", args.get("timeout_s"))
     if value is None:
         requested = DEFAULT_SHELL_TIMEOUT_S
@@ -194,7 +196,7 @@ def _binary_error(path: str) -> ToolError:
     return ToolError(f"{path!r} is a binary file; sys_os_read and sys_os_edit handle text only")
 
 
-def _read_sync(cwd: Path, path: str, offset: int, limit: int, cap: int) -> dict[str, Any]:
+def _read_sync(cwd: Path, path: str, offset: int, limit: int, cap: int) -> ReadResult:
     target = resolve_inside(cwd, path)
     fd, _st = _open_regular(target, path)
     with os.fdopen(fd, "rb") as raw:
@@ -237,7 +239,7 @@ def _read_sync(cwd: Path, path: str, offset: int, limit: int, cap: int) -> dict[
         returned = taken + (1 if last and not last.endswith(b"\n") and line >= offset else 0)
     else:
         returned = stopped_at - offset + (1 if cut else 0)
-    result: dict[str, Any] = {
+    result: ReadResult = {
         "path": str(target),
         "content": "".join(parts),
         "encoding": "utf-8",
@@ -304,7 +306,7 @@ def _existing(target: Path, path: str) -> os.stat_result | None:
     return st
 
 
-def _write_sync(cwd: Path, path: str, content: str) -> dict[str, Any]:
+def _write_sync(cwd: Path, path: str, content: str) -> WriteResult:
     target = resolve_inside(cwd, path)
     before = _existing(target, path)
     if before is None:
@@ -317,7 +319,7 @@ def _write_sync(cwd: Path, path: str, content: str) -> dict[str, Any]:
     return {"path": path, "created": before is None, "bytes_written": len(data)}
 
 
-def _edit_sync(cwd: Path, path: str, old: str, new: str, replace_all: bool) -> dict[str, Any]:
+def _edit_sync(cwd: Path, path: str, old: str, new: str, replace_all: bool) -> EditResult:
     target = resolve_inside(cwd, path)
     fd, st = _open_regular(target, path)
     with os.fdopen(fd, "rb") as raw:
@@ -345,9 +347,9 @@ def _edit_sync(cwd: Path, path: str, old: str, new: str, replace_all: bool) -> d
 
 
 async def _run_file_op(
-    fn: Callable[..., dict[str, Any]], ctx: ToolContext, path: str, *rest: Any
+    fn: Callable[..., Mapping[str, object]], ctx: ToolContext, path: str, *rest: Any
 ) -> str:
-    def run() -> dict[str, Any]:
+    def run() -> Mapping[str, object]:
         cwd = effective_cwd_sync(ctx)  # OSError here is already a ToolError
         try:
             return fn(cwd, path, *rest)
@@ -357,7 +359,7 @@ async def _run_file_op(
     return _output(**await in_thread(run))
 
 
-async def sys_os_read(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def sys_os_read(ctx: ToolContext, args: JsonObject) -> str:
     """Read a text file in the working directory (T-03)."""
     path = _str_arg(args, "path")
     offset = _int_arg(args, "offset", 1)
@@ -365,14 +367,14 @@ async def sys_os_read(ctx: ToolContext, args: dict[str, Any]) -> str:
     return await _run_file_op(_read_sync, ctx, path, offset, limit, ctx.max_output_chars)
 
 
-async def sys_os_write(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def sys_os_write(ctx: ToolContext, args: JsonObject) -> str:
     """Create or overwrite a file in the working directory (T-01)."""
     path = _str_arg(args, "path")
     content = _str_arg(args, "content", allow_empty=True)
     return await _run_file_op(_write_sync, ctx, path, content)
 
 
-async def sys_os_edit(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def sys_os_edit(ctx: ToolContext, args: JsonObject) -> str:
     """Replace ``oldText`` with ``newText`` in a file of the working directory (T-02)."""
     path = _str_arg(args, "path")
     old = _str_arg(args, "oldText", "old_string")
@@ -522,7 +524,7 @@ async def run_shell(
     timeout_s: float,
     max_output_chars: int,
     processes: ProcessTracker | None = None,
-) -> dict[str, Any]:
+) -> ShellResult:
     """Run ``command`` with bash in ``cwd`` and its own process group; see the module doc.
 
     The environment is the host's allow-listed one (no secrets: the command is the model's).
@@ -579,7 +581,7 @@ async def run_shell(
     }
 
 
-async def sys_os_shell(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def sys_os_shell(ctx: ToolContext, args: JsonObject) -> str:
     """Run a shell command in the working directory (T-04)."""
     command = _str_arg(args, "command")
     timeout_s = _timeout_arg(args, ctx)

@@ -35,8 +35,10 @@ Grants, read from the spec dict (``spec_to_dict``):
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Mapping
+from typing import Literal, TypedDict
 
+from .._jsonlines import JsonObject
 from . import async_calls, os_tools, session_tools, terminals
 from ._api import ToolSpec
 
@@ -129,33 +131,33 @@ def not_enabled_error(name: str) -> str:
 # -- grants ---------------------------------------------------------------------------------
 
 
-def _non_empty(value: Any) -> bool:
+def _non_empty(value: object) -> bool:
     return isinstance(value, list | dict) and len(value) > 0
 
 
-def declares_terminals(spec: dict[str, Any]) -> bool:
+def declares_terminals(spec: Mapping[str, object]) -> bool:
     """Whether the spec has a non-empty ``terminals:`` block (P-27)."""
     return _non_empty(spec.get("terminals"))
 
 
-def grants_spawn(spec: dict[str, Any]) -> bool:
+def grants_spawn(spec: Mapping[str, object]) -> bool:
     """Whether the spec says ``spawn: true`` (P-24)."""
     return spec.get("spawn") is True
 
 
-def grants_send(spec: dict[str, Any]) -> bool:
+def grants_send(spec: Mapping[str, object]) -> bool:
     """Whether the spec may drive sub-agents: ``tools.agents`` non-empty, or ``spawn: true``."""
     tools = spec.get("tools")
     declared = isinstance(tools, dict) and _non_empty(tools.get("agents"))
     return declared or grants_spawn(spec)
 
 
-def sharing_enabled(spec: dict[str, Any]) -> bool:
+def sharing_enabled(spec: Mapping[str, object]) -> bool:
     """Whether ``agent_session_sharing`` is ``non-public`` or ``public`` (P-05)."""
     return spec.get("agent_session_sharing") in ("non-public", "public")
 
 
-def _withheld(spec: dict[str, Any]) -> frozenset[str]:
+def _withheld(spec: Mapping[str, object]) -> frozenset[str]:
     """Runner-local tools this spec does not grant."""
     withheld: set[str] = set()
     if not declares_terminals(spec):
@@ -167,7 +169,7 @@ def _withheld(spec: dict[str, Any]) -> frozenset[str]:
     return frozenset(withheld)
 
 
-def relayed_builtins(spec: dict[str, Any]) -> set[str]:
+def relayed_builtins(spec: Mapping[str, object]) -> set[str]:
     """The built-in tools relayed to a native harness for this spec (P-23 to P-27).
 
     The P-23 set always; ``sys_session_send``/``sys_session_close`` with the send grant and
@@ -205,13 +207,23 @@ def all_tools() -> dict[str, ToolSpec]:
     return table
 
 
-def tool_table(spec: dict[str, Any]) -> dict[str, ToolSpec]:
+def tool_table(spec: Mapping[str, object]) -> dict[str, ToolSpec]:
     """The tools the runner runs for a session with this spec (``{}``: spec unknown)."""
     withheld = _withheld(spec)
     return {name: tool for name, tool in all_tools().items() if name not in withheld}
 
 
-def tool_schemas(spec: dict[str, Any]) -> list[dict[str, Any]]:
+class FunctionTool(TypedDict):
+    """A runner-local tool as a harness is offered it."""
+
+    type: Literal["function"]
+    name: str
+    description: str
+    #: JSON schema of the arguments object.
+    parameters: JsonObject
+
+
+def tool_schemas(spec: Mapping[str, object]) -> list[FunctionTool]:
     """Function-tool schemas for a harness that runs its tools through the runner.
 
     Each is ``{"type": "function", "name", "description", "parameters"}``. These are the

@@ -21,11 +21,11 @@ them out of advertised schemas so models are not offered tools that always fail.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
+from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError, ToolFamily, ToolSpec
 from .os_env import effective_cwd
 from .paths import download_destination, resolve_inside
@@ -44,7 +44,7 @@ def not_available(name: str) -> ToolError:
     return ToolError(f"{name} is not available on this runner yet")
 
 
-def _optional_text(args: dict[str, Any], name: str) -> str | None:
+def _optional_text(args: Mapping[str, object], name: str) -> str | None:
     """``args[name]`` as a string; absent, null and empty all mean "not given"."""
     value = args.get(name)
     if value is None or value == "":
@@ -54,7 +54,7 @@ def _optional_text(args: dict[str, Any], name: str) -> str | None:
     return value
 
 
-async def sys_agent_download(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def sys_agent_download(ctx: ToolContext, args: JsonObject) -> str:
     """Download a session's agent bundle into the working directory (S-44; gates P-20, P-21)."""
     dest = args.get("dest_filename")
     if dest is not None:
@@ -63,7 +63,7 @@ async def sys_agent_download(ctx: ToolContext, args: dict[str, Any]) -> str:
     raise not_available("sys_agent_download")
 
 
-async def sys_session_create(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def sys_session_create(ctx: ToolContext, args: JsonObject) -> str:
     """Create a child session from an agent id or a local config (S-38, S-39; gates S-40, P-22)."""
     agent_id = _optional_text(args, "agent_id")
     config_path = _optional_text(args, "config_path")
@@ -81,11 +81,11 @@ async def sys_session_create(ctx: ToolContext, args: dict[str, Any]) -> str:
     raise not_available("sys_session_create")
 
 
-_Run = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+_Run = Callable[[ToolContext, JsonObject], Awaitable[str]]
 
 
 def _pending(name: str) -> _Run:
-    async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
+    async def run(ctx: ToolContext, args: JsonObject) -> str:
         raise not_available(name)
 
     run.__name__ = name
@@ -93,21 +93,21 @@ def _pending(name: str) -> _Run:
     return run
 
 
-def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
+def _object(properties: JsonObject, required: tuple[str, ...] = ()) -> JsonObject:
+    schema: JsonObject = {"type": "object", "properties": properties}
     if required:
         schema["required"] = list(required)
     return schema
 
 
-def _text(description: str) -> dict[str, Any]:
+def _text(description: str) -> JsonObject:
     return {"type": "string", "description": description}
 
 
 _SESSION_ID = _text("Id of the session.")
 
 # name, family, description, parameters, gated implementation (None: not available yet)
-_DEFINITIONS: list[tuple[str, ToolFamily, str, dict[str, Any], _Run | None]] = [
+_DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
     (
         "sys_session_list",
         "session",

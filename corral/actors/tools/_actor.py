@@ -42,16 +42,19 @@ from __future__ import annotations
 import json
 import logging
 import urllib.parse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import trio
 
+from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
 from ...tools import registry
 from ...tools._api import ToolContext, ToolError, ToolStatus
+from ...tools._replies import Resource
 from ...tools.async_calls import AsyncCalls
 from ...tools.calls import CallLog
 from ...tools.changed_files import ChangedFilesSignal, changed_files_event
@@ -88,6 +91,8 @@ ROUTE_BROKE = "The request failed on the runner; see runner logs for details."
 MAX_HTTP_JOBS = 16
 #: Bytes of a download per HttpChunk message.
 DOWNLOAD_CHUNK = 256 * 1024
+
+_R = TypeVar("_R", bound=Resource)
 
 
 class ToolsOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -236,16 +241,16 @@ class ToolsActor(Actor):
             await self.changed.maybe_signal(ctx.session_id, ctx.publish)
         return output, "completed"
 
-    async def _publish(self, session_id: str, event: dict[str, Any]) -> None:
+    async def _publish(self, session_id: str, event: Mapping[str, object]) -> None:
         await self.peer.cast(
             self.options.dispatch,
-            PublishEvents(session_id=session_id, events=[event]),
+            PublishEvents(session_id=session_id, events=[dict(event)]),
             durable=True,
             session_id=session_id,
         )
 
     def _context(self, msg: ToolExec) -> ToolContext:
-        async def publish(event: dict[str, Any]) -> None:
+        async def publish(event: Mapping[str, object]) -> None:
             await self._publish(msg.session_id, event)
 
         ctx = ToolContext(
@@ -264,7 +269,7 @@ class ToolsActor(Actor):
             max_output_chars=self.options.max_output_chars,
         )
 
-        async def run_tool(name: str, args: dict[str, Any]) -> str:
+        async def run_tool(name: str, args: JsonObject) -> str:
             output, _status = await self._run(ctx, name, json.dumps(args))
             return output
 
@@ -356,7 +361,7 @@ class ToolsActor(Actor):
         if method != "GET" or len(rest) > 1:
             raise RouteError(404, "not_found", f"No route {msg.method} {msg.path} on this runner.")
         terminals = await self.terminals.list_resources(session_id)
-        resources = [environment_resource(session_id), *terminals]
+        resources: list[Resource] = [environment_resource(session_id), *terminals]
         if not rest:
             return json_response(200, page(resources, **page_params(query_params(msg.query))))
         return json_response(200, _find(resources, urllib.parse.unquote(rest[0]), "Resource"))
@@ -399,7 +404,7 @@ class ProcessGroups:
         (self.dir / f"{pid}.pid").unlink(missing_ok=True)
 
 
-def _find(resources: list[dict[str, Any]], resource_id: str, what: str) -> dict[str, Any]:
+def _find(resources: Sequence[_R], resource_id: str, what: str) -> _R:
     for resource in resources:
         if resource["id"] == resource_id:
             return resource

@@ -9,17 +9,28 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from ..._child_env import base_env
 from .._api import ToolContext, ToolError
 from ..os_env import effective_cwd
-from ._resources import TerminalInstance, deleted_event, resource_id, resource_view
+from ._resources import (
+    Launched,
+    ListedSession,
+    ListedTerminal,
+    Listing,
+    ResourceDeleted,
+    Screen,
+    TerminalInstance,
+    TerminalResource,
+    deleted_event,
+    resource_id,
+    resource_view,
+)
 from ._spec import TerminalDef, _check_session, _check_terminal, _declared, parse_terminals
 from ._tmux import _TMUX_CONF, _Pane, _private_dir, _socket_dir_for
 from ._upkeep import Upkeep
@@ -28,7 +39,7 @@ log = logging.getLogger("corral.tools.terminals")
 
 
 #: Publishes one event on a session's stream: ``(session_id, event)``.
-SessionPublish = Callable[[str, dict[str, Any]], Awaitable[None]]
+SessionPublish = Callable[[str, Mapping[str, object]], Awaitable[None]]
 
 #: The web-attach transport a terminal reports when its spec entry names none (T-14).
 DEFAULT_TRANSPORT = "control"
@@ -115,7 +126,7 @@ class Terminals(Upkeep):
 
     # -- operations -----------------------------------------------------------------------
 
-    async def launch(self, ctx: ToolContext, terminal: str, session: str) -> dict[str, Any]:
+    async def launch(self, ctx: ToolContext, terminal: str, session: str) -> Launched:
         """Launch ``terminal`` (declared in ``ctx.spec``) under ``session`` for ``ctx``'s
         conversation, in ``ctx``'s workspace.
 
@@ -129,16 +140,16 @@ class Terminals(Upkeep):
         conversation_id = ctx.session_id
         socket = self._socket_for(conversation_id, terminal)
         key = (conversation_id, terminal, session)
-        answer = {
-            "terminal": terminal,
-            "session": session,
-            "resource_id": resource_id(terminal, session),
-        }
         async with self._lock(socket):
             pane = (await self._panes(socket)).get(session)
             if pane is not None and not pane.dead:
                 self._launched.setdefault(key, self._new_launched(key, socket, tdef))
-                return {**answer, "status": "already_running"}
+                return Launched(
+                    terminal=terminal,
+                    session=session,
+                    resource_id=resource_id(terminal, session),
+                    status="already_running",
+                )
             cwd = await self._cwd(ctx, tdef)
             env_flags = [arg for k, v in tdef.env for arg in ("-e", f"{k}={v}")]
             unset = [arg for k in tdef.env_unset for arg in ("-u", k)]
@@ -163,7 +174,13 @@ class Terminals(Upkeep):
             await ctx.publish(
                 {"type": "session.resource.created", "resource": resource_view(instance)}
             )
-        return {**answer, "status": "launched", "cwd": str(cwd)}
+        return Launched(
+            terminal=terminal,
+            session=session,
+            resource_id=resource_id(terminal, session),
+            status="launched",
+            cwd=str(cwd),
+        )
 
     async def lookup(
         self, conversation_id: str, terminal: str, session: str
@@ -224,7 +241,7 @@ class Terminals(Upkeep):
         *,
         lines: int = DEFAULT_READ_LINES,
         max_chars: int = 100_000,
-    ) -> dict[str, Any]:
+    ) -> Screen:
         """The screen and up to ``lines`` lines of scrollback, capped at ``max_chars``.
 
         Returns ``{"terminal", "session", "running", "output"}``; a capped output keeps the
@@ -242,7 +259,7 @@ class Terminals(Upkeep):
             text = f"...[truncated {cut} chars]\n{text[cut:]}"
         return {"terminal": terminal, "session": session, "running": not pane.dead, "output": text}
 
-    async def list_terminals(self, ctx: ToolContext) -> dict[str, Any]:
+    async def list_terminals(self, ctx: ToolContext) -> Listing:
         """The terminals the spec declares and the launched ones of ``ctx``'s conversation."""
         declared = parse_terminals(ctx.spec.get("terminals"))
         live = {
@@ -250,10 +267,10 @@ class Terminals(Upkeep):
             for r in await self.list_resources(ctx.session_id)
         }
         names = [*declared, *(t for t, _ in live if t not in declared)]
-        terminals = []
+        terminals: list[ListedTerminal] = []
         for name in dict.fromkeys(names):
             tdef = declared.get(name)
-            sessions = [
+            sessions: list[ListedSession] = [
                 {
                     "session": s,
                     "running": r["metadata"]["running"],
@@ -289,11 +306,11 @@ class Terminals(Upkeep):
                 await self._tmux(launched.socket, "kill-session", "-t", f"={session}")
         return True
 
-    async def list_resources(self, conversation_id: str) -> list[dict[str, Any]]:
+    async def list_resources(self, conversation_id: str) -> list[TerminalResource]:
         """Resource views of ``conversation_id``'s terminals, in launch order (§ii.5)."""
         launched = [v for k, v in self._launched.items() if k[0] == conversation_id]
         panes_by_socket: dict[Path, dict[str, _Pane]] = {}
-        views: list[dict[str, Any]] = []
+        views: list[TerminalResource] = []
         for item in launched:
             if item.socket not in panes_by_socket:
                 panes_by_socket[item.socket] = await self._panes(item.socket)
@@ -304,7 +321,7 @@ class Terminals(Upkeep):
             views.append(resource_view(self._instance(item, pane)))
         return views
 
-    async def close_all(self, conversation_id: str) -> list[dict[str, Any]]:
+    async def close_all(self, conversation_id: str) -> list[ResourceDeleted]:
         """Close every terminal of ``conversation_id``; returns their deletion events."""
         keys = [k for k in self._launched if k[0] == conversation_id]
         sockets = {self._launched[k].socket for k in keys}

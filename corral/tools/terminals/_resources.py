@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 
 def resource_id(terminal: str, session: str) -> str:
@@ -27,7 +27,81 @@ class TerminalInstance:
     transport: str
 
 
-def resource_view(instance: TerminalInstance) -> dict[str, Any]:
+class TerminalMetadata(TypedDict):
+    """``metadata`` of a terminal's ``session.resource``."""
+
+    terminal_name: str
+    session_key: str
+    running: bool
+    tmux_socket: str
+    tmux_target: str
+    terminal_transport: str
+
+
+class TerminalResource(TypedDict):
+    """A terminal's ``session.resource`` object."""
+
+    id: str
+    object: Literal["session.resource"]
+    type: Literal["terminal"]
+    session_id: str
+    name: str
+    metadata: TerminalMetadata
+    environment: str
+
+
+class ResourceDeleted(TypedDict):
+    """The ``session.resource.deleted`` event of a terminal."""
+
+    type: Literal["session.resource.deleted"]
+    resource_id: str
+    resource_type: Literal["terminal"]
+    session_id: str
+
+
+class Launched(TypedDict):
+    """What ``sys_terminal_launch`` answers; ``cwd`` only when it started the command."""
+
+    terminal: str
+    session: str
+    resource_id: str
+    status: Literal["launched", "already_running"]
+    cwd: NotRequired[str]
+
+
+class Screen(TypedDict):
+    """What ``sys_terminal_read`` answers."""
+
+    terminal: str
+    session: str
+    running: bool
+    output: str
+
+
+class ListedSession(TypedDict):
+    """A launched session of a terminal in ``sys_terminal_list``."""
+
+    session: str
+    running: bool
+    resource_id: str
+
+
+class ListedTerminal(TypedDict):
+    """A terminal in ``sys_terminal_list``: declared by the spec, launched, or both."""
+
+    terminal: str
+    command: list[str] | None
+    declared: bool
+    sessions: list[ListedSession]
+
+
+class Listing(TypedDict):
+    """What ``sys_terminal_list`` answers."""
+
+    terminals: list[ListedTerminal]
+
+
+def resource_view(instance: TerminalInstance) -> TerminalResource:
     """The ``session.resource`` object of a terminal, as REST lists and events carry it."""
     t, s = instance.terminal, instance.session
     return {
@@ -48,7 +122,7 @@ def resource_view(instance: TerminalInstance) -> dict[str, Any]:
     }
 
 
-def deleted_event(conversation_id: str, terminal: str, session: str) -> dict[str, Any]:
+def deleted_event(conversation_id: str, terminal: str, session: str) -> ResourceDeleted:
     """The ``session.resource.deleted`` event of a closed terminal (T-16)."""
     return {
         "type": "session.resource.deleted",

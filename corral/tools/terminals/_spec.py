@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,7 +152,7 @@ def _check_session(session: str) -> None:
         )
 
 
-def _declared(spec: dict[str, Any], terminal: str) -> TerminalDef:
+def _declared(spec: Mapping[str, object], terminal: str) -> TerminalDef:
     declared = parse_terminals(spec.get("terminals"))
     tdef = declared.get(terminal)
     if tdef is None:

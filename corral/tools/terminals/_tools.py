@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
 
+from ..._jsonlines import JsonObject
 from .._api import ToolContext, ToolError, ToolSpec
 from ._manager import DEFAULT_READ_LINES, MAX_READ_LINES, Terminals
 from ._resources import deleted_event
@@ -15,14 +16,13 @@ DEFAULT_SESSION = "main"
 
 
 def _manager(ctx: ToolContext) -> Terminals:
-    # ``ctx.terminals`` is the field; ``extra["terminals"]`` is accepted as well.
-    manager = ctx.terminals if ctx.terminals is not None else ctx.extra.get("terminals")
+    manager = ctx.terminals
     if not isinstance(manager, Terminals):
         raise ToolError("terminals are not available in this runner")
     return manager
 
 
-def _names(args: dict[str, Any]) -> tuple[str, str]:
+def _names(args: Mapping[str, object]) -> tuple[str, str]:
     terminal = args.get("terminal")
     if not isinstance(terminal, str) or not terminal:
         raise ToolError('"terminal" is required: the name of a terminal from the agent spec')
@@ -34,12 +34,12 @@ def _names(args: dict[str, Any]) -> tuple[str, str]:
     return terminal, session
 
 
-async def _launch(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _launch(ctx: ToolContext, args: JsonObject) -> str:
     terminal, session = _names(args)
     return json.dumps(await _manager(ctx).launch(ctx, terminal, session))
 
 
-async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _send(ctx: ToolContext, args: JsonObject) -> str:
     terminal, session = _names(args)
     text = args.get("text") or ""
     keys = args.get("keys") or []
@@ -58,7 +58,7 @@ async def _send(ctx: ToolContext, args: dict[str, Any]) -> str:
     return json.dumps({"terminal": terminal, "session": session, "status": "sent"})
 
 
-async def _read(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _read(ctx: ToolContext, args: JsonObject) -> str:
     terminal, session = _names(args)
     lines = args.get("lines", DEFAULT_READ_LINES)
     if isinstance(lines, bool) or not isinstance(lines, int) or not 1 <= lines <= MAX_READ_LINES:
@@ -69,12 +69,12 @@ async def _read(ctx: ToolContext, args: dict[str, Any]) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
-async def _list(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _list(ctx: ToolContext, args: JsonObject) -> str:
     del args
     return json.dumps(await _manager(ctx).list_terminals(ctx))
 
 
-async def _close(ctx: ToolContext, args: dict[str, Any]) -> str:
+async def _close(ctx: ToolContext, args: JsonObject) -> str:
     terminal, session = _names(args)
     _check_terminal(terminal)
     _check_session(session)

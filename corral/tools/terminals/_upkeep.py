@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from .._api import ToolError
-from ._resources import deleted_event, resource_id
+from ._resources import ResourceDeleted, deleted_event, resource_id
 from ._tmux import TmuxServers, _private_dir
 
 if TYPE_CHECKING:
@@ -40,9 +40,9 @@ class Upkeep(TmuxServers):
 
     if TYPE_CHECKING:
 
-        async def close_all(self, conversation_id: str) -> list[dict[str, Any]]: ...
+        async def close_all(self, conversation_id: str) -> list[ResourceDeleted]: ...
 
-    async def start(self) -> list[tuple[str, dict[str, Any]]]:
+    async def start(self) -> list[tuple[str, ResourceDeleted]]:
         """Start-up: kill the servers of an earlier incarnation (once; later calls do nothing).
 
         Publishes their deletions through ``publish`` when there is one, and returns them as
@@ -74,7 +74,7 @@ class Upkeep(TmuxServers):
             await trio.sleep(self.activity_poll_s)
             await self._poll_activity()
 
-    async def cleanup_stale(self) -> list[tuple[str, dict[str, Any]]]:
+    async def cleanup_stale(self) -> list[tuple[str, ResourceDeleted]]:
         """Kill the tmux servers an earlier incarnation left behind.
 
         Returns ``(conversation_id, session.resource.deleted event)`` for every terminal
@@ -85,7 +85,7 @@ class Upkeep(TmuxServers):
         _private_dir(self.socket_dir)  # never trust what is in a shared /tmp
         ours = {launched.socket for launched in self._launched.values()}
         stems = {p.stem for p in self.socket_dir.iterdir() if p.suffix in (".sock", ".json")}
-        events: list[tuple[str, dict[str, Any]]] = []
+        events: list[tuple[str, ResourceDeleted]] = []
         for stem in sorted(stems):
             socket = self.socket_dir / f"{stem}.sock"
             if socket in ours:
