@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,6 +27,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from .._jsonlines import JsonObject
 from ..config import resolve_state_dir
 from ..instance import Instance
 from ..journal import InvalidCursorError, InvalidIdError, RunJournal
@@ -115,15 +116,15 @@ def ls_command(session: str | None, state_dir: Path | None, as_json: bool) -> No
             )
     else:
         table = Table("run", "events", "last seq", "state", "runtime model", "updated")
-        for row in data["runs"]:
-            model = row["runtime_model"]
+        for run in data["runs"]:
+            model = run["runtime_model"]
             table.add_row(
-                row["run_id"],
-                str(row["event_count"]),
-                str(row["last_seq"]),
-                row["terminal_state"],
+                run["run_id"],
+                str(run["event_count"]),
+                str(run["last_seq"]),
+                run["terminal_state"],
                 str(model.get("model")) if isinstance(model, dict) else "-",
-                _when(row["updated_at"]),
+                _when(run["updated_at"]),
             )
     console.print(table)
 
@@ -265,8 +266,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _printer(as_json: bool, *, with_run: bool) -> Any:
-    def show(record: dict[str, Any]) -> None:
+def _printer(as_json: bool, *, with_run: bool) -> Callable[[JsonObject], None]:
+    def show(record: JsonObject) -> None:
         if as_json:
             sys.stdout.write(json.dumps(record) + "\n")
             return
@@ -294,7 +295,7 @@ class _RunFollower:
         self.inode: int | None = None
         self.last_seq = 0
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[JsonObject]:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -320,7 +321,7 @@ class _RunFollower:
         return records
 
 
-def _decode(line: bytes) -> dict[str, Any] | None:
+def _decode(line: bytes) -> JsonObject | None:
     if not line.strip():
         return None
     try:
@@ -334,7 +335,7 @@ def _decode(line: bytes) -> dict[str, Any] | None:
 
 def _follow(
     journal: RunJournal, session_id: str, run_id: str | None, backlog: int, interval: float
-) -> Iterator[list[dict[str, Any]]]:
+) -> Iterator[list[JsonObject]]:
     """Yield batches of new records forever: first the backlog, then each look's finds."""
     followers: dict[str, _RunFollower] = {}
 
@@ -346,7 +347,7 @@ def _follow(
         except OSError:
             return []
 
-    def look() -> list[dict[str, Any]]:
+    def look() -> list[JsonObject]:
         found = []
         for rid in discover():
             follower = followers.get(rid)
@@ -365,6 +366,6 @@ def _follow(
             yield batch
 
 
-def _created_at(record: dict[str, Any]) -> float:
+def _created_at(record: JsonObject) -> float:
     value = record.get("created_at")
     return float(value) if isinstance(value, int | float) else 0.0

@@ -20,6 +20,14 @@ from ._records import ID_PATTERN as ID_PATTERN
 from ._records import is_stream_event as is_stream_event
 from ._records import terminal_state_for as terminal_state_for
 from ._retention import RetentionReport as RetentionReport
+from ._shapes import Listing as Listing
+from ._shapes import Malformed as Malformed
+from ._shapes import Replay as Replay
+from ._shapes import RunRow as RunRow
+from ._shapes import SessionPayload as SessionPayload
+from ._shapes import SessionRow as SessionRow
+from ._shapes import Snapshot as Snapshot
+from ._shapes import Summary as Summary
 from ._store import JournalStatistics as JournalStatistics
 from ._store import RunJournal as RunJournal
 from ._writer import JournalWriter as JournalWriter

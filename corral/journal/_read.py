@@ -11,12 +11,14 @@ import contextlib
 import gc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 
+from .._jsonlines import JsonObject
 from ._errors import InvalidCursorError
 from ._records import COMPACTED_EVENT, decode_line, parse_event_id, probe_ids, probe_seq
+from ._shapes import Malformed, Replay
 
 # How much of an unreadable line a malformed report quotes.
 _RAW_QUOTE = 200
@@ -28,7 +30,7 @@ class _Line:
     __slots__ = ("number", "raw", "record", "seq", "size")
 
     def __init__(
-        self, number: int, size: int, seq: int, raw: bytes | None, record: dict[str, Any] | None
+        self, number: int, size: int, seq: int, raw: bytes | None, record: JsonObject | None
     ) -> None:
         self.number = number
         self.size = size
@@ -36,7 +38,7 @@ class _Line:
         self.raw = raw
         self.record = record
 
-    def decoded(self) -> dict[str, Any] | str:
+    def decoded(self) -> JsonObject | str:
         # The record, or why it is not one: the seq probe skips the rest of the line
         # unchecked, so a line it accepted can still fail here (invalid UTF-8, say).
         if self.record is None:
@@ -47,7 +49,7 @@ class _Line:
             self.record = value
         return self.record
 
-    def malformed(self, reason: str) -> dict[str, Any]:
+    def malformed(self, reason: str) -> Malformed:
         raw = (self.raw or b"")[:_RAW_QUOTE].decode("utf-8", "replace")
         return {"line": self.number, "reason": reason, "raw": raw}
 
@@ -74,7 +76,7 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _decode_all(data: bytes) -> tuple[list[dict[str, Any]], bool] | None:
+def _decode_all(data: bytes) -> tuple[list[JsonObject], bool] | None:
     # The fast path: msgspec decodes every line in one call. It applies only when each
     # complete line is exactly one record (no blank, multi-line or malformed lines);
     # otherwise the caller goes line by line to report what is wrong and where.
@@ -94,7 +96,7 @@ def _decode_all(data: bytes) -> tuple[list[dict[str, Any]], bool] | None:
     return values, bool(data[end:].strip())
 
 
-def split_lines(data: bytes, *, full: bool) -> tuple[list[_Line], list[dict[str, Any]], bool]:
+def split_lines(data: bytes, *, full: bool) -> tuple[list[_Line], list[Malformed], bool]:
     """Split a run file into record lines, malformed reports and the incomplete-tail flag.
 
     With ``full`` every record is decoded now; otherwise only its seq is, and the body is
@@ -104,7 +106,7 @@ def split_lines(data: bytes, *, full: bool) -> tuple[list[_Line], list[dict[str,
     end = data.rfind(b"\n") + 1
     incomplete_tail = bool(data[end:].strip())
     lines: list[_Line] = []
-    malformed: list[dict[str, Any]] = []
+    malformed: list[Malformed] = []
     with _gc_paused():
         for number, raw in enumerate(data[:end].split(b"\n")[:-1], start=1):
             if not raw.strip():
@@ -123,7 +125,7 @@ def split_lines(data: bytes, *, full: bool) -> tuple[list[_Line], list[dict[str,
     return lines, malformed, incomplete_tail
 
 
-def load_events(path: Path) -> list[dict[str, Any]]:
+def load_events(path: Path) -> list[JsonObject]:
     """Every decodable record of the run, in file order (for summaries and snapshots)."""
     data = read_bytes(path)
     fast = _decode_all(data)
@@ -176,7 +178,7 @@ def _effective_cursor(after_seq: int | str, run_id: str, last_seq: int) -> tuple
     return after_seq, False
 
 
-def _first_gap(lines: list[_Line], session_id: str, run_id: str) -> dict[str, Any] | None:
+def _first_gap(lines: list[_Line], session_id: str, run_id: str) -> Malformed | None:
     # Strict mode: every record must be the next seq of *this* run, or a compaction record
     # that says which seqs it stands for. Anything else is reported, not guessed around.
     expected = 1
@@ -213,7 +215,7 @@ def replay(
     limit: int | None,
     max_bytes: int | None,
     strict: bool,
-) -> dict[str, Any]:
+) -> Replay:
     """Select the records after a cursor, bounded by ``limit`` rows and ``max_bytes``.
 
     The byte bound counts encoded lines and always lets the first record through, so a
@@ -250,7 +252,7 @@ def replay(
         lines = [line for line in lines if line.number < gap["line"]]
         limit_reason = gap["reason"]
 
-    events: list[dict[str, Any]] = []
+    events: list[JsonObject] = []
     used_bytes = 0
     next_after = after
     for line in lines:
@@ -286,15 +288,15 @@ def replay(
 def _result(
     session_id: str,
     run_id: str,
-    events: list[dict[str, Any]],
-    malformed: list[dict[str, Any]],
+    events: list[JsonObject],
+    malformed: list[Malformed],
     *,
     limit_reason: str | None,
     next_after_seq: int,
     last_seq: int,
     cursor_reset: bool,
     incomplete_tail: bool,
-) -> dict[str, Any]:
+) -> Replay:
     return {
         "session_id": session_id,
         "run_id": run_id,

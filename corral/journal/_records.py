@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from .._jsonlines import JsonObject
 from ._errors import InvalidCursorError, InvalidEventError, InvalidIdError, PayloadError
 
 #: The ``version`` written into every record; readers accept any record with a usable seq.
@@ -230,7 +231,7 @@ def encode_record(
     return _encoder.encode(record) + b"\n"
 
 
-def decode_line(line: bytes) -> dict[str, Any] | str:
+def decode_line(line: bytes) -> JsonObject | str:
     """Decode one line into a record dict, or return why it is not one.
 
     The reason is ``invalid_json``, ``not_an_object`` or ``missing_seq``; a record needs an

@@ -16,10 +16,9 @@ Only finished runs (with a terminal record) that no writer holds are ever compac
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
+from .._jsonlines import JsonObject
 from ._records import COMPACTED_EVENT, decode_line, encode_record, is_stream_event
 from ._snapshot import stream_text
 
@@ -66,7 +65,7 @@ def is_due(
     return max_bytes is not None and total > max_bytes
 
 
-def _fold(span: list[dict[str, Any]]) -> bytes:
+def _fold(span: list[JsonObject]) -> bytes:
     counts: dict[str, int] = {}
     assistant: list[str] = []
     reasoning: list[str] = []
@@ -109,7 +108,7 @@ def compact(data: bytes) -> tuple[bytes, int] | None:
     torn tail is dropped, as the next open would cut it anyway.
     """
     out: list[bytes] = []
-    span: list[dict[str, Any]] = []
+    span: list[JsonObject] = []
     folded = 0
     for raw in data.split(b"\n")[:-1]:
         if not raw.strip():

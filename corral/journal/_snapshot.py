@@ -8,28 +8,18 @@ run's records (J-18), and the cursor to resume the stream from (``last_event_id`
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
+from .._jsonlines import JsonObject
 from ._records import COMPACTED_EVENT
+from ._shapes import SessionPayload, Snapshot
 from ._summary import summarize
 
 # event -> payload key holding a chunk of assistant text.
 _TEXT_EVENTS = {"token": "text", "response.output_text.delta": "delta"}
 # event -> payload key holding a chunk of reasoning text.
 _REASONING_EVENTS = {"reasoning": "text", "response.reasoning_text.delta": "delta"}
-
-# What a session payload embeds of a snapshot (for HTTP reattach).
-_SESSION_PAYLOAD_KEYS = (
-    "session_id",
-    "run_id",
-    "stream_id",
-    "last_seq",
-    "last_event_id",
-    "terminal",
-    "terminal_state",
-    "last_assistant_text",
-    "runtime_model",
-)
 
 
 def _text(payload: Any, key: str) -> str:
@@ -48,9 +38,7 @@ def stream_text(event: object, payload: Any) -> tuple[str, str]:
     return "", ""
 
 
-def build_snapshot(
-    session_id: str, run_id: str, events: list[dict[str, Any]]
-) -> dict[str, Any] | None:
+def build_snapshot(session_id: str, run_id: str, events: list[JsonObject]) -> Snapshot | None:
     """Project a run's records into its live snapshot; ``None`` for a run with no records.
 
     Malformed text chunks (a string, list or empty payload on a ``token``) add nothing and
@@ -64,16 +52,31 @@ def build_snapshot(
         text, thought = stream_text(record.get("event"), record.get("payload"))
         assistant.append(text)
         reasoning.append(thought)
-    snapshot = summarize(session_id, run_id, events)
-    snapshot["last_assistant_text"] = "".join(assistant)
-    snapshot["reasoning_text"] = "".join(reasoning)
-    return snapshot
+    return {
+        **summarize(session_id, run_id, events),
+        "last_assistant_text": "".join(assistant),
+        "reasoning_text": "".join(reasoning),
+    }
 
 
-def session_payload(snapshot: dict[str, Any]) -> dict[str, Any]:
+def session_payload(snapshot: Mapping[str, object]) -> SessionPayload:
     """The part of a live snapshot embedded in a session payload, as an independent copy.
 
     ``runtime_model`` is carried verbatim (J-19): an observation stays equal, ``None`` stays
     ``None``; it is never re-derived or filled in from the session's selected model.
     """
-    return {key: copy.deepcopy(snapshot.get(key)) for key in _SESSION_PAYLOAD_KEYS}
+
+    def kept(key: str) -> Any:
+        return copy.deepcopy(snapshot.get(key))
+
+    return {
+        "session_id": kept("session_id"),
+        "run_id": kept("run_id"),
+        "stream_id": kept("stream_id"),
+        "last_seq": kept("last_seq"),
+        "last_event_id": kept("last_event_id"),
+        "terminal": kept("terminal"),
+        "terminal_state": kept("terminal_state"),
+        "last_assistant_text": kept("last_assistant_text"),
+        "runtime_model": kept("runtime_model"),
+    }

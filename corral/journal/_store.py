@@ -20,7 +20,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -42,6 +42,7 @@ from ._records import (
     validate_session_seq,
 )
 from ._retention import RetentionReport, RunInfo, candidates, compact, is_due
+from ._shapes import Listing, Replay, RunRow, SessionPayload, SessionRow, Snapshot, Summary
 from ._snapshot import build_snapshot, session_payload
 from ._summary import summarize
 
@@ -203,7 +204,7 @@ class RunJournal:
         limit: int | None = None,
         max_bytes: int | None = None,
         strict: bool = False,
-    ) -> dict:
+    ) -> Replay:
         """Replay the run's records after a cursor.
 
         ``after_seq`` is a seq (records with a greater seq are returned) or an event id
@@ -233,7 +234,7 @@ class RunJournal:
             strict=strict,
         )
 
-    def summary(self, session_id: str, run_id: str) -> dict:
+    def summary(self, session_id: str, run_id: str) -> Summary:
         """The run's summary: cursor, terminal state and observed runtime model.
 
         Always a dict with ``runtime_model`` (an observation or ``None``), ``terminal_state``
@@ -262,7 +263,7 @@ class RunJournal:
         """
         return load_ids(self.path(session_id, run_id))
 
-    def listing(self, session_id: str | None = None) -> dict[str, Any]:
+    def listing(self, session_id: str | None = None) -> Listing:
         """What the journal holds, for ``corral journal ls`` and the journal actor.
 
         Without ``session_id``: ``{"sessions": [{"session_id", "runs", "bytes",
@@ -273,7 +274,7 @@ class RunJournal:
         """
         if session_id is None:
             return {"sessions": [self._session_row(sid) for sid in self.sessions()]}
-        rows = []
+        rows: list[RunRow] = []
         for run_id in self.runs(session_id):
             path = self.path(session_id, run_id)
             try:
@@ -284,7 +285,7 @@ class RunJournal:
         rows.sort(key=_started)
         return {"session_id": session_id, "runs": rows}
 
-    def snapshot(self, run_id: str) -> dict | None:
+    def snapshot(self, run_id: str) -> Snapshot | None:
         """The live snapshot of a run found by its id alone, or ``None`` if it has no records.
 
         Has the summary's keys plus ``last_assistant_text`` and ``reasoning_text``. If two
@@ -301,7 +302,7 @@ class RunJournal:
         _mtime, session_id, path = max(found)
         return build_snapshot(session_id, run_id, load_events(path))
 
-    def session_payload(self, snapshot: dict) -> dict:
+    def session_payload(self, snapshot: Mapping[str, object]) -> SessionPayload:
         """The projection of a snapshot embedded in a session payload (J-19).
 
         An independent copy; ``runtime_model`` is carried verbatim.
@@ -490,7 +491,7 @@ class RunJournal:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _session_row(self, session_id: str) -> dict[str, Any]:
+    def _session_row(self, session_id: str) -> SessionRow:
         size = 0
         modified = 0.0
         count = 0
@@ -554,7 +555,7 @@ class RunJournal:
         )
 
 
-def _started(row: dict[str, Any]) -> tuple[float, str]:
+def _started(row: RunRow) -> tuple[float, str]:
     # A hand-edited file may hold anything in created_at; such runs sort first.
     created = row["created_at"]
     is_time = isinstance(created, int | float) and not isinstance(created, bool)

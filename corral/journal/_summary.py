@@ -19,8 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .._jsonlines import JsonObject
+from ._shapes import Summary
 
-def observe(current: Any, record: dict[str, Any], session_id: str, run_id: str) -> Any:
+
+def observe(current: Any, record: JsonObject, session_id: str, run_id: str) -> Any:
     """Apply one record to the current runtime-model observation and return the new one."""
     event = record.get("event")
     if event == "warning":
@@ -37,7 +40,7 @@ def observe(current: Any, record: dict[str, Any], session_id: str, run_id: str) 
     return None
 
 
-def terminal_record(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def terminal_record(events: list[JsonObject]) -> JsonObject | None:
     """The record that decides the run's terminal state, or ``None`` while it runs.
 
     ``stream_end`` is the transport closing; when a logical terminal (``done``, ``error``,
@@ -53,7 +56,7 @@ def terminal_record(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return fallback
 
 
-def summarize(session_id: str, run_id: str, events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def summarize(session_id: str, run_id: str, events: Iterable[JsonObject]) -> Summary:
     """Summarise a run from its records (file order).
 
     ``terminal_state`` is the deciding record's state, ``running`` for a run with records but

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ...bus import Message, Request
+from ...journal import Listing, Replay, SessionPayload, Snapshot, Summary
 
 
 class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,7 +103,7 @@ class JournalReadReply(Message, tag="journal.read_reply"):
     """``RunJournal.read``'s dict: ``events``, ``malformed``, ``complete``, ``limit_reason``,
     ``next_after_seq``, ``last_seq``, ``cursor_reset``, ``incomplete_tail``, ..."""
 
-    result: dict[str, Any]
+    result: Replay
 
 
 class JournalSummary(Request["JournalSummaryReply"], tag="journal.summary"):
@@ -115,7 +116,7 @@ class JournalSummary(Request["JournalSummaryReply"], tag="journal.summary"):
 class JournalSummaryReply(Message, tag="journal.summary_reply"):
     """``RunJournal.summary``'s dict (always with ``runtime_model``)."""
 
-    summary: dict[str, Any]
+    summary: Summary
 
 
 class JournalSnapshot(Request["JournalSnapshotReply"], tag="journal.snapshot"):
@@ -127,8 +128,8 @@ class JournalSnapshot(Request["JournalSnapshotReply"], tag="journal.snapshot"):
 class JournalSnapshotReply(Message, tag="journal.snapshot_reply"):
     """The snapshot (``None`` for a run without records) and its session-payload projection."""
 
-    snapshot: dict[str, Any] | None
-    session_payload: dict[str, Any] | None
+    snapshot: Snapshot | None
+    session_payload: SessionPayload | None
 
 
 class JournalList(Request["JournalListReply"], tag="journal.list"):
@@ -140,7 +141,7 @@ class JournalList(Request["JournalListReply"], tag="journal.list"):
 class JournalListReply(Message, tag="journal.list_reply"):
     """``RunJournal.listing``'s dict (``sessions``, or ``session_id`` and ``runs``)."""
 
-    listing: dict[str, Any]
+    listing: Listing
 
 
 #: Everything the journal actor handles.
