@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .._jsonlines import JsonObject
 from ..config import resolve_state_dir
 from ._client import (
     ApiError,
@@ -204,9 +205,7 @@ def _client_call(state_dir: Path | None, work: Callable[[ControlPlane], Awaitabl
         raise click.ClickException(str(exc)) from None
 
 
-async def _open_session(
-    api: ControlPlane, session_id: str | None, agent: str | None
-) -> dict[str, Any]:
+async def _open_session(api: ControlPlane, session_id: str | None, agent: str | None) -> JsonObject:
     """The given session, or a new one of ``agent`` (default ``demo``), with a clear error."""
     if session_id is not None:
         try:
@@ -236,7 +235,7 @@ class ControlPlaneLost(click.ClickException):
     exit_code = EXIT_FAILURE
 
 
-def _lost(exc: NoControlPlane, turn: TurnFollower) -> dict[str, Any]:
+def _lost(exc: NoControlPlane, turn: TurnFollower) -> JsonObject:
     """The error of a turn whose control plane went away and did not come back in time."""
     if turn.item_id is None:
         fate = "it did not answer the message's POST, which may or may not have stored it"

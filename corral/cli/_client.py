@@ -31,14 +31,15 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import httpx
 import trio
 
+from .._jsonlines import JsonObject
 from ..actors._control import request
 from ..actors._process import alive
 from ..instance import Instance
@@ -112,9 +113,9 @@ class StreamEvent:
 
     id: str | None
     type: str
-    data: dict[str, Any]
+    data: JsonObject
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JsonObject:
         """The event as ``corral send --json`` lists it: the payload, its ``type`` and its
         stream id as ``event_id`` (a number when the id is one)."""
         number = _event_number(self.id)
@@ -170,6 +171,19 @@ class SseParser:
         return StreamEvent(id=self._id, type=kind, data=payload)
 
 
+class SendResult(TypedDict):
+    """The document ``corral send --json`` prints."""
+
+    session_id: str
+    #: ``idle`` or ``failed``; None: the turn did not end.
+    status: str | None
+    text: str
+    #: The server's error object of a failed turn.
+    error: JsonObject | None
+    #: What the stream delivered of the turn, as :meth:`StreamEvent.record` lists them.
+    events: list[JsonObject]
+
+
 @dataclass
 class TurnFollower:
     """Collects the events of one turn and says when it is over.
@@ -193,9 +207,9 @@ class TurnFollower:
     item_id: str | None = None
     #: The session ran a turn when the cursor was read: the message waits behind it.
     busy: bool = False
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[JsonObject] = field(default_factory=list)
     status: str | None = None
-    error: dict[str, Any] | None = None
+    error: JsonObject | None = None
     running: bool = False
     done: bool = False
     #: The id of the newest event seen: the resume point of the next turn.
@@ -203,7 +217,7 @@ class TurnFollower:
     _text: list[str] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
     _newest: int | None = None
-    _failure: dict[str, Any] | None = None
+    _failure: JsonObject | None = None
 
     @property
     def text(self) -> str:
@@ -300,7 +314,7 @@ class TurnFollower:
                     )
         return True
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> SendResult:
         """The document ``corral send --json`` prints."""
         return {
             "session_id": self.session_id,
@@ -423,11 +437,11 @@ class ControlPlane:
         self,
         method: str,
         path: str,
-        body: dict[str, Any] | None = None,
+        body: Mapping[str, object] | None = None,
         *,
         idempotent: bool,
         headers: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """One API call; its JSON answer.
 
         Connection failures are retried (after re-reading ``server.json``) for
@@ -482,13 +496,13 @@ class ControlPlane:
 
     # --- the API ---------------------------------------------------------------------------
 
-    async def agents(self) -> list[dict[str, Any]]:
+    async def agents(self) -> list[JsonObject]:
         """``GET /v1/agents``: the agents this control plane offers."""
         return list((await self.call("GET", "/v1/agents", idempotent=True)).get("agents", []))
 
-    async def create_session(self, agent: str, title: str | None = None) -> dict[str, Any]:
+    async def create_session(self, agent: str, title: str | None = None) -> JsonObject:
         """``POST /v1/sessions``: a new session of ``agent``."""
-        body: dict[str, Any] = {"agent": agent}
+        body: JsonObject = {"agent": agent}
         if title:
             body["title"] = title
         # A key of its own, as a message's (:meth:`post_message`): sent again, it is the
@@ -496,11 +510,11 @@ class ControlPlane:
         key = {"idempotency-key": uuid.uuid4().hex}
         return await self.call("POST", "/v1/sessions", body, idempotent=True, headers=key)
 
-    async def session(self, session_id: str) -> dict[str, Any]:
+    async def session(self, session_id: str) -> JsonObject:
         """``GET /v1/sessions/{id}``: the session, with its ``last_event_id``."""
         return await self.call("GET", f"/v1/sessions/{session_id}", idempotent=True)
 
-    async def post_message(self, session_id: str, text: str) -> dict[str, Any]:
+    async def post_message(self, session_id: str, text: str) -> JsonObject:
         """Post one user message (``202 {"queued", "item_id"}``).
 
         The POST carries an idempotency key of its own (``Idempotency-Key``, new for each
@@ -518,12 +532,12 @@ class ControlPlane:
             headers={"idempotency-key": key},
         )
 
-    async def interrupt(self, session_id: str) -> dict[str, Any]:
+    async def interrupt(self, session_id: str) -> JsonObject:
         """Ask the session's running turn to stop (repeating it is harmless)."""
-        body: dict[str, Any] = {"type": "interrupt", "data": {}}
+        body = {"type": "interrupt", "data": {}}
         return await self.call("POST", f"/v1/sessions/{session_id}/events", body, idempotent=True)
 
-    async def resolve(self, session_id: str, elicitation_id: str, action: str) -> dict[str, Any]:
+    async def resolve(self, session_id: str, elicitation_id: str, action: str) -> JsonObject:
         """Answer an approval request: ``accept``, ``decline`` or ``cancel``."""
         path = f"/v1/sessions/{session_id}/elicitations/{elicitation_id}/resolve"
         return await self.call("POST", path, {"action": action}, idempotent=True)
