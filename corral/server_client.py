@@ -58,6 +58,7 @@ from ._exceptions import (
     ServerTimeout,
     ServerUnavailable,
 )
+from ._jsonlines import JsonObject
 from .spec import MAX_BUNDLE_BYTES, AgentSpec, load_bundle
 
 __all__ = [
@@ -89,7 +90,7 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
 #: ``resultType`` is ``input_required``, and the ``inputResponses`` mapping
 #: (``{elicitation_id: {"action": "accept" | "decline" | "cancel", ...}}``), or ``None`` to
 #: give up and return the ``input_required`` result as is.
-InputRequired = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+InputRequired = Callable[[JsonObject], Awaitable[JsonObject | None]]
 
 
 def runner_id_for_token(token: str) -> str:
@@ -228,7 +229,7 @@ class ServerClient:
             raise self._shape("GET", "/api/version", "no 'version' string")
         return version
 
-    async def runner_token(self, runner_id: str) -> dict[str, Any]:
+    async def runner_token(self, runner_id: str) -> JsonObject:
         """``POST /v1/runners/{runner_id}/token`` (§iii.1): mint a runner JWT.
 
         Returns ``{"token", "expires_at"}``. A server without an auth provider answers 401
@@ -264,7 +265,7 @@ class ServerClient:
             size=len(content),
         )
 
-    async def session_snapshot(self, session_id: str) -> dict[str, Any]:
+    async def session_snapshot(self, session_id: str) -> JsonObject:
         """``GET /v1/sessions/{id}`` (§iii.4): the server's full view of the session.
 
         Fields the runner uses: ``agent_id``, ``agent_name``, ``status``, ``labels``,
@@ -274,7 +275,7 @@ class ServerClient:
         path = f"/v1/sessions/{_id(session_id, 'session_id')}"
         return await self._object("GET", path, idempotent=True)
 
-    async def patch_session(self, session_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def patch_session(self, session_id: str, body: Mapping[str, Any]) -> JsonObject:
         """``PATCH /v1/sessions/{id}`` (§iii.5), e.g. ``{"labels": {"omnigent.ui":
         "terminal"}}``; returns the updated snapshot.
 
@@ -285,7 +286,7 @@ class ServerClient:
 
     async def items(
         self, session_id: str, *, page_size: int = 100, max_items: int = 100_000
-    ) -> list[dict[str, Any]]:
+    ) -> list[JsonObject]:
         """``GET /v1/sessions/{id}/items?limit=100&order=asc`` (§iii.6): the whole history.
 
         Pages are followed while ``has_more`` is true, asking for the items ``after`` the
@@ -298,7 +299,7 @@ class ServerClient:
                 move, or more than ``max_items`` items.
         """
         path = f"/v1/sessions/{_id(session_id, 'session_id')}/items"
-        items: list[dict[str, Any]] = []
+        items: list[JsonObject] = []
         after: str | None = None
         while True:
             params = {"limit": str(page_size), "order": "asc"}
@@ -329,7 +330,7 @@ class ServerClient:
 
     async def evaluate_policy(
         self, session_id: str, body: Mapping[str, Any], *, held: bool = False
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """``POST /v1/sessions/{id}/policies/evaluate`` (PROTOCOL_0_19 §F).
 
         ``body`` is ``{"event": {"type": <phase>, "data": {...}, ...}}`` as §F.2 says per
@@ -349,7 +350,7 @@ class ServerClient:
         *,
         on_input_required: InputRequired | None = None,
         max_rounds: int = 8,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """Execute a tool through the server: JSON-RPC 2.0 ``tools/call`` on ``POST
         /v1/sessions/{id}/mcp`` (§iii.9). Returns the JSON-RPC ``result``
         (``{"content": [...]}``).
@@ -369,7 +370,7 @@ class ServerClient:
             ServerProtocolError: not a JSON-RPC answer, or more than ``max_rounds`` rounds.
         """
         path = f"/v1/sessions/{_id(session_id, 'session_id')}/mcp"
-        params: dict[str, Any] = {"name": name, "arguments": dict(arguments)}
+        params: JsonObject = {"name": name, "arguments": dict(arguments)}
         for _ in range(max_rounds):
             rpc_id = next(self._rpc_ids)
             request = {"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call", "params": params}
@@ -402,7 +403,7 @@ class ServerClient:
             }
         raise self._shape("POST", path, f"still input_required after {max_rounds} rounds")
 
-    async def post_event(self, session_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def post_event(self, session_id: str, body: Mapping[str, Any]) -> JsonObject:
         """``POST /v1/sessions/{id}/events`` (§iii.10), e.g. an ``external_conversation_item``;
         returns the answer (202 ``{"queued": false, "item_id": ...}``), ``{}`` when empty."""
         path = f"/v1/sessions/{_id(session_id, 'session_id')}/events"
@@ -438,7 +439,7 @@ class ServerClient:
         *,
         empty_ok: bool = False,
         **kwargs: Any,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         body = await self._json(method, path, empty_ok=empty_ok, **kwargs)
         if not isinstance(body, dict):
             raise self._shape(method, path, f"expected a JSON object, got {type(body).__name__}")

@@ -62,6 +62,7 @@ import msgspec
 import yaml
 
 from ._exceptions import SpecError
+from ._jsonlines import JsonObject
 
 __all__ = [
     "MAX_BUNDLE_BYTES",
@@ -108,7 +109,7 @@ _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 class _Section(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A mapping of the spec: typed known fields, plus the unknown keys kept in ``extra``."""
 
-    extra: dict[str, Any] = msgspec.field(default_factory=dict, name=_EXTRA)
+    extra: JsonObject = msgspec.field(default_factory=dict, name=_EXTRA)
 
 
 class AuthSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
@@ -152,7 +153,7 @@ class ExecutorSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
     config: ExecutorConfig | None = None
     model: str | None = None
     auth: AuthSpec | None = None
-    script: dict[str, Any] | None = None
+    script: JsonObject | None = None
 
     def __post_init__(self) -> None:
         if self.harness is None and self.config is not None and self.config.harness:
@@ -195,13 +196,13 @@ class AgentSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
     prompt: str | None = None
     instructions: str | None = None
     os_env: OsEnvSpec | str | None = None
-    terminals: list[Any] | dict[str, Any] | None = None
-    tools: list[Any] | dict[str, Any] | None = None
-    sub_agents: list[Any] | dict[str, Any] | None = None
+    terminals: list[Any] | JsonObject | None = None
+    tools: list[Any] | JsonObject | None = None
+    sub_agents: list[Any] | JsonObject | None = None
     spawn: bool | None = None
     agent_session_sharing: Literal["none", "non-public", "public"] | None = None
-    policies: dict[str, Any] | None = None
-    guardrails: dict[str, Any] | None = None
+    policies: JsonObject | None = None
+    guardrails: JsonObject | None = None
 
     def __post_init__(self) -> None:
         if self.executor is None:  # ``executor:`` left empty in the YAML
@@ -245,7 +246,7 @@ def parse_spec(data: Any) -> AgentSpec:
     return _with_extras(spec, data)
 
 
-def spec_to_dict(spec: AgentSpec) -> dict[str, Any]:
+def spec_to_dict(spec: AgentSpec) -> JsonObject:
     """The spec as plain builtins, unknown keys included: ``parse_spec(spec_to_dict(s)) == s``.
 
     Fields left at their default are omitted. Values YAML decoded to non-JSON types (dates)
@@ -353,7 +354,7 @@ class PolicyRef(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     where: str
     path: str
-    arguments: dict[str, Any] | None = None
+    arguments: JsonObject | None = None
 
 
 def agent_policies(spec: AgentSpec) -> list[PolicyRef]:
@@ -492,7 +493,7 @@ def _with_extras(section: Any, raw: Any) -> Any:
     if not isinstance(section, _Section) or not isinstance(raw, dict):
         return section
     known = set()
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     for field in msgspec.structs.fields(section):
         if field.name == "extra":
             continue
@@ -504,8 +505,8 @@ def _with_extras(section: Any, raw: Any) -> Any:
     return msgspec.structs.replace(section, **changes)
 
 
-def _section_to_dict(section: _Section) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _section_to_dict(section: _Section) -> JsonObject:
+    out: JsonObject = {}
     for field in msgspec.structs.fields(section):
         if field.name == "extra":
             continue
