@@ -24,9 +24,10 @@ from typing import Any
 import msgspec
 import trio
 
+from ..._jsonlines import JsonObject
 from ...bus import Request
 from ...harnesses.protocol import HARNESS_ACTOR, InputAccepted, Output
-from ...server_client import pick_server
+from ...server_client import ServerClient, pick_server
 from .._actor import Actor, ActorContext
 from ..policy.messages import PolicyEvaluate, ToolCall, TurnEnded
 from ._fanout import Fanout
@@ -51,8 +52,8 @@ class DispatchBase(Actor):
         self.fanout = Fanout(
             peer, subscribers=self.options.subscribers, journal=self.options.journal
         )
-        self.server: Any = None
-        self.servers: dict[str, Any] = {}
+        self.server: ServerClient | None = None
+        self.servers: dict[str, ServerClient] = {}
         self.epoch = 0
         #: Deleted sessions whose interrupted turn has not ended on its worker yet: the turn
         #: id, and an event set when its terminal arrives.
@@ -141,7 +142,7 @@ class DispatchBase(Actor):
     def _publish_saved(
         self,
         session: Session,
-        event: dict[str, Any] | Output,
+        event: JsonObject | Output,
         *,
         run_id: str | None = None,
         terminal: bool = False,
@@ -222,6 +223,6 @@ class DispatchBase(Actor):
             session.turn.evaluated = True
         await self.peer.cast(self.options.policy, msg, durable=True, session_id=msg.session_id)
 
-    def _server(self, session: Session) -> Any:
+    def _server(self, session: Session) -> ServerClient | None:
         """The server client of the session's runner (None: no server, the spec default)."""
         return pick_server(self.server, self.servers, session.record.runner_id)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import Any
 
+from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...harnesses.protocol import ToolResult
 from ...routes import HttpRequest, HttpResponse, json_response
@@ -38,7 +38,7 @@ class ToolCalls(TurnFlow):
     """Tool calls: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
 
     async def _tool_call(
-        self, session: Session, turn: Turn, item: dict[str, Any], deferred: Deferred | None
+        self, session: Session, turn: Turn, item: JsonObject, deferred: Deferred | None
     ) -> None:
         """Send a worker's call on (``deferred``: its durable request, None for the copy a
         worker sent again), acking the request once it is on its way."""
@@ -48,7 +48,7 @@ class ToolCalls(TurnFlow):
             if deferred is not None:
                 deferred.ack()
 
-    async def _send_tool_call(self, session: Session, turn: Turn, item: dict[str, Any]) -> None:
+    async def _send_tool_call(self, session: Session, turn: Turn, item: JsonObject) -> None:
         if not turn.spec_resolved:
             try:
                 session.spec = await self._resolve_spec(session, session.record.agent_id)

@@ -8,12 +8,11 @@ with; nothing else in dispatch looks at the raw body.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from ..._exceptions import BadInput
 from ..._input import load_json
+from ..._jsonlines import JsonObject
 from ...harnesses.protocol import Approval
 
 
@@ -24,23 +23,23 @@ class _Event(msgspec.Struct, tag_field="type", kw_only=True):
 class MessageEvent(_Event, tag="message"):
     role: str = "user"
     #: A list of items or blocks (D-02); a plain string is taken as one text block.
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[JsonObject] | None = None
     model: str | None = None
     agent_id: str | None = None
     harness: str | None = None
     instructions: str | None = None
-    connection_params: dict[str, Any] | None = None
+    connection_params: JsonObject | None = None
     persisted_item_id: str | None = None
     harness_override: str | None = None
     model_override: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[JsonObject] | None = None
 
 
 class ApprovalEvent(_Event, tag="approval"):
-    data: dict[str, Any] | None = None
+    data: JsonObject | None = None
     elicitation_id: str | None = None
     action: str | None = None
-    content: dict[str, Any] | None = None
+    content: JsonObject | None = None
 
 
 class InterruptEvent(_Event, tag="interrupt"):
@@ -108,7 +107,7 @@ class BtwDismissEvent(_Event, tag="btw_dismiss"):
 class ExternalSessionStatusEvent(_Event, tag="external_session_status"):
     """A native forwarder's status report; corral runs no forwarder, so nothing to record."""
 
-    data: dict[str, Any] | None = None
+    data: JsonObject | None = None
 
 
 SessionEventBody = (

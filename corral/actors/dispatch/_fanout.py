@@ -28,11 +28,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import trio
 
+from ..._jsonlines import JsonObject
 from ...bus import Outbox, Peer, tag_of
 from ...harnesses.protocol import Output
 from ...routes import HttpChunk, sse_frame
@@ -57,7 +57,7 @@ class _Queued:
 
     session_id: str
     seq: int
-    event: dict[str, Any] | Output
+    event: JsonObject | Output
     runner_id: str | None
     run: str | None
     terminal: bool = False
@@ -108,7 +108,7 @@ class Fanout:
     def publish(
         self,
         record: SessionRecord,
-        event: dict[str, Any] | Output,
+        event: JsonObject | Output,
         *,
         run_id: str | None = None,
         terminal: bool = False,

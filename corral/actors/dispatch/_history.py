@@ -32,18 +32,20 @@ from typing import Any
 
 import msgspec
 
+from ..._jsonlines import JsonObject
+
 FetchFile = Callable[[str], Awaitable[tuple[bytes, str]]]
 
 _TEXT_BLOCKS = {"input_text", "output_text", "text"}
 _LEFT_OUT = "[System: a message of"
 
 
-def user_item(content: Any) -> dict[str, Any]:
+def user_item(content: Any) -> JsonObject:
     """The history item of a user message whose ``content`` is text, blocks or items."""
     return {"type": "message", "role": "user", "content": _blocks(content, "input_text")}
 
 
-def assistant_item(text: str) -> dict[str, Any]:
+def assistant_item(text: str) -> JsonObject:
     """The history item committed for a turn's streamed assistant text (D-33)."""
     return {
         "type": "message",
@@ -62,7 +64,7 @@ INTERRUPT_NOTE = (
 )
 
 
-def left_out_note(size: int) -> dict[str, Any]:
+def left_out_note(size: int) -> JsonObject:
     """The history item standing for a message too large for a turn to carry.
 
     The gateway refuses a message over the bus limit (413), but the 0.19 server has stored it
@@ -76,7 +78,7 @@ def left_out_note(size: int) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
-def largest(items: list[dict[str, Any]]) -> tuple[int, int] | None:
+def largest(items: list[JsonObject]) -> tuple[int, int] | None:
     """The index and encoded size of the largest item before the last (the new message) that
     is not a :func:`left_out_note` already, or None if there is none."""
     sizes = [
@@ -90,17 +92,17 @@ def largest(items: list[dict[str, Any]]) -> tuple[int, int] | None:
     return index, size
 
 
-def interrupt_note() -> dict[str, Any]:
+def interrupt_note() -> JsonObject:
     """The history item recording that the turn before it was interrupted (§E.4)."""
     return user_item([{"type": "input_text", "text": INTERRUPT_NOTE}])
 
 
-def _blocks(content: Any, text_type: str) -> list[dict[str, Any]]:
+def _blocks(content: Any, text_type: str) -> list[JsonObject]:
     if content is None:
         return []
     if isinstance(content, str):
         return [{"type": text_type, "text": content}]
-    blocks: list[dict[str, Any]] = []
+    blocks: list[JsonObject] = []
     for part in content if isinstance(content, list) else [content]:
         if isinstance(part, str):
             blocks.append({"type": text_type, "text": part})
@@ -111,7 +113,7 @@ def _blocks(content: Any, text_type: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def normalise(item: dict[str, Any]) -> dict[str, Any] | None:
+def normalise(item: JsonObject) -> JsonObject | None:
     """A stored item as a history item, or None for items a harness is not given."""
     if not isinstance(item, dict):
         return None
@@ -132,7 +134,7 @@ def normalise(item: dict[str, Any]) -> dict[str, Any] | None:
     return {"type": "message", "role": role, "content": _blocks(item.get("content"), text_type)}
 
 
-def take_item(items: list[dict[str, Any]], draft: list[str], item: dict[str, Any]) -> None:
+def take_item(items: list[JsonObject], draft: list[str], item: JsonObject) -> None:
     """Add a turn's finished output ``item`` to the turn's ``items`` as the server saves it;
     ``draft`` is the text streamed since the last message the turn saved."""
     kind = item.get("type")
@@ -148,7 +150,7 @@ def take_item(items: list[dict[str, Any]], draft: list[str], item: dict[str, Any
         items.append(normalise(item) or {})
 
 
-def commit(items: list[dict[str, Any]], draft: list[str], *, keep_draft: bool) -> list[dict]:
+def commit(items: list[JsonObject], draft: list[str], *, keep_draft: bool) -> list[JsonObject]:
     """What a turn adds to the history when it ends: its saved items, and the draft as the
     last assistant message when the turn kept its answer (an interrupted turn does not)."""
     out = list(items)
@@ -157,14 +159,14 @@ def commit(items: list[dict[str, Any]], draft: list[str], *, keep_draft: bool) -
     return out
 
 
-def _flush(items: list[dict[str, Any]], draft: list[str]) -> None:
+def _flush(items: list[JsonObject], draft: list[str]) -> None:
     text = "".join(draft)
     draft.clear()
     if text:
         items.append(assistant_item(text))
 
 
-def rehydrate(stored: list[dict[str, Any]], persisted_item_id: str | None) -> list[dict[str, Any]]:
+def rehydrate(stored: list[JsonObject], persisted_item_id: str | None) -> list[JsonObject]:
     """History from the server's items, minus the one the new message was stored as."""
     out = []
     for item in stored:
@@ -176,7 +178,7 @@ def rehydrate(stored: list[dict[str, Any]], persisted_item_id: str | None) -> li
     return out
 
 
-async def resolve_media(items: list[dict[str, Any]], fetch: FetchFile) -> list[dict[str, Any]]:
+async def resolve_media(items: list[JsonObject], fetch: FetchFile) -> list[JsonObject]:
     """Replace every ``file_id`` block by an inline ``data:`` URL (D-27)."""
     out = []
     for item in items:
@@ -205,7 +207,7 @@ async def resolve_media(items: list[dict[str, Any]], fetch: FetchFile) -> list[d
     return out
 
 
-def texts(items: list[dict[str, Any]]) -> list[str]:
+def texts(items: list[JsonObject]) -> list[str]:
     """The text of each item (for tests and logs)."""
     return [
         "".join(b.get("text", "") for b in item.get("content", []) if b.get("type") in _TEXT_BLOCKS)

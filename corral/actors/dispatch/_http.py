@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import parse_qs
 
 import trio
 
 from ..._input import check_session_id
+from ..._jsonlines import JsonObject
 from ...harnesses.protocol import Approval, InputAccepted, Interrupt
 from ...routes import HttpRequest, HttpResponse, empty_response, json_response
 from ._events import (
@@ -36,6 +37,22 @@ from ._stream import StreamOrder
 from ._turn import Phase, Trigger, transition
 
 log = logging.getLogger("corral.actors.dispatch")
+
+
+class SessionView(TypedDict):
+    """A session as this runner answers it; what the server owns is null or empty."""
+
+    id: str
+    agent_id: str | None
+    status: str
+    created_at: int
+    title: None
+    labels: dict[str, Any]
+    runner_id: None
+    reasoning_effort: None
+    items: list[Any]
+    permission_level: None
+    terminal_ready: None
 
 
 class SessionRoutes(StreamOrder):
@@ -76,7 +93,7 @@ class SessionRoutes(StreamOrder):
             201, {**self._view(session), "session_init_protocol_version": 2 if init else None}
         )
 
-    def _view(self, session: Session) -> dict[str, Any]:
+    def _view(self, session: Session) -> SessionView:
         r = session.record
         return {
             "id": r.id,
@@ -203,7 +220,7 @@ class SessionRoutes(StreamOrder):
             return None
 
 
-def _init_v2(record: SessionRecord, init: dict[str, Any], snapshot: dict[str, Any]) -> None:
+def _init_v2(record: SessionRecord, init: JsonObject, snapshot: JsonObject) -> None:
     """Keep the session-init v2 fields (§B.1) a well-formed envelope carries."""
     if isinstance(init.get("recovery_id"), str):
         record.recovery_id = init["recovery_id"]

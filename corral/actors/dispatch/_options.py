@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
+from ..._jsonlines import JsonObject
 from ...config import RunnerSettings
 from ...server_wait import SERVER_WAIT_S
 from ..policy.messages import POLICY_ACTOR
@@ -24,7 +25,7 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     #: The host sets it from its plan.
     harness_actor: bool = True
     #: The agent spec of sessions when no server is configured (the "null server client").
-    default_spec: dict[str, Any] = {}
+    default_spec: JsonObject = {}
     subscribers: list[str] = msgspec.field(default_factory=lambda: ["gateway"])
     #: The actor that gates tool calls (None: tool calls answer "not available").
     policy: str | None = POLICY_ACTOR

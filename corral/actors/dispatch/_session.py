@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from ..._jsonlines import JsonObject
 from ._turn import Phase
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class PendingEvent(msgspec.Struct, kw_only=True):
     incarnation that finds it in the record — the gateway drops a ``seq`` it has seen."""
 
     seq: int
-    event: dict[str, Any]
+    event: JsonObject
     run_id: str | None = None
     #: The run's last journal event (its durable append).
     terminal: bool = False
@@ -72,13 +73,13 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     #: The ``cancel_…`` response id of an interrupt note not yet posted to the server: posted
     #: again after a restart, and added to a history rehydrated before it was posted.
     note_pending: str | None = None
-    buffer: list[dict[str, Any]] = []
+    buffer: list[JsonObject] = []
     #: The idempotency keys of the messages it took, newest last (at most ``ACCEPTED_KEPT``):
     #: a message whose key is here is the turn it already is, never run again.
     accepted: list[Accepted] = []
     #: The messages of the active turn until its ``TurnStart`` is with the broker: a crash in
     #: between leaves them here, and the next incarnation sends the start again.
-    starting: list[dict[str, Any]] | None = None
+    starting: list[JsonObject] | None = None
     #: Events saved and not yet known to be with every receiver (:class:`PendingEvent`).
     outbox: list[PendingEvent] = []
     seq: int = 0
@@ -88,13 +89,13 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     #: is stored, warned about, and never claimed verified.
     recovery_id: str | None = None
     resume_interrupted_turn: bool = False
-    inference_config: dict[str, Any] | None = None
+    inference_config: JsonObject | None = None
     #: A tombstone: the session was deleted (``DELETE /v1/sessions/{id}``); it is forgotten
     #: when the log is read, so a restart cannot bring it back.
     deleted: bool = False
 
     def begin_turn(
-        self, turn_id: str, stream_to: list[str] | None, messages: list[dict[str, Any]]
+        self, turn_id: str, stream_to: list[str] | None, messages: list[JsonObject]
     ) -> None:
         """Record a turn of ``messages`` that starts now (``stream_to``: its ``?stream=true``
         caller); the buffered messages it takes are its turn now."""
@@ -127,8 +128,8 @@ class Session:
     """A session as dispatch holds it."""
 
     record: SessionRecord
-    spec: dict[str, Any] | None = None
-    history: list[dict[str, Any]] | None = None
+    spec: JsonObject | None = None
+    history: list[JsonObject] | None = None
     turn: Turn | None = None
     #: The ``inference_config`` warning was logged (once per session and incarnation).
     warned_inference: bool = False

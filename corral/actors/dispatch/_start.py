@@ -19,10 +19,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import trio
 
+from ..._jsonlines import JsonObject
 from ...server_wait import while_unavailable
 from ...tools.registry import tool_schemas
 from . import _history as history
@@ -41,7 +42,7 @@ T = TypeVar("T")
 class TurnSetup(DispatchBase):
     """Setting a turn up: a part of :class:`~._actor.DispatchActor` (see :mod:`._base`)."""
 
-    def _leave_out_largest(self, session: Session, content: list[dict[str, Any]]) -> bool:
+    def _leave_out_largest(self, session: Session, content: list[JsonObject]) -> bool:
         """Replace the largest earlier item of a history too large to send by a note (in the
         session's history too, so later turns do not try again); False if none is left."""
         found = history.largest(content)
@@ -88,7 +89,7 @@ class TurnSetup(DispatchBase):
             wanted=lambda: session.turn is turn and self.sessions.get(session.id) is session,
         )
 
-    async def _resolve_spec(self, session: Session, agent_id: str | None) -> dict[str, Any]:
+    async def _resolve_spec(self, session: Session, agent_id: str | None) -> JsonObject:
         if session.spec is not None:
             return session.spec
         server = self._server(session)
@@ -109,12 +110,10 @@ class TurnSetup(DispatchBase):
         session.spec = spec
         return spec
 
-    async def _history(
-        self, session: Session, messages: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    async def _history(self, session: Session, messages: list[JsonObject]) -> list[JsonObject]:
         server = self._server(session)
         if session.history is None:
-            stored: list[dict[str, Any]] = []
+            stored: list[JsonObject] = []
             if server is not None:
                 stored = await self._while_unavailable(
                     session, "the history", lambda: server.items(session.id)
@@ -144,8 +143,8 @@ class TurnSetup(DispatchBase):
 
 
 def turn_message(
-    session_id: str, last: dict[str, Any], spec: dict[str, Any], content: list[dict[str, Any]]
-) -> dict[str, Any]:
+    session_id: str, last: JsonObject, spec: JsonObject, content: list[JsonObject]
+) -> JsonObject:
     """The message a worker's turn starts from: the last message's own settings, else the
     agent spec's."""
     return {
@@ -159,13 +158,13 @@ def turn_message(
     }
 
 
-def spec_harness(spec: dict[str, Any]) -> str | None:
+def spec_harness(spec: JsonObject) -> str | None:
     executor = spec.get("executor") or {}
     harness = executor.get("harness") or (executor.get("config") or {}).get("harness")
     return str(harness) if harness else None
 
 
-def runner_tools(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def runner_tools(spec: JsonObject) -> list[JsonObject]:
     """The tools this runner runs for the agent, as function-tool schemas for the worker
     (PROTOCOL_FACTS.md §iv.1 ``tools``) when the server's message names none."""
     return [

@@ -30,8 +30,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
+from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...harnesses.protocol import (
     Confirmed,
@@ -339,7 +339,7 @@ class StreamOrder(ToolCalls):
         )
 
     async def _publish_runner_events(
-        self, session: Session, turn: Turn | None, events: Sequence[dict[str, Any] | Output]
+        self, session: Session, turn: Turn | None, events: Sequence[JsonObject | Output]
     ) -> None:
         """Publish the runner's own events of ``turn`` (None: of no turn), saved before they
         are sent: what the next incarnation numbers comes after them. Saved once what was

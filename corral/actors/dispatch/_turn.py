@@ -24,11 +24,12 @@ import enum
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
 from ..._exceptions import CorralError
+from ..._jsonlines import JsonObject
 
 if TYPE_CHECKING:
     from ...harnesses.protocol import Output
@@ -185,7 +186,7 @@ class Turn:
     #: The text streamed since the turn's last saved message (``_history.take_item``), and
     #: the items it saved so far: what it adds to the cached history when it ends.
     text: list[str] = field(default_factory=list)
-    items: list[dict[str, Any]] = field(default_factory=list)
+    items: list[JsonObject] = field(default_factory=list)
     stream_to: tuple[str, str] | None = None  # (reply_to, request_id) of a ?stream=true POST
     spec_resolved: bool = True
     #: Tool calls still waiting on their outcome (a turn waiting on a tool or a human's

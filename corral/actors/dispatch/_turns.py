@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 import msgspec
 
 from ..._exceptions import MessageTooLarge
+from ..._jsonlines import JsonObject
 from ...harnesses.protocol import (
     HARNESS_ACTOR,
     Interrupt,
@@ -100,7 +100,7 @@ class TurnFlow(TurnSetup):
     async def _start_turn(
         self,
         session: Session,
-        messages: list[dict[str, Any]],
+        messages: list[JsonObject],
         stream: HttpRequest | None,
         *,
         continuation: bool = False,
@@ -157,7 +157,7 @@ class TurnFlow(TurnSetup):
         self,
         session: Session,
         turn: Turn,
-        messages: list[dict[str, Any]],
+        messages: list[JsonObject],
         stream: HttpRequest | None,
         *,
         continuation: bool,
@@ -327,7 +327,7 @@ class TurnFlow(TurnSetup):
             session.record.note_pending = None
             await self._save(session)
 
-    async def _fail(self, session: Session, turn: Turn, error: dict[str, Any]) -> None:
+    async def _fail(self, session: Session, turn: Turn, error: JsonObject) -> None:
         """End the active ``turn`` ``failed`` on the runner's own account, and stop its worker.
 
         The edge comes first: an interrupted worker ends its turn ``cancelled``, durably, and
@@ -345,7 +345,7 @@ class TurnFlow(TurnSetup):
         session: Session,
         turn: Turn,
         status: str,
-        failure: dict[str, Any] | None,
+        failure: JsonObject | None,
     ) -> None:
         """End a turn: one terminal edge, or straight into the continuation turn (D-31).
 
@@ -371,7 +371,7 @@ class TurnFlow(TurnSetup):
                 session.record.status = "running"
             else:
                 session.record.status = status
-                edge: dict[str, Any] = {"type": "session.status", "status": status}
+                edge: JsonObject = {"type": "session.status", "status": status}
                 if failure is not None:
                     edge["error"] = failure
                 self._publish_saved(session, edge, run_id=turn.turn_id, terminal=True)

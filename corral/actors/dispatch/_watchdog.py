@@ -9,8 +9,7 @@ The actor asks once a second; the verdict is a pure function of the turn and the
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..._jsonlines import JsonObject
 from ._turn import Turn
 
 
@@ -23,6 +22,6 @@ def overdue(turn: Turn, now: float, *, turn_timeout_s: float, idle_timeout_s: fl
     return None
 
 
-def watchdog_error(why: str) -> dict[str, Any]:
+def watchdog_error(why: str) -> JsonObject:
     """The ``error`` of the ``failed`` edge of a turn the watchdog ended."""
     return {"code": "turn_watchdog", "message": f"the turn {why} and was ended by the runner"}

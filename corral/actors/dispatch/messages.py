@@ -33,8 +33,7 @@ durable message is nacked.
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..._jsonlines import JsonObject
 from ...bus import Message
 from ...harnesses.protocol import ProgressOutput, TerminalOutput
 from ...routes import HttpRequest
@@ -45,7 +44,7 @@ class PublishEvents(Message, tag="dispatch.publish_events"):
     """Session events caused outside a turn's stream (tools, policy → dispatch, durable)."""
 
     session_id: str
-    events: list[dict[str, Any]]
+    events: list[JsonObject]
 
 
 #: Everything the dispatch actor handles.
