@@ -63,7 +63,8 @@ import base64
 import json
 import logging
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 import msgspec
 import trio
@@ -93,7 +94,8 @@ SSE_HEADERS = [
 HEARTBEAT = 'data: {"type": "session.heartbeat"}\n\n'
 #: Ends a session stream cleanly: the server's relay stops without retrying (§D.1).
 DONE = "data: [DONE]\n\n"
-_EMPTY_LIST: dict[str, Any] = {
+#: The page of a list route that has nothing on this runner.
+_EMPTY_LIST: Final[Mapping[str, object]] = {
     "object": "list",
     "data": [],
     "first_id": None,

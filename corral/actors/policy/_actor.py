@@ -70,10 +70,11 @@ from typing import Any
 import msgspec
 import trio
 
+from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...config import RunnerSettings
 from ...harnesses.protocol import HARNESS_ACTOR, Approval, InputAccepted, PolicyVerdict
-from ...server_client import pick_server
+from ...server_client import ServerClient, pick_server
 from ...server_wait import SERVER_WAIT_S, while_unavailable
 from ...tools.registry import is_runner_local
 from .._actor import Actor, ActorContext, handles
@@ -151,8 +152,8 @@ class PolicyActor(Actor):
     def __init__(self, ctx: ActorContext, peer: Any) -> None:
         super().__init__(ctx, peer)
         self.options = msgspec.convert(ctx.options, PolicyOptions)
-        self.server: Any = None
-        self.servers: dict[str, Any] = {}
+        self.server: ServerClient | None = None
+        self.servers: dict[str, ServerClient] = {}
         self.parked: dict[str, ParkedCall] = {}
         #: Calls in progress (call_id → the scope to cancel when the turn ends).
         self.running: dict[str, tuple[ToolCall, trio.CancelScope]] = {}
@@ -195,7 +196,7 @@ class PolicyActor(Actor):
             "running": sorted(self.running),
         }
 
-    def _server(self, runner_id: str | None) -> Any:
+    def _server(self, runner_id: str | None) -> ServerClient | None:
         return pick_server(self.server, self.servers, runner_id)
 
     # --- tool calls --------------------------------------------------------------------------
@@ -259,7 +260,7 @@ class PolicyActor(Actor):
         return await self._run(call)
 
     async def _ask(
-        self, call: ToolCall, deferred: Deferred, arguments: dict[str, Any], reason: str | None
+        self, call: ToolCall, deferred: Deferred, arguments: JsonObject, reason: str | None
     ) -> None:
         eid = elicitation_id_for(call.session_id, call.call_id)
         preview = json.dumps(arguments, ensure_ascii=False)
@@ -429,7 +430,7 @@ class PolicyActor(Actor):
         self,
         session_id: str,
         runner_id: str | None,
-        event: dict[str, Any],
+        event: JsonObject,
         hold_key: str | None = None,
     ) -> tuple[str, str | None, bool]:
         """``(action, reason, failed)`` for one evaluation ``event``; no server allows all.
@@ -442,7 +443,7 @@ class PolicyActor(Actor):
         server = self._server(runner_id)
         if server is None:
             return ALLOW, None, False
-        body: dict[str, Any] = {"event": event}
+        body: JsonObject = {"event": event}
         if phase in HELD and hold_key is not None:
             body["_omnigent_elicitation_id"] = evaluate_elicitation_id(session_id, hold_key)
         held = phase in HELD
@@ -514,7 +515,7 @@ class PolicyActor(Actor):
             return
         deferred.ack()
 
-    async def _publish(self, session_id: str, event: dict[str, Any]) -> None:
+    async def _publish(self, session_id: str, event: JsonObject) -> None:
         await self.peer.cast(
             self.options.dispatch,
             PublishEvents(session_id=session_id, events=[event]),
@@ -553,7 +554,7 @@ def evaluate_elicitation_id(session_id: str, key: str) -> str:
     return f"elicit_evaluate_{digest[:32]}"
 
 
-def _arguments(raw: str) -> dict[str, Any]:
+def _arguments(raw: str) -> JsonObject:
     """A call's arguments as the object policies see (they passed the call gate as one)."""
     try:
         arguments = json.loads(raw or "{}")

@@ -38,8 +38,9 @@ the session stream in order.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Literal
 
+from ..._jsonlines import JsonObject
 from ...bus import Message, Request
 from ...harnesses.protocol import Approval
 from ...tools._api import ToolStatus
@@ -57,7 +58,7 @@ class ToolCall(Request["ToolOutcome"], tag="policy.tool_call"):
     #: The arguments as the model produced them (a JSON text, possibly malformed).
     arguments: str
     #: The session's agent spec (``spec_to_dict``), ``{}`` when unknown.
-    spec: dict[str, Any] = {}
+    spec: JsonObject = {}
     #: Who gets the :class:`ToolOutcome`.
     reply_to: str = "dispatch"
     #: The runner the session belongs to (whose server evaluates policy).
@@ -93,7 +94,7 @@ class PolicyEvaluate(Message, tag="policy.evaluate"):
     session_id: str
     evaluation_id: str
     phase: str
-    data: dict[str, Any] = {}
+    data: JsonObject = {}
     runner_id: str | None = None
 
 
