@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,16 @@ import trio
 
 from .._exceptions import RestartIntensityExceeded
 from ._child_state import ChildState, decide_exit, silent_for, step
-from ._process import describe_exit, kill_group, spawn, terminate, wait_exit, write_pidfile
+from ._process import (
+    Adopted,
+    Process,
+    describe_exit,
+    kill_group,
+    spawn,
+    terminate,
+    wait_exit,
+    write_pidfile,
+)
 from ._restart import add_restart, forget_old, intensity_exceeded, restart_delay, should_restart
 from ._specs import ChildSpec, SupFlags
 
@@ -83,7 +91,10 @@ class Child:
 
     spec: ChildSpec
     state: ChildState
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Process | None = None
+    #: What its pid file records besides pid and start time (e.g. what a successor that
+    #: adopts it needs to know about it).
+    record: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     last_exit: dict[str, Any] | None = None
     started_at: float = 0.0
@@ -133,6 +144,8 @@ class ChildSupervisor:
         run_dir: where pid files go, for the start-up sweep of a later supervisor.
         on_event: called with each :data:`ChildEvent` as it happens (in the supervisor's
             task: it must not block).
+        record: what every child's pid file records besides its own (e.g. which host it
+            belongs to).
     """
 
     def __init__(
@@ -141,10 +154,12 @@ class ChildSupervisor:
         *,
         run_dir: Path,
         on_event: Callable[[ChildEvent], None] = lambda event: None,
+        record: dict[str, Any] | None = None,
     ) -> None:
         self.flags = flags
         self.run_dir = run_dir
         self.on_event = on_event
+        self.record = dict(record or {})
         self.children: dict[str, Child] = {}
         #: Restart times within the period, per child or all under "" (``intensity_per``).
         self._restarts: dict[str, list[float]] = {}
@@ -163,8 +178,9 @@ class ChildSupervisor:
 
     # --- starting and stopping -------------------------------------------------------------
 
-    async def start_child(self, spec: ChildSpec) -> Child:
+    async def start_child(self, spec: ChildSpec, *, record: dict[str, Any] | None = None) -> Child:
         """Spawn a child now and supervise it. Its state is ``starting`` until marked ready.
+        ``record`` goes into its pid file.
 
         A child left ``restarting`` for its owner (``restart_on = "demand"``) is spawned
         again once its backoff has passed (this waits for it); one the supervisor gave up on
@@ -196,7 +212,9 @@ class ChildSupervisor:
                 )
         if self._stopping:
             raise ValueError(f"child {spec.name!r} is not started: the supervisor is stopping")
-        child = Child(spec=spec, state=step(old.state if old else None, "spawn"))
+        child = Child(
+            spec=spec, state=step(old.state if old else None, "spawn"), record=dict(record or {})
+        )
         if old is not None and spec.restart_on == "demand" and old.spec.restart_on == "demand":
             # The same child again: its restarts and last exit carry on.
             child.restarts = old.restarts + (old.state is not ChildState.STOPPED)
@@ -204,6 +222,39 @@ class ChildSupervisor:
         self.children[spec.name] = child
         self._spawn(child)
         self._nursery.start_soon(self._watch, child)
+        return child
+
+    def adopt(
+        self, spec: ChildSpec, pid: int, started: int | None, *, record: dict[str, Any]
+    ) -> Child | None:
+        """Supervise a live process this supervisor did not spawn — a dead predecessor's
+        child, reparented to the host — as one of its own: the same record, state, liveness
+        and restart accounting. It is ``running`` at once (its liveness window starts now);
+        its exit is seen through a pidfd and its exit status is unknown (it is not our
+        child), which its ``last_exit`` says: ``{"code": None, "reason": "exited (status
+        unknown: ...)"}``, counted as an abnormal exit. None if the process is gone.
+
+        Its pid file is its predecessor's, already in ``run_dir`` (with ``record``).
+
+        Raises:
+            ValueError: a child of that name is up.
+        """
+        if self._nursery is None:
+            raise RuntimeError("the supervisor is not running")
+        old = self.children.get(spec.name)
+        if old is not None and (old.state.up or not old.exited.is_set()):
+            raise ValueError(f"child {spec.name!r} is already running")
+        proc = Adopted.open(pid, started)
+        if proc is None:
+            (self.run_dir / f"{_file_safe(spec.name)}.pid").unlink(missing_ok=True)
+            return None
+        child = Child(spec=spec, state=step(None, "spawn"), proc=proc, record=dict(record))
+        child.started_at = time.monotonic()
+        child.state = step(child.state, "ready")
+        child.ready.set()
+        self.children[spec.name] = child
+        self._nursery.start_soon(self._watch, child)
+        self.on_event(Ready(spec.name))
         return child
 
     def mark_ready(self, name: str) -> None:
@@ -303,7 +354,12 @@ class ChildSupervisor:
         child.started_at = time.monotonic()
         self.on_event(Spawning(child.spec.name))
         child.proc = spawn(child.spec.argv, env=child.spec.env, cwd=child.spec.cwd)
-        write_pidfile(self.run_dir / f"{_file_safe(child.spec.name)}.pid", child.proc.pid)
+        write_pidfile(
+            self.run_dir / f"{_file_safe(child.spec.name)}.pid",
+            child.proc.pid,
+            **self.record,
+            **child.record,
+        )
 
     async def _watch(self, child: Child) -> None:
         name = child.spec.name

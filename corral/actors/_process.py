@@ -1,23 +1,81 @@
-"""OS processes: spawn by exec, wait through a pidfd, kill, describe exits, sweep orphans.
+"""OS processes: spawn by exec, wait through a pidfd, kill, describe exits, sweep orphans,
+adopt and reap the processes a dead harness actor left to the host.
 
 Children always start by exec (``subprocess.Popen`` from the trio thread), never by a bare
 fork: a forked child that inherits a zmq context silently loses sends. Each child is the
-leader of its own session/process group, so that killing it kills what it started, and it
-arranges in :mod:`corral.actors._entry` to die with its parent (``PR_SET_PDEATHSIG``).
+leader of its own session/process group, so that killing it kills what it started. An actor
+arranges in :mod:`corral.actors._entry` to die with its parent (``PR_SET_PDEATHSIG``); a
+harness worker dies with the host instead (:mod:`corral._lifeline`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import select
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import trio
+
+from .._lifeline import start_time as start_time
+
+log = logging.getLogger("corral.process")
+
+#: What :meth:`Adopted.poll` returns once the process is gone: not an exit status any
+#: process has, because an adopted process's status goes to its parent, not to us.
+UNKNOWN_EXIT = 1 << 16
+
+
+class Adopted:
+    """A live process this one did not start, watched through a pidfd: a dead harness
+    actor's worker that its next incarnation took over. It has :class:`subprocess.Popen`'s
+    ``pid``, ``poll()`` and ``returncode`` (:data:`UNKNOWN_EXIT` once it is gone)."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = pidfd
+
+    @classmethod
+    def open(cls, pid: int, started: int | None) -> Adopted | None:
+        """Take ``pid`` if it is still the process that started at ``started``."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        # Checked after the pidfd is open: it cannot be of a process that reused the pid.
+        if not alive(pid, started):
+            os.close(pidfd)
+            return None
+        return cls(pid, pidfd)
+
+    def poll(self) -> int | None:
+        """``UNKNOWN_EXIT`` once the process has exited, else None."""
+        if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
+            self.returncode = UNKNOWN_EXIT
+        return self.returncode
+
+    async def wait(self) -> int:
+        """Wait (without a thread) until the process exits."""
+        try:
+            while self.poll() is None:
+                await trio.lowlevel.wait_readable(self._pidfd)
+        finally:
+            if self.returncode is not None:
+                trio.lowlevel.notify_closing(self._pidfd)
+                os.close(self._pidfd)
+        return UNKNOWN_EXIT
+
+
+#: A supervised child's process: spawned here, or adopted.
+Process = subprocess.Popen[bytes] | Adopted
 
 
 def spawn(
@@ -38,8 +96,10 @@ def spawn(
     )
 
 
-async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
+async def wait_exit(proc: Process) -> int:
     """Wait (without a thread) until the process exits; return its returncode."""
+    if isinstance(proc, Adopted):
+        return await proc.wait()
     if proc.poll() is not None:
         return proc.returncode
     try:
@@ -56,7 +116,12 @@ async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
 
 
 def describe_exit(returncode: int, *, reason: str | None = None) -> dict[str, Any]:
-    """The ``last_exit`` shape of ``corral status``: code, reason, at."""
+    """The ``last_exit`` shape of ``corral status``: code, reason, at (the code None when
+    the process was adopted, its status unknown)."""
+    code: int | None = returncode
+    if returncode == UNKNOWN_EXIT:
+        code = None
+        reason = reason or "exited (status unknown: adopted, not our child)"
     if reason is None:
         if returncode < 0:
             try:
@@ -66,7 +131,7 @@ def describe_exit(returncode: int, *, reason: str | None = None) -> dict[str, An
             reason = f"killed by signal {-returncode} ({name})"
         else:
             reason = f"exited with code {returncode}"
-    return {"code": returncode, "reason": reason, "at": time.time()}
+    return {"code": code, "reason": reason, "at": time.time()}
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -77,7 +142,7 @@ def kill_group(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-async def terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
+async def terminate(proc: Process, timeout: float) -> int:
     """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL; return the returncode."""
     if proc.poll() is None:
         kill_group(proc.pid, signal.SIGTERM)
@@ -85,16 +150,6 @@ async def terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
             return await wait_exit(proc)
         kill_group(proc.pid, signal.SIGKILL)
     return await wait_exit(proc)
-
-
-def start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (guards against pid reuse), or None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may contain spaces; fields after it are plain.
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def alive(pid: int, started: int | None) -> bool:
@@ -114,9 +169,18 @@ def sweep(children_dir: Path) -> list[int]:
 
     Returns the pids that were still alive and got SIGKILL.
     """
+    return sweep_except(children_dir, lambda info: False)[0]
+
+
+def sweep_except(
+    children_dir: Path, keep: Callable[[dict[str, Any]], bool]
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """Kill the live processes of ``children_dir``'s pid files but those ``keep`` says to
+    keep: the pids killed, and the records kept (their pid files stay)."""
     killed: list[int] = []
+    kept: list[dict[str, Any]] = []
     if not children_dir.is_dir():
-        return killed
+        return killed, kept
     for pidfile in children_dir.glob("*.pid"):
         try:
             info = json.loads(pidfile.read_text())
@@ -124,9 +188,42 @@ def sweep(children_dir: Path) -> list[int]:
         except (ValueError, KeyError, OSError):
             pidfile.unlink(missing_ok=True)
             continue
+        if alive(pid, started) and keep(info):
+            kept.append(info)
+            continue
         if alive(pid, started):
             kill_group(pid, signal.SIGCONT)
             kill_group(pid, signal.SIGKILL)
             killed.append(pid)
         pidfile.unlink(missing_ok=True)
-    return killed
+    return killed, kept
+
+
+def reap_orphans(own: Collection[int]) -> list[int]:
+    """Reap the exited children of this process but ``own``: processes that were reparented
+    to it (a child subreaper) when their parent died. ``own`` are the children whose exit
+    status someone here waits for; they are never touched. Returns the pids reaped."""
+    children: set[int] = set()
+    for listing in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            children.update(int(pid) for pid in listing.read_text().split())
+    reaped = []
+    for pid in children.difference(own):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
+    return reaped
+
+
+async def reap_orphans_on_sigchld(
+    own: Callable[[], Collection[int]], *, task_status: trio.TaskStatus[None]
+) -> None:
+    """:func:`reap_orphans` now and on each SIGCHLD, until cancelled (``own()``: the
+    children whose status this process's supervisor waits for by pid)."""
+    with trio.open_signal_receiver(signal.SIGCHLD) as signals:
+        task_status.started()
+        reap_orphans(own())
+        async for _ in signals:
+            reaped = reap_orphans(own())
+            if reaped:
+                log.debug("reaped the exited processes %s of a dead parent", reaped)

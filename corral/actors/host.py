@@ -46,6 +46,7 @@ from .._exceptions import (
     RestartIntensityExceeded,
     SupervisionError,
 )
+from .._lifeline import become_subreaper
 from ..bus import Broker, InspectRequest, open_peer
 from ..config import (
     BUILTIN,
@@ -65,7 +66,7 @@ from ._changes import Changes
 from ._child_state import ChildState
 from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
 from ._control import serve_control
-from ._process import alive, start_time, sweep
+from ._process import alive, reap_orphans_on_sigchld, start_time, sweep
 from ._specs import ChildSpec, Liveness, SupFlags
 
 log = logging.getLogger("corral.host")
@@ -188,6 +189,9 @@ class Host:
         inst = self.instance
         inst.prepare()
         self._claim()
+        # A harness actor's workers outlive its crash: reparented to the host, not to init,
+        # they stay in its tree for the actor's next incarnation to adopt (docs/supervision.md).
+        become_subreaper()
         ctx = zmq.Context()
         try:
             await self._run(ctx, task_status)
@@ -252,6 +256,7 @@ class Host:
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.run)
             await nursery.start(children.run)
+            await nursery.start(reap_orphans_on_sigchld, self._own_pids)
             async with open_peer(
                 "supervisor", INPROC_ENDPOINT, bus=settings.bus, liveness=settings.liveness, ctx=ctx
             ) as peer:
@@ -534,6 +539,10 @@ class Host:
                 continue
             await self.children.stop_child(name)
             await self.children.start_child(self._actor_spec(name, target, actor))
+
+    def _own_pids(self) -> list[int]:
+        children = self.children.children.values() if self.children is not None else ()
+        return [c.proc.pid for c in children if c.proc is not None]
 
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

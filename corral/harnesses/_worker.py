@@ -2,7 +2,9 @@
 
 ``python -m corral.harnesses._worker`` starts here, with its spec in ``CORRAL_WORKER``
 (JSON). The process connects to the bus as ``harness/<session_id>`` with its own zmq
-context, dies with its parent (the harness actor), and serves inputs:
+context, dies with the host (not with its parent, the harness actor: a crashed harness
+actor's next incarnation adopts its workers, and asks each what it holds with
+:class:`Inventory`), and serves inputs:
 
 * :class:`TurnStart` starts a turn in a task: ``response.created``, ``response.in_progress``,
   then whatever the worker kind does through its :class:`TurnContext`, then exactly one of
@@ -35,6 +37,7 @@ import msgspec
 import trio
 
 from .. import logs
+from .._lifeline import die_with_host, host_lifeline
 from ..bus import Incoming, Message, Outbox, Peer, open_peer
 from ..config import BusSettings, LivenessSettings
 from ._held import HeldEvents
@@ -45,8 +48,10 @@ from .protocol import (
     Confirmed,
     ElicitationParked,
     ElicitationRequest,
+    Holdings,
     InputAccepted,
     Interrupt,
+    Inventory,
     Output,
     OutputItemDone,
     OutputTextDelta,
@@ -276,6 +281,12 @@ class TurnContext:
         """Whether the turn is waiting on ``key`` (a call id, elicitation id, ...)."""
         return key in self._waits
 
+    def elicitations(self) -> list[str]:
+        """The ids of the elicitations the turn waits on."""
+        return sorted(
+            key.removeprefix("elicit:") for key in self._waits if key.startswith("elicit:")
+        )
+
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         """Ask the runner to execute a tool (§iv.4) and return its output."""
         call_id = f"call_{uuid.uuid4().hex[:12]}"
@@ -400,6 +411,8 @@ class Worker:
         self.kind = kind
         self.liveness = liveness
         self.turn: TurnContext | None = None
+        #: The last turn this worker ended (its terminal sent or being sent).
+        self.ended: str | None = None
         self._turn_scope: trio.CancelScope | None = None
         self._turn_done = trio.Event()
         self._turn_done.set()
@@ -492,6 +505,12 @@ class Worker:
         if isinstance(msg, Confirmed):
             self.held.confirmed(msg)
             return None
+        if isinstance(msg, Inventory):
+            if turn is None:
+                return Holdings(ended=self.ended)
+            return Holdings(
+                turn_id=turn.turn_id, elicitations=turn.elicitations(), ended=self.ended
+            )
         if isinstance(msg, Resend):
             return self._resend(msg)
         if isinstance(msg, Interrupt):
@@ -571,6 +590,7 @@ class Worker:
         if self.turn is turn:
             self._turn_scope = None
             self.turn = None
+            self.ended = turn.turn_id
             self._turn_done.set()
 
 
@@ -610,8 +630,9 @@ def load_kind(target: str, options: dict[str, Any]) -> WorkerKind:
     return cls(options)
 
 
-async def run_worker(spec: dict[str, Any]) -> None:
-    """Connect and serve until SIGTERM, the harness actor's Stop, or the parent's death."""
+async def run_worker(spec: dict[str, Any], host: int) -> None:
+    """Connect and serve until SIGTERM, the harness actor's Stop, or the death of the host
+    (``host``: a pidfd on it)."""
     bus = msgspec.convert(spec["bus"], BusSettings)
     liveness = msgspec.convert(spec["liveness"], LivenessSettings)
     kind = load_kind(spec["target"], spec.get("options", {}))
@@ -635,23 +656,24 @@ async def run_worker(spec: dict[str, Any]) -> None:
                         nursery.cancel_scope.cancel()
 
                 nursery.start_soon(stop_on_signal)
+                nursery.start_soon(die_with_host, host)
                 await worker.serve()
                 nursery.cancel_scope.cancel()
 
 
 def main() -> None:
     """Entry point of a harness worker process."""
-    from .._lifeline import die_with_parent
-
     spec = json.loads(os.environ.pop("CORRAL_WORKER"))
-    die_with_parent(int(spec["parent_pid"]))
+    # Not PR_SET_PDEATHSIG: the kernel sends it when the parent dies, and the harness actor's
+    # crash must leave its workers to its next incarnation (they are reparented to the host).
+    host = host_lifeline(int(spec["host_pid"]), spec["host_start"])
     logs.setup(f"worker:{spec['session_id']}")
     try:
         load_kind(spec["target"], spec.get("options", {}))
     except Exception:
         log.exception("cannot load harness %s", spec["target"])
         sys.exit(78)
-    trio.run(run_worker, spec)
+    trio.run(run_worker, spec, host)
 
 
 if __name__ == "__main__":

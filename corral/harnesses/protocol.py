@@ -9,7 +9,8 @@ as they are.
 Inputs (dispatch → harness actor → worker), each answered with :class:`InputAccepted`:
 :class:`TurnStart`, :class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict`,
 :class:`Interrupt` — :data:`WorkerInbound`, what a worker decodes. A worker also sends the
-harness actor :class:`WorkerAlive` and :class:`ElicitationParked`. Dispatch itself tells a
+harness actor :class:`WorkerAlive` and :class:`ElicitationParked`, and answers its
+:class:`Inventory` (after a restart of that actor) with :class:`Holdings`. Dispatch itself tells a
 worker which of its events are :class:`Confirmed` and asks it to :class:`Resend` the rest
 (docs/harnesses.md, "Events held until confirmed").
 
@@ -119,6 +120,22 @@ class Resending(Message, tag="harness.resending"):
     known: bool
     first: int = 0
     last: int = -1
+
+
+class Inventory(Request["Holdings"], tag="harness.inventory"):
+    """The harness actor → a worker it adopted after a restart: what do you hold?"""
+
+    session_id: str
+
+
+class Holdings(Message, tag="harness.holdings"):
+    """A worker's answer to :class:`Inventory`: the turn it runs (``turn_id``, None if
+    none), the elicitations that turn waits on, and the last turn it ended (``ended``: its
+    terminal is sent, or on its way to the harness actor)."""
+
+    turn_id: str | None = None
+    elicitations: list[str] = []
+    ended: str | None = None
 
 
 class Confirmed(Message, tag="harness.confirmed"):
@@ -299,6 +316,8 @@ class ElicitationParked(Message, tag="harness.elicitation_parked"):
     reply_to: str
 
 
-#: What a worker decodes: its inputs (the harness actor forwards them), and dispatch's
-#: confirmations of and requests for its turn's events.
-WorkerInbound = TurnStart | ToolResult | Approval | PolicyVerdict | Interrupt | Resend | Confirmed
+#: What a worker decodes: its inputs (the harness actor forwards them), the harness actor's
+#: :class:`Inventory`, and dispatch's confirmations of and requests for its turn's events.
+WorkerInbound = (
+    TurnStart | ToolResult | Approval | PolicyVerdict | Interrupt | Inventory | Resend | Confirmed
+)

@@ -114,6 +114,7 @@ def test_a_worker_decodes_only_its_inputs() -> None:
         "harness.approval",
         "harness.policy_verdict",
         "harness.interrupt",
+        "harness.inventory",
         "harness.resend",
         "harness.confirmed",
     }

@@ -7,15 +7,16 @@ or — when the worker exits or stops heartbeating mid-turn — ``response.faile
 ``harness_crashed`` (``harness_restarted`` when it had parked an elicitation, which is then
 resolved ``cancel`` with that reason). The TurnStart message stays unacked in this actor's
 mailbox until then, and turn ids are recorded as started (fsynced) before a worker sees
-them: if this actor itself is killed, the redelivered TurnStart of a started turn ends
-``failed`` (``harness_restarted``) instead of running twice.
+them. If this actor itself is killed, its workers live on (they die with the host) and its
+next incarnation adopts them (:mod:`._adopt`): the redelivered TurnStart of a turn an
+adopted worker still runs, or has just ended, is owned again without being sent again, and
+the worker's terminal ends it; that of a started turn no live worker holds ends ``failed``
+(``harness_restarted``) instead of running twice.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from collections import OrderedDict
 from typing import Any
@@ -30,6 +31,7 @@ from ...harnesses.protocol import (
     Approval,
     ElicitationParked,
     ElicitationResolved,
+    Holdings,
     InputAccepted,
     Interrupt,
     Output,
@@ -47,8 +49,15 @@ from .._actor import Actor, ActorContext, every, handles
 from .._child_state import ChildState
 from .._children import Child, ChildEvent, ChildSupervisor, Exited, GaveUp
 from .._deferred import Deferred
-from .._process import sweep
-from .._specs import Backoff, ChildSpec, Liveness, SupFlags
+from .._specs import Backoff, Liveness, SupFlags
+from ._adopt import (
+    adopt_workers,
+    ask_holdings,
+    host_record,
+    take_back,
+    worker_record,
+    worker_spec,
+)
 from ._options import HarnessOptions
 from ._records import OwnedTurn, ParkedElicitation, WorkerState
 
@@ -96,6 +105,7 @@ class HarnessActor(Actor):
             ),
             run_dir=self.run_dir,
             on_event=self._on_worker_event,
+            record=host_record(),
         )
         self.workers: dict[str, WorkerState] = {}
         self.turns: dict[str, OwnedTurn] = {}
@@ -103,6 +113,9 @@ class HarnessActor(Actor):
         #: end (:meth:`_supersede`).
         self.waiting: dict[str, tuple[TurnStart, Deferred]] = {}
         self.parked: dict[str, ParkedElicitation] = {}
+        #: What the workers adopted from a previous incarnation hold, by session, until
+        #: their turns' redelivered starts are owned again (:func:`._adopt.take_back`).
+        self.holdings: dict[str, Holdings] = {}
         #: Turns a previous incarnation left behind and this one already ended.
         self.ended_turns: set[str] = set()
         #: Turns this incarnation took a start of (held now, or ended), newest last, bounded.
@@ -112,32 +125,47 @@ class HarnessActor(Actor):
     # --- lifecycle -------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        killed = sweep(self.run_dir)
-        if killed:
-            log.warning("killed %d orphaned workers of an earlier harness actor", len(killed))
         assert self.nursery is not None
         await self.nursery.start(self.children.run)
+        # A killed predecessor's workers live on: adopted, each says what it holds.
+        self.workers.update(adopt_workers(self.children, self.run_dir))
+        self.holdings = await ask_holdings(self.peer, list(self.workers), self.liveness_s)
+        for session_id in self.workers.keys() - self.holdings.keys():
+            self.children.kill(worker_address(session_id), "did not say what it holds")
         self.nursery.start_soon(self.children.watch_liveness, self._last_seen)
-        # Every worker died with the previous incarnation: what they parked can't continue.
         for incoming, _age in await self.peer.parked():
-            msg = incoming.msg
-            if isinstance(msg, ElicitationParked):
-                await self._cancel_parked(ParkedElicitation(incoming, msg), "harness_restarted")
-                if msg.turn_id in self.ended_turns:
-                    continue
-                # Its TurnStart will be redelivered too; it must not end the turn again.
-                self.ended_turns.add(msg.turn_id)
-                await self._emit(
-                    msg.reply_to,
-                    ResponseFailed(
-                        turn_id=msg.turn_id,
-                        error={
-                            "code": "harness_restarted",
-                            "message": "the harness restarted while an elicitation was parked",
-                        },
-                    ),
-                    msg.session_id,
-                )
+            if isinstance(incoming.msg, ElicitationParked):
+                await self._recover_parked(ParkedElicitation(incoming, incoming.msg))
+
+    async def _recover_parked(self, parked: ParkedElicitation) -> None:
+        """An elicitation a previous incarnation left parked: kept while its adopted worker
+        waits on it (the turn's redelivered start ties it to the turn again); resolved if
+        that worker's turn went past it (its verdict arrived, its unpark was lost); cancelled
+        otherwise — and then, with no worker to end it, its turn ends ``harness_restarted``."""
+        msg = parked.msg
+        held = self.holdings.get(msg.session_id)
+        if held is not None and held.turn_id == msg.turn_id:
+            if msg.elicitation_id in held.elicitations:
+                self.parked[msg.elicitation_id] = parked
+            else:
+                await self.peer.unpark(parked.incoming.env.id, "resolved")
+            return
+        if held is not None and held.ended == msg.turn_id:
+            # The worker's terminal is on its way; an ended turn's elicitations close first.
+            await self._cancel_parked(parked, "turn_ended")
+            return
+        await self._cancel_parked(parked, "harness_restarted")
+        if msg.turn_id in self.ended_turns:
+            return
+        # Its TurnStart will be redelivered too; it must not end the turn again.
+        self.ended_turns.add(msg.turn_id)
+        await self._emit(
+            msg.reply_to,
+            _failed(
+                msg, "harness_restarted", "the harness restarted while an elicitation was parked"
+            ),
+            msg.session_id,
+        )
 
     async def terminate(self) -> None:
         await self.children.stop_all()
@@ -269,16 +297,13 @@ class HarnessActor(Actor):
             await self._end(msg.session_id, failed)
             return
         if self.started_turns.seen(msg.turn_id):
-            await self._end(
-                msg.session_id,
-                ResponseFailed(
-                    turn_id=msg.turn_id,
-                    error={
-                        "code": "harness_restarted",
-                        "message": "the harness restarted during this turn",
-                    },
-                ),
-            )
+            state = self.workers.get(msg.session_id)
+            if take_back(turn, self.holdings, state, self.parked):
+                return
+            for parked in [p for p in self.parked.values() if p.msg.turn_id == msg.turn_id]:
+                await self._cancel_parked(parked, "harness_restarted")
+            failed = _failed(msg, "harness_restarted", "the harness restarted during this turn")
+            await self._end(msg.session_id, failed)
             return
         harness = msg.harness or msg.harness_override or _spec_harness(msg.spec)
         try:
@@ -390,11 +415,13 @@ class HarnessActor(Actor):
             await self.children.stop_child(name)
         new = WorkerState(session_id=session_id, harness=harness)
         self.workers[session_id] = new
+        record = self.children.record
         spec = {
             "session_id": session_id,
             "target": target,
             "endpoint": self.peer.endpoint,
-            "parent_pid": os.getpid(),
+            "host_pid": record["host_pid"],
+            "host_start": record["host_start"],
             "bus": msgspec.to_builtins(self.peer.bus),
             "liveness": msgspec.to_builtins(self.peer.liveness),
             "options": {},
@@ -404,15 +431,8 @@ class HarnessActor(Actor):
             # A crashed worker's restart waits out its backoff here: the first crash in the
             # period respawns at once, each further one doubles the wait.
             child = await self.children.start_child(
-                ChildSpec(
-                    name=name,
-                    argv=[sys.executable, "-m", "corral.harnesses._worker"],
-                    env=child_env,
-                    restart="transient",
-                    restart_on="demand",
-                    shutdown_timeout_s=2.0,
-                    label=f"the {harness!r} harness worker of this session",
-                )
+                worker_spec(session_id, harness, child_env),
+                record=worker_record(session_id, harness),
             )
         except RestartIntensityExceeded as exc:
             new.exited = True
@@ -583,6 +603,7 @@ class HarnessActor(Actor):
         state = self.workers.get(session_id)
         if state is not None and state.pid not in (None, last_exit.get("pid")):
             return  # an earlier worker of the session; its successor is already up
+        self.holdings.pop(session_id, None)
         if state is not None:
             state.exited = True
             state.exited_at = time.monotonic()
@@ -602,13 +623,8 @@ class HarnessActor(Actor):
             if parked is not None:
                 code = "harness_restarted"
                 await self._cancel_parked(parked, "harness_restarted")
-        await self._end(
-            session_id,
-            ResponseFailed(
-                turn_id=turn.start.turn_id,
-                error={"code": code, "message": f"the harness worker died: {last_exit['reason']}"},
-            ),
-        )
+        why = f"the harness worker died: {last_exit['reason']}"
+        await self._end(session_id, _failed(turn.start, code, why))
 
     async def _cancel_parked(self, parked: ParkedElicitation, reason: str) -> None:
         msg = parked.msg
@@ -674,5 +690,5 @@ def _spec_harness(spec: dict[str, Any]) -> str:
     return str(harness or "scripted")
 
 
-def _failed(msg: TurnStart, code: str, message: str) -> ResponseFailed:
+def _failed(msg: TurnStart | ElicitationParked, code: str, message: str) -> ResponseFailed:
     return ResponseFailed(turn_id=msg.turn_id, error={"code": code, "message": message})

@@ -1,0 +1,129 @@
+"""Taking over the workers of a dead incarnation of the harness actor (#15).
+
+A worker dies with the host, not with the harness actor (:mod:`corral._lifeline`): when the
+actor is killed, its workers are reparented to the host (a child subreaper) and go on with
+their turns. Its next incarnation finds them by their pid files, each recording the host it
+belongs to (pid and start time) and the worker's session and harness: the workers of this
+very host are adopted (:meth:`~corral.actors._children.ChildSupervisor.adopt`), anything
+else — the leftovers of an earlier host, e.g. a worker that was stopped when its host died
+and so could not see it go — is killed. Each adopted worker is then asked what it holds
+(:class:`~corral.harnesses.protocol.Inventory`): the turn it runs, the elicitations that
+turn waits on, the turn it last ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..._exceptions import BusError
+from ...harnesses.protocol import Holdings, Inventory, worker_address
+from .._children import ChildSupervisor
+from .._process import start_time, sweep_except
+from .._specs import ChildSpec
+from ._records import OwnedTurn, ParkedElicitation, WorkerState
+
+log = logging.getLogger("corral.actors.harness")
+
+
+def host_record() -> dict[str, Any]:
+    """Which host this actor's workers belong to (for their pid files): its parent."""
+    host = os.getppid()
+    return {"host_pid": host, "host_start": start_time(host)}
+
+
+def worker_record(session_id: str, harness: str) -> dict[str, Any]:
+    """What a worker's pid file says of it, for a successor that adopts it."""
+    return {"session_id": session_id, "harness": harness}
+
+
+def worker_spec(session_id: str, harness: str, env: dict[str, str]) -> ChildSpec:
+    """A session's worker as its supervisor knows it (``env``: its spawn environment)."""
+    return ChildSpec(
+        name=worker_address(session_id),
+        argv=[sys.executable, "-m", "corral.harnesses._worker"],
+        env=env,
+        restart="transient",
+        restart_on="demand",
+        shutdown_timeout_s=2.0,
+        label=f"the {harness!r} harness worker of this session",
+    )
+
+
+def adopt_workers(children: ChildSupervisor, run_dir: Path) -> dict[str, WorkerState]:
+    """Adopt the live workers of this host in ``run_dir`` and kill every other process
+    there; the adopted ones by session."""
+    host = host_record()
+
+    def ours(info: dict[str, Any]) -> bool:
+        mine = all(info.get(key) == value for key, value in host.items())
+        return mine and isinstance(info.get("session_id"), str) and "harness" in info
+
+    killed, kept = sweep_except(run_dir, ours)
+    if killed:
+        log.warning("killed %d workers of an earlier host: %s", len(killed), killed)
+    adopted: dict[str, WorkerState] = {}
+    for info in kept:
+        session_id, harness = info["session_id"], str(info["harness"])
+        record = worker_record(session_id, harness)
+        # Its spawn environment is not needed again: a worker that exits is spawned anew
+        # for its session's next turn, from that turn's start.
+        spec = worker_spec(session_id, harness, {})
+        child = children.adopt(spec, int(info["pid"]), info.get("start_time"), record=record)
+        if child is not None:
+            adopted[session_id] = WorkerState(session_id=session_id, harness=harness, pid=child.pid)
+    if adopted:
+        log.info("adopted %d workers of the previous incarnation", len(adopted))
+    return adopted
+
+
+async def ask_holdings(peer: Any, sessions: list[str], timeout: float) -> dict[str, Holdings]:
+    """Ask the adopted workers of ``sessions`` at once what they hold; one that does not
+    answer within ``timeout`` (stopped, wedged) is left out."""
+    answers: dict[str, Holdings] = {}
+
+    async def ask(session_id: str) -> None:
+        try:
+            reply = await peer.call(
+                worker_address(session_id), Inventory(session_id=session_id), timeout=timeout
+            )
+        except BusError as exc:
+            log.warning("adopted worker of %s did not say what it holds: %s", session_id, exc)
+            return
+        if isinstance(reply, Holdings):
+            answers[session_id] = reply
+
+    async with trio.open_nursery() as nursery:
+        for session_id in sessions:
+            nursery.start_soon(ask, session_id)
+    return answers
+
+
+def take_back(
+    turn: OwnedTurn,
+    holdings: dict[str, Holdings],
+    worker: WorkerState | None,
+    parked: dict[str, ParkedElicitation],
+) -> bool:
+    """Whether the session's adopted ``worker`` holds ``turn``, whose start a previous
+    incarnation took (it runs the turn, or ended it and its terminal is on the way): then
+    the turn is this incarnation's again without being started again — the worker's
+    terminal, or its death, ends it — and the elicitations it waits on are the turn's again.
+    The session's ``holdings`` are used up either way."""
+    session_id, turn_id = turn.start.session_id, turn.start.turn_id
+    held = holdings.get(session_id)
+    if held is None or turn_id not in (held.turn_id, held.ended):
+        return False
+    del holdings[session_id]
+    if worker is None or worker.exited:
+        return False
+    log.info("turn %s is run on by its adopted worker", turn_id)
+    turn.elicitations.update(i for i, p in parked.items() if p.msg.turn_id == turn_id)
+    worker.last_active = time.monotonic()
+    return True
