@@ -29,6 +29,8 @@ from typing import Any
 
 import msgspec
 
+from .._jsonlines import JsonObject
+
 __all__ = [
     "HEARTBEATS",
     "TERMINAL_EVENTS",
@@ -66,9 +68,9 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def insert_item(con: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+def insert_item(con: sqlite3.Connection, session_id: str, fields: JsonObject) -> JsonObject:
     """Store one item in the flattened shape of §iii.6; returns it."""
-    item: dict[str, Any] = {
+    item: JsonObject = {
         "id": new_id(),
         "response_id": fields.get("response_id") or f"turn_{new_id()}",
         "type": fields["type"],
@@ -95,11 +97,11 @@ class EventLog:
         self.con = con
         self.session_id = session_id
         self.seq: int = row[0]
-        self.draft: dict[str, Any] | None = _decode(row[1]) if row[1] else None
+        self.draft: JsonObject | None = _decode(row[1]) if row[1] else None
         self.status: str = row[2]
         self.now = time.time()
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: JsonObject) -> None:
         """Append one event under the next event id."""
         self.seq += 1
         self.con.execute(
@@ -107,7 +109,7 @@ class EventLog:
             (self.session_id, self.seq, str(event["type"]), _encode(event).decode(), self.now),
         )
 
-    def item(self, fields: dict[str, Any]) -> dict[str, Any]:
+    def item(self, fields: JsonObject) -> JsonObject:
         """Persist one item of this session."""
         return insert_item(self.con, self.session_id, fields)
 
@@ -142,7 +144,7 @@ class EventLog:
         # terminal event, so they can show the final text without joining deltas themselves.
         self.emit({"sequence_number": None, "type": "response.output_item.done", "item": item})
 
-    def runner_event(self, event: dict[str, Any]) -> None:
+    def runner_event(self, event: JsonObject) -> None:
         """Store one runner event, updating items, draft, status and elicitations."""
         kind = event["type"]
         if kind in ("session.status", "session.terminal_pending"):
@@ -244,7 +246,7 @@ class EventLog:
                 }
             )
 
-    def _runner_elicitation(self, event: dict[str, Any]) -> None:
+    def _runner_elicitation(self, event: JsonObject) -> None:
         eid = event.get("elicitation_id")
         if not isinstance(eid, str) or not eid:
             return
@@ -256,7 +258,7 @@ class EventLog:
         )
 
 
-def fence(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+def fence(events: list[JsonObject]) -> tuple[list[JsonObject], bool]:
     """Drop the trailing output of an interrupted turn, as the real relay does (§D.3).
 
     Applied to a session's runner events after a client interrupt or stop was delivered:
@@ -265,7 +267,7 @@ def fence(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
     is kept (so the text streamed before the interrupt is still flushed by it). Returns the
     events kept and whether the fence still stands.
     """
-    kept: list[dict[str, Any]] = []
+    kept: list[JsonObject] = []
     fenced = True
     for event in events:
         kind = event["type"]
@@ -283,7 +285,7 @@ def fence(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
 def append_runner_events(
     con: sqlite3.Connection,
     session_id: str,
-    events: list[dict[str, Any]],
+    events: list[JsonObject],
     runner_seq: int | None = None,
 ) -> int:
     """Store a batch of runner events (heartbeats dropped) and, with ``runner_seq``, the
@@ -301,9 +303,7 @@ def append_runner_events(
     return stored.save()
 
 
-def append_server_events(
-    con: sqlite3.Connection, session_id: str, events: list[dict[str, Any]]
-) -> int:
+def append_server_events(con: sqlite3.Connection, session_id: str, events: list[JsonObject]) -> int:
     """Store events the server publishes itself, as they are; returns the last event id."""
     stored = EventLog(con, session_id)
     for event in events:

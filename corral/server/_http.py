@@ -42,6 +42,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from .. import __version__
 from .._exceptions import BadInput
 from .._input import check_session_id, load_json
+from .._jsonlines import JsonObject
 from ..server_client import runner_id_for_token
 from ._plane import SERVER_VERSION, ControlPlane, Refused
 from ._store import UnknownCursor
@@ -75,7 +76,7 @@ class CreateSession(msgspec.Struct, kw_only=True):
 class MessageData(msgspec.Struct, kw_only=True):
     """``data`` of a ``message`` event."""
 
-    content: Annotated[str, msgspec.Meta(min_length=1)] | list[dict[str, Any]]
+    content: Annotated[str, msgspec.Meta(min_length=1)] | list[JsonObject]
     role: Literal["user"] = "user"
 
 
@@ -83,7 +84,7 @@ class Verdict(msgspec.Struct, kw_only=True):
     """``POST .../elicitations/{eid}/resolve``."""
 
     action: Literal["accept", "decline", "cancel"]
-    content: dict[str, Any] | None = None
+    content: JsonObject | None = None
 
 
 class ApprovalData(Verdict, kw_only=True):
@@ -104,8 +105,8 @@ class Evaluation(msgspec.Struct, kw_only=True):
     result, the call it answers (``request_data``, or the tool name as ``target``, §F.2)."""
 
     type: str
-    data: dict[str, Any] | None = None
-    request_data: dict[str, Any] | None = None
+    data: JsonObject | None = None
+    request_data: JsonObject | None = None
     target: str | None = None
 
 
@@ -398,6 +399,7 @@ class _Api:
             raise Refused(401, "unauthorized", f"{kind} is a runner event; it needs the token.")
         row = await self.plane.session(request.path_params["session_id"])
         data = raw.get("data", {})
+        answer: Mapping[str, object]
         if kind == "external_conversation_item":
             answer = await self.plane.add_runner_item(row, data)
         elif kind == "message":
@@ -504,7 +506,7 @@ class _Api:
         await self.plane.run_link(link)
         await _close(ws, 1000, "")  # a no-op when the tunnel is already closed
 
-    async def _hello(self, ws: WebSocket) -> dict[str, Any] | None:
+    async def _hello(self, ws: WebSocket) -> JsonObject | None:
         """The first frame, if it is a valid ``hello``; else the tunnel is closed (4001/4002)."""
         message: Mapping[str, Any] | None = None
         with trio.move_on_after(self.options.hello_timeout_s):
@@ -577,7 +579,7 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return max(low, min(int(text), high))
 
 
-def _content_blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _content_blocks(content: str | list[JsonObject]) -> list[JsonObject]:
     """A message's content as a list of blocks (a plain string is one ``input_text``)."""
     if isinstance(content, str):
         return [{"type": "input_text", "text": content}]

@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 import msgspec
 
+from .._jsonlines import JsonObject
 from ._policy import TOOL_CALL, Decision
 from ._store import SessionRow
 from ._tunnel import RunnerGone
@@ -38,13 +39,62 @@ log = logging.getLogger("corral.server")
 _encode = msgspec.json.Encoder().encode
 
 
+class TextContent(TypedDict):
+    """A text block of a tool result."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ToolResult(TypedDict):
+    """A ``tools/call`` result: the output as text; ``isError`` for a call that did not run."""
+
+    content: list[TextContent]
+    isError: NotRequired[bool]
+
+
+class InputRequired(TypedDict):
+    """A ``tools/call`` result that waits for a person's verdict (MCP elicitation)."""
+
+    resultType: Literal["input_required"]
+    inputRequests: JsonObject
+    requestState: str
+
+
+class RpcResult(TypedDict):
+    """A JSON-RPC 2.0 result."""
+
+    jsonrpc: Literal["2.0"]
+    id: Any
+    result: ToolResult | InputRequired
+
+
+class RpcFault(TypedDict):
+    """The ``error`` of a JSON-RPC 2.0 error answer."""
+
+    code: int
+    message: str
+
+
+class RpcError(TypedDict):
+    """A JSON-RPC 2.0 error answer."""
+
+    jsonrpc: Literal["2.0"]
+    id: Any
+    error: RpcFault
+
+
+#: The answer to one JSON-RPC request.
+RpcAnswer = RpcResult | RpcError
+
+
 class ToolCalls:
     """The ``/mcp`` endpoint of one control plane."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
 
-    async def handle(self, row: SessionRow, rpc: Any) -> dict[str, Any]:
+    async def handle(self, row: SessionRow, rpc: Any) -> RpcAnswer:
         """``POST /mcp`` (§iii.9): one JSON-RPC 2.0 request → its answer."""
         if not isinstance(rpc, dict) or rpc.get("jsonrpc") != "2.0":
             return _rpc_error(None, -32600, "Invalid Request: expected a JSON-RPC 2.0 object")
@@ -74,8 +124,8 @@ class ToolCalls:
         return _rpc_result(rpc_id, await self._execute(row, name, arguments))
 
     async def _ask(
-        self, row: SessionRow, name: str, arguments: dict[str, Any], decision: Decision
-    ) -> dict[str, Any]:
+        self, row: SessionRow, name: str, arguments: JsonObject, decision: Decision
+    ) -> InputRequired:
         eid = f"elicit_{uuid.uuid4().hex}"
         preview = json.dumps(arguments, ensure_ascii=False)
         if len(preview) > 300:
@@ -116,9 +166,9 @@ class ToolCalls:
         row: SessionRow,
         rpc_id: Any,
         name: str,
-        arguments: dict[str, Any],
-        params: dict[str, Any],
-    ) -> dict[str, Any]:
+        arguments: JsonObject,
+        params: JsonObject,
+    ) -> RpcAnswer:
         state = params.get("requestState")
         try:
             state = json.loads(state) if isinstance(state, str) else state
@@ -158,9 +208,7 @@ class ToolCalls:
             )
         return _rpc_result(rpc_id, await self._execute(row, name, arguments))
 
-    async def _execute(
-        self, row: SessionRow, name: str, arguments: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _execute(self, row: SessionRow, name: str, arguments: JsonObject) -> ToolResult:
         """Run an allowed tool call on the runner (``POST .../mcp/execute``, §ii.9)."""
         link = await self.plane.wait_link(self.plane.options.runner_wait_s)
         if link is None:
@@ -182,7 +230,7 @@ class ToolCalls:
         if 200 <= answer.status < 300 and result is not None:
             output = result.get("output") if isinstance(result, dict) else result
             text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
-            wrapped: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
+            wrapped: ToolResult = {"content": [{"type": "text", "text": text}]}
             if isinstance(result, dict) and (result.get("isError") or result.get("is_error")):
                 wrapped["isError"] = True
             return wrapped
@@ -208,9 +256,9 @@ def error_detail(decoded: Any, raw: bytes) -> str:
     return raw.decode("utf-8", "replace")[:300] or "(empty answer)"
 
 
-def _rpc_result(rpc_id: Any, result: dict[str, Any]) -> dict[str, Any]:
+def _rpc_result(rpc_id: Any, result: ToolResult | InputRequired) -> RpcResult:
     return {"jsonrpc": "2.0", "id": rpc_id, "result": result}
 
 
-def _rpc_error(rpc_id: Any, code: int, message: str) -> dict[str, Any]:
+def _rpc_error(rpc_id: Any, code: int, message: str) -> RpcError:
     return {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}

@@ -20,12 +20,11 @@ import os
 import secrets
 import socket
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from .._exceptions import ConfigError, CorralError
-from .._jsonlines import fsync_dir
+from .._jsonlines import JsonObject, fsync_dir
 from ..server_client import runner_id_for_token
 
 __all__ = [
@@ -133,7 +132,7 @@ def ensure_runner_token(directory: Path) -> tuple[str, str]:
     return token, runner_id_for_token(token)
 
 
-def read_server_json(directory: Path) -> dict[str, Any] | None:
+def read_server_json(directory: Path) -> JsonObject | None:
     """The last ``server.json`` written here, or None when absent or unreadable."""
     try:
         data = json.loads((directory / "server.json").read_text())

@@ -29,15 +29,16 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import msgspec
 import trio
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from .._exceptions import CorralError
+from .._jsonlines import JsonObject
 
 __all__ = [
     "EVENT_INGEST_CAPABILITY",
@@ -58,8 +59,20 @@ EVENT_INGEST_CAPABILITY = "session-event-ingest-v1"
 #: Batches waiting to be applied before a runner is told ``busy`` (the real server allows 2
 #: per runner; a few more cost nothing here).
 MAX_QUEUED_BATCHES = 16
+
+
+class EventAck(TypedDict):
+    """The ``event.ack`` frame of an ``event.batch``."""
+
+    kind: Literal["event.ack"]
+    id: Any
+    applied: int
+    error: str | None
+    retryable: bool
+
+
 #: Applies one ``event.batch`` frame; returns its ``event.ack`` frame.
-BatchHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+BatchHandler = Callable[[JsonObject], Awaitable[EventAck]]
 #: The headers the server's HTTP client puts on every tunnelled request (§ii).
 _BASE_HEADERS = [
     ["host", "runner"],
@@ -166,17 +179,17 @@ class SseParser:
         self.last_id: int | None = None
         self._buffer = ""
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
+    def feed(self, text: str) -> list[JsonObject]:
         """Add a chunk of stream text; returns the events it completed."""
         return [event for _, event in self.feed_with_ids(text)]
 
-    def feed_with_ids(self, text: str) -> list[tuple[int | None, dict[str, Any]]]:
+    def feed_with_ids(self, text: str) -> list[tuple[int | None, JsonObject]]:
         """Like :meth:`feed`, each event with its ``id`` (None when it has none)."""
         # Search only the new text (and the character before it): a big event arriving in
         # many frames is then scanned once, not once per frame.
         start = max(len(self._buffer) - 1, 0)
         self._buffer += text.replace("\r\n", "\n")
-        events: list[tuple[int | None, dict[str, Any]]] = []
+        events: list[tuple[int | None, JsonObject]] = []
         while (end := self._buffer.find("\n\n", start)) != -1:
             block, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
             start = 0
@@ -233,7 +246,7 @@ class RunnerLink:
         self,
         ws: WebSocket,
         runner_id: str,
-        hello: dict[str, Any],
+        hello: JsonObject,
         *,
         ping_interval_s: float,
         ping_timeout_s: float,
@@ -249,9 +262,7 @@ class RunnerLink:
         self.connection_id = connection_id if isinstance(connection_id, str) else None
         self.on_batch = on_batch
         self.ingest = on_batch is not None and EVENT_INGEST_CAPABILITY in self.capabilities
-        self._batches, self._batches_out = trio.open_memory_channel[dict[str, Any]](
-            MAX_QUEUED_BATCHES
-        )
+        self._batches, self._batches_out = trio.open_memory_channel[JsonObject](MAX_QUEUED_BATCHES)
         self.ping_interval_s = ping_interval_s
         self.ping_timeout_s = ping_timeout_s
         self.connected_at = time.time()
@@ -361,7 +372,7 @@ class RunnerLink:
                 continue
             self._on_frame(frame, text)
 
-    def _on_frame(self, frame: dict[str, Any], text: str) -> None:
+    def _on_frame(self, frame: JsonObject, text: str) -> None:
         kind = frame.get("kind")
         if kind in ("pong", "ping", "hello"):
             return  # liveness only (any frame counts); a repeated hello changes nothing
@@ -393,7 +404,7 @@ class RunnerLink:
             self.calls.pop(call.id, None)
             call.fail(f"the runner sent a malformed {kind} frame")
 
-    def _on_batch(self, frame: dict[str, Any]) -> None:
+    def _on_batch(self, frame: JsonObject) -> None:
         self.stats["event_batches"] += 1
         if not isinstance(frame.get("id"), str) or not frame["id"]:
             self._malformed("an event.batch without an id")
@@ -406,7 +417,7 @@ class RunnerLink:
                     self._send_quietly, event_ack(frame, 0, "busy", retryable=True)
                 )
 
-    async def _send_quietly(self, frame: dict[str, Any]) -> None:
+    async def _send_quietly(self, frame: Mapping[str, object]) -> None:
         with suppress(RunnerGone):
             await self.send(frame)
 
@@ -432,7 +443,7 @@ class RunnerLink:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def send(self, frame: dict[str, Any]) -> None:
+    async def send(self, frame: Mapping[str, object]) -> None:
         """Send one frame (frames of different tasks never interleave)."""
         if self.closed.is_set():
             raise RunnerGone("the runner's tunnel is closed")
@@ -529,8 +540,8 @@ class RunnerLink:
 
 
 def event_ack(
-    frame: dict[str, Any], applied: int, error: str | None = None, *, retryable: bool = False
-) -> dict[str, Any]:
+    frame: Mapping[str, object], applied: int, error: str | None = None, *, retryable: bool = False
+) -> EventAck:
     """The ``event.ack`` of a batch: events ``[0, applied)`` were applied (§A.3)."""
     return {
         "kind": "event.ack",

@@ -18,6 +18,7 @@ import msgspec
 import trio
 
 from ... import __version__
+from ..._jsonlines import JsonObject
 from ...config import ServerSettings
 from ...spec import AgentSpec, load_spec_yaml, make_bundle
 from .._agents import PACKAGED_AGENTS, Agent, AgentCatalog, spec_policies, yaml_version
@@ -27,6 +28,15 @@ from .._policy import AgentPolicy
 from .._state import ServerInfo, ensure_runner_token, is_loopback, lock_server_dir, server_dir
 from .._store import NotPending, SessionRow, Store
 from .._tunnel import RunnerGone, RunnerLink
+from ._answers import (
+    ControlForwarded,
+    Health,
+    MessagePosted,
+    Resolved,
+    SessionDeleted,
+    SessionObject,
+    SessionSnapshot,
+)
 from ._binding import RunnerBinding, _Binding
 from ._options import PlaneOptions
 from ._outbox import OutboxDelivery, _Delivery
@@ -209,7 +219,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             raise Refused(404, "not_found", f"No session {session_id!r}.")
         return row
 
-    def session_object(self, row: SessionRow) -> dict[str, Any]:
+    def session_object(self, row: SessionRow) -> SessionObject:
         """A session as the client API shows it."""
         return {
             "id": row.id,
@@ -225,7 +235,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             "runner_online": self.link is not None,
         }
 
-    async def snapshot(self, row: SessionRow) -> dict[str, Any]:
+    async def snapshot(self, row: SessionRow) -> SessionSnapshot:
         """The session object plus the full snapshot of §iii.4."""
         pending, items = await self.store.snapshot_extras(row.id)
         spec = self._spec_of(row)
@@ -276,8 +286,8 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
     # -- client events ---------------------------------------------------------------------
 
     async def post_message(
-        self, row: SessionRow, content: list[dict[str, Any]], key: str | None = None
-    ) -> dict[str, Any]:
+        self, row: SessionRow, content: list[JsonObject], key: str | None = None
+    ) -> MessagePosted:
         """Persist a user message, then forward it to the runner (§ii.7).
 
         The item and its forward are stored before anything is sent, so the message survives
@@ -302,7 +312,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         self._wake_outbox(row.id)
         return {"queued": True, "item_id": item["id"]}
 
-    async def delete_session(self, row: SessionRow) -> dict[str, Any]:
+    async def delete_session(self, row: SessionRow) -> SessionDeleted:
         """Delete a session, stop its binding and tell the runner (PROTOCOL_0_19 §I.1).
 
         The session is gone for clients whatever the runner answers, as on the real server.
@@ -331,14 +341,14 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
 
     async def resolve(
         self, row: SessionRow, elicitation_id: str, action: str, content: Any
-    ) -> dict[str, Any]:
+    ) -> Resolved:
         """Store a verdict and forward it to the runner as an ``approval`` event.
 
         Raises:
             Refused: 404 for an elicitation this session does not have, 409 when it was
                 already resolved.
         """
-        data: dict[str, Any] = {"elicitation_id": elicitation_id, "action": action}
+        data: JsonObject = {"elicitation_id": elicitation_id, "action": action}
         if content is not None:
             data["content"] = content
         event = {
@@ -364,12 +374,12 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         self.notify(row.id)
         log.info("session %s: elicitation %s resolved (%s)", row.id, elicitation_id, action)
         delivery = await self._await_delivery(row.id, entry)
-        answer: dict[str, Any] = {"queued": delivery is None, "elicitation_id": elicitation_id}
+        answer: Resolved = {"queued": delivery is None, "elicitation_id": elicitation_id}
         if delivery is not None:
             answer["runner_status"] = delivery.status
         return answer
 
-    async def control(self, row: SessionRow, kind: str) -> dict[str, Any]:
+    async def control(self, row: SessionRow, kind: str) -> ControlForwarded:
         """Forward a control event (``interrupt``, ``stop_session``, ``compact``) as ``{"type"}``.
 
         Not queued: an interrupt delivered long after it was asked for would stop a turn the
@@ -419,7 +429,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
 
     # -- status ----------------------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         """A small status document (``GET /healthz``)."""
         link = self.link
         return {

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import trio
 
+from ..._jsonlines import JsonObject
 from .._mcp import error_detail
 from .._tunnel import RunnerGone, RunnerLink, TunnelResponse
 from ._binding import _Binding
@@ -113,7 +114,7 @@ class OutboxDelivery(PlaneParts):
         self, entry: Any, state: str, status: int | None, answer: Any, detail: str
     ) -> None:
         body = msgspec.json.decode(entry.body)
-        events: list[dict[str, Any]] = []
+        events: list[JsonObject] = []
         refused = state == "failed" or (
             entry.kind == "message" and status is not None and status >= 400
         )

@@ -11,10 +11,13 @@ from typing import Any
 
 import msgspec
 
+from ..._jsonlines import JsonObject
 from .._conversation import UnknownSession
+from .._mcp import RpcAnswer
 from .._policy import TOOL_RESULT, Decision, combine, decide, tool_name_of
 from .._store import SessionRow
-from .._tunnel import event_ack
+from .._tunnel import EventAck, event_ack
+from ._answers import MessagePosted
 from ._parts import PlaneParts
 from ._refusals import Refused
 
@@ -42,8 +45,8 @@ class RunnerCalls(PlaneParts):
         self,
         row: SessionRow,
         phase: str,
-        data: dict[str, Any],
-        request_data: dict[str, Any] | None = None,
+        data: JsonObject,
+        request_data: JsonObject | None = None,
         target: str | None = None,
     ) -> Decision:
         """``/policies/evaluate`` (§iii.8): the decision on one phase of the session.
@@ -62,11 +65,11 @@ class RunnerCalls(PlaneParts):
         server = decide(self.settings.policies, phase, tool)
         return combine(server, await self._agent_policies(row), phase, tool, arguments)
 
-    async def mcp(self, row: SessionRow, rpc: Any) -> dict[str, Any]:
+    async def mcp(self, row: SessionRow, rpc: Any) -> RpcAnswer:
         """``POST /mcp`` (§iii.9): one JSON-RPC 2.0 request → its answer (see ``_mcp.py``)."""
         return await self._tools.handle(row, rpc)
 
-    async def add_runner_item(self, row: SessionRow, data: Any) -> dict[str, Any]:
+    async def add_runner_item(self, row: SessionRow, data: Any) -> MessagePosted:
         """``external_conversation_item`` (§iii.10) → a stored item.
 
         Raises:
@@ -86,7 +89,7 @@ class RunnerCalls(PlaneParts):
         item = await self.store.add_item(row.id, fields)
         return {"queued": False, "item_id": item["id"]}
 
-    async def ingest_batch(self, frame: dict[str, Any]) -> dict[str, Any]:
+    async def ingest_batch(self, frame: JsonObject) -> EventAck:
         """An ``event.batch`` from the runner (§A.3) → its ``event.ack``.
 
         Events are applied in order; the ack's ``applied`` counts those that were. Only

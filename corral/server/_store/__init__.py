@@ -33,6 +33,7 @@ from ._database import Store as Store
 from ._rows import ElicitationRow as ElicitationRow
 from ._rows import NotPending as NotPending
 from ._rows import OutboxEntry as OutboxEntry
+from ._rows import PendingElicitation as PendingElicitation
 from ._rows import SessionRow as SessionRow
 from ._rows import UnknownCursor as UnknownCursor
 
@@ -40,6 +41,7 @@ __all__ = [
     "ElicitationRow",
     "NotPending",
     "OutboxEntry",
+    "PendingElicitation",
     "SessionRow",
     "Store",
     "UnknownCursor",

@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from ..._jsonlines import JsonObject
 from .._conversation import (
     append_runner_events,
     append_server_events,
@@ -24,7 +25,7 @@ from ._elicitations import (
     _resolve_elicitation,
 )
 from ._outbox import _count_attempt, _finish_outbox, _has_pending_message, _next_outbox
-from ._rows import ElicitationRow, OutboxEntry, SessionRow
+from ._rows import ElicitationRow, ItemsPage, OutboxEntry, PendingElicitation, SessionRow
 from ._schema import _SCHEMA, SCHEMA_VERSION, T, _connect, _in_transaction, _migrate
 from ._sessions import (
     _add_item,
@@ -131,7 +132,7 @@ class Store:
         then the most recently active, so a reconnect serves waiting work first."""
         return await self._read(_sessions_for_runner, runner_id)
 
-    async def snapshot_extras(self, session_id: str) -> tuple[list[dict[str, Any]], int]:
+    async def snapshot_extras(self, session_id: str) -> tuple[list[PendingElicitation], int]:
         """The pending elicitations and the number of items of a session."""
         return await self._read(_snapshot_extras, session_id)
 
@@ -140,7 +141,7 @@ class Store:
         return await self._write(_delete_session, session_id)
 
     async def patch_session(
-        self, session_id: str, labels: dict[str, Any] | None, title: str | None
+        self, session_id: str, labels: JsonObject | None, title: str | None
     ) -> SessionRow | None:
         """Merge ``labels`` into the session's and set ``title`` (each when not None)."""
         return await self._write(_patch_session, session_id, labels, title)
@@ -150,10 +151,10 @@ class Store:
     async def add_user_message(
         self,
         session_id: str,
-        content: list[dict[str, Any]],
-        forward: dict[str, Any],
+        content: list[JsonObject],
+        forward: JsonObject,
         key: str | None = None,
-    ) -> tuple[dict[str, Any], int | None]:
+    ) -> tuple[JsonObject, int | None]:
         """Persist a user message and its forward to the runner, in one transaction.
 
         ``forward`` is the event body for the runner (§ii.7) without ``persisted_item_id``,
@@ -164,7 +165,7 @@ class Store:
         """
         return await self._write(_add_user_message, session_id, content, forward, key)
 
-    async def add_item(self, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+    async def add_item(self, session_id: str, fields: JsonObject) -> JsonObject:
         """Persist one item (``type`` and its fields; ``response_id`` optional).
 
         An item with a ``source_id`` (the runner's idempotency key) that the session already
@@ -174,7 +175,7 @@ class Store:
 
     async def list_items(
         self, session_id: str, *, limit: int, order: str, after: str | None
-    ) -> dict[str, Any]:
+    ) -> ItemsPage:
         """One page of items in the list shape of §iii.6.
 
         Raises:
@@ -185,7 +186,7 @@ class Store:
     # -- events ----------------------------------------------------------------------------
 
     async def append_runner_events(
-        self, session_id: str, events: list[dict[str, Any]], runner_seq: int | None = None
+        self, session_id: str, events: list[JsonObject], runner_seq: int | None = None
     ) -> int:
         """Store events relayed from the runner (heartbeats are dropped), building items.
 
@@ -204,7 +205,7 @@ class Store:
         """The runner's ``seq`` of the last runner event stored for the session (0: none)."""
         return await self._read(_runner_seq, session_id)
 
-    async def append_server_events(self, session_id: str, events: list[dict[str, Any]]) -> int:
+    async def append_server_events(self, session_id: str, events: list[JsonObject]) -> int:
         """Store events the server itself publishes; returns the last event id."""
         return await self._write(append_server_events, session_id, events)
 
@@ -224,10 +225,10 @@ class Store:
         self,
         session_id: str,
         elicitation_id: str,
-        params: dict[str, Any],
+        params: JsonObject,
         tool: str,
         arguments: Any,
-        event: dict[str, Any],
+        event: JsonObject,
     ) -> int:
         """Record an elicitation this server asked (a policy ``ask`` on ``/mcp``) and publish
         ``event`` (its ``response.elicitation_request``); returns the event id."""
@@ -241,8 +242,8 @@ class Store:
         elicitation_id: str,
         action: str,
         content: Any,
-        approval: dict[str, Any],
-        event: dict[str, Any],
+        approval: JsonObject,
+        event: JsonObject,
     ) -> int:
         """Store a verdict, its forward to the runner and ``event``, in one transaction.
 
@@ -276,7 +277,7 @@ class Store:
         state: str,
         status: int | None,
         result: bytes | None,
-        events: list[dict[str, Any]],
+        events: list[JsonObject],
     ) -> None:
         """Close an outbox entry (``delivered`` or ``failed``) and publish ``events``."""
         await self._write(_finish_outbox, entry_id, state, status, result, events)

@@ -6,6 +6,7 @@ import sqlite3
 import time
 from typing import Any
 
+from ..._jsonlines import JsonObject
 from .._conversation import EventLog
 from ._outbox import _add_outbox
 from ._rows import ElicitationRow, NotPending
@@ -42,10 +43,10 @@ def _add_policy_elicitation(
     con: sqlite3.Connection,
     session_id: str,
     elicitation_id: str,
-    params: dict[str, Any],
+    params: JsonObject,
     tool: str,
     arguments: Any,
-    event: dict[str, Any],
+    event: JsonObject,
 ) -> int:
     stored = EventLog(con, session_id)
     con.execute(
@@ -72,8 +73,8 @@ def _resolve_elicitation(
     elicitation_id: str,
     action: str,
     content: Any,
-    approval: dict[str, Any],
-    event: dict[str, Any],
+    approval: JsonObject,
+    event: JsonObject,
 ) -> int:
     current = _get_elicitation(con, elicitation_id)
     if current is None or current.session_id != session_id:

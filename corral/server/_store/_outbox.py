@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Any
 
+from ..._jsonlines import JsonObject
 from .._conversation import append_server_events
 from ._rows import OutboxEntry
 from ._schema import _encode
 
 
-def _add_outbox(con: sqlite3.Connection, session_id: str, kind: str, body: dict[str, Any]) -> int:
+def _add_outbox(con: sqlite3.Connection, session_id: str, kind: str, body: JsonObject) -> int:
     cursor = con.execute(
         "INSERT INTO outbox (session_id, kind, body, created_at) VALUES (?,?,?,?)",
         (session_id, kind, _encode(body).decode(), time.time()),
@@ -48,7 +48,7 @@ def _finish_outbox(
     state: str,
     status: int | None,
     result: bytes | None,
-    events: list[dict[str, Any]],
+    events: list[JsonObject],
 ) -> None:
     row = con.execute("SELECT session_id FROM outbox WHERE id = ?", (entry_id,)).fetchone()
     if row is None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import msgspec
+
+from ..._jsonlines import JsonObject
 
 
 class UnknownCursor(LookupError):
@@ -29,10 +31,32 @@ class SessionRow(msgspec.Struct, kw_only=True):
     runner_id: str | None
     status: str = "idle"
     title: str | None = None
-    labels: dict[str, Any] = {}
+    labels: JsonObject = {}
     created_at: float = 0.0
     updated_at: float = 0.0
     last_event_id: int = 0
+
+
+class ItemsPage(TypedDict):
+    """A page of a session's stored items, in the list shape of §iii.6."""
+
+    object: Literal["list"]
+    #: The items as stored: each in the server's flattened shape, whatever its type.
+    data: list[JsonObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class PendingElicitation(TypedDict):
+    """An entry of a snapshot's ``pending_elicitations``."""
+
+    id: str
+    elicitation_id: str
+    params: JsonObject
+    message: Any
+    source: str
+    created_at: int
 
 
 class ElicitationRow(msgspec.Struct, kw_only=True):
@@ -43,7 +67,7 @@ class ElicitationRow(msgspec.Struct, kw_only=True):
     id: str
     session_id: str
     source: str
-    params: dict[str, Any]
+    params: JsonObject
     tool: str | None
     arguments: Any
     state: str
@@ -51,7 +75,7 @@ class ElicitationRow(msgspec.Struct, kw_only=True):
     content: Any
     created_at: float
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> PendingElicitation:
         """The entry of a snapshot's ``pending_elicitations``."""
         params = self.params
         return {

@@ -6,13 +6,14 @@ import sqlite3
 import time
 from typing import Any
 
+from ..._jsonlines import JsonObject
 from .._conversation import (
     UnknownSession,
     insert_item,
 )
 from ._elicitations import _ELICITATION_COLUMNS, _elicitation_row
 from ._outbox import _add_outbox
-from ._rows import SessionRow, UnknownCursor
+from ._rows import ItemsPage, PendingElicitation, SessionRow, UnknownCursor
 from ._schema import _decode, _encode
 
 _SESSION_COLUMNS = (
@@ -99,7 +100,9 @@ def _sessions_for_runner(con: sqlite3.Connection, runner_id: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-def _snapshot_extras(con: sqlite3.Connection, session_id: str) -> tuple[list[dict[str, Any]], int]:
+def _snapshot_extras(
+    con: sqlite3.Connection, session_id: str
+) -> tuple[list[PendingElicitation], int]:
     rows = con.execute(
         f"SELECT {_ELICITATION_COLUMNS} FROM elicitations WHERE session_id = ? "
         "AND state = 'pending' ORDER BY created_at, id",
@@ -110,7 +113,7 @@ def _snapshot_extras(con: sqlite3.Connection, session_id: str) -> tuple[list[dic
 
 
 def _patch_session(
-    con: sqlite3.Connection, session_id: str, labels: dict[str, Any] | None, title: str | None
+    con: sqlite3.Connection, session_id: str, labels: JsonObject | None, title: str | None
 ) -> SessionRow | None:
     session = _get_session(con, session_id)
     if session is None:
@@ -138,10 +141,10 @@ def _touch(con: sqlite3.Connection, session_id: str) -> None:
 def _add_user_message(
     con: sqlite3.Connection,
     session_id: str,
-    content: list[dict[str, Any]],
-    forward: dict[str, Any],
+    content: list[JsonObject],
+    forward: JsonObject,
     key: str | None,
-) -> tuple[dict[str, Any], int | None]:
+) -> tuple[JsonObject, int | None]:
     _touch(con, session_id)
     if key is not None:
         row = con.execute(
@@ -162,7 +165,7 @@ def _add_user_message(
     return item, entry
 
 
-def _add_item(con: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+def _add_item(con: sqlite3.Connection, session_id: str, fields: JsonObject) -> JsonObject:
     _touch(con, session_id)
     source_id = fields.get("source_id")
     if isinstance(source_id, str):
@@ -183,7 +186,7 @@ def _delete_session(con: sqlite3.Connection, session_id: str) -> bool:
 
 def _list_items(
     con: sqlite3.Connection, session_id: str, limit: int, order: str, after: str | None
-) -> dict[str, Any]:
+) -> ItemsPage:
     ascending = order == "asc"
     bound = None
     if after is not None:
