@@ -517,9 +517,8 @@ async def chat_loop(
         "Ctrl-C interrupts a turn; Ctrl-D (or Ctrl-C at the prompt) quits"
     )
     while True:
-        try:
-            line = await reader.read("you> ")
-        except EOFError:
+        line = await _prompt(reader)
+        if line is None:
             view.out.print()
             return
         if not line.strip():
@@ -531,6 +530,32 @@ async def chat_loop(
             raise ControlPlaneLost(f"session {sid}: {UNREACHABLE}: {turn.error['message']}")
         if quit_chat:
             return
+
+
+async def _prompt(reader: LineReader) -> str | None:
+    """The next line at the ``you>`` prompt, or None when the user quits there (Ctrl-D, or
+    Ctrl-C).
+
+    Ctrl-C is received here, as during a turn, rather than left to trio's KeyboardInterrupt:
+    that one is raised wherever the main thread happens to be, and a quit at the prompt once
+    went unnoticed for 20 s under load. The abandoned read keeps its thread
+    (:attr:`LineReader.busy`), which :func:`chat_command` leaves without waiting for.
+    """
+    line: str | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def quit_on_ctrl_c() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(quit_on_ctrl_c)
+            # Ctrl-D is a quit as well; raised from here it would reach the caller in a group.
+            with contextlib.suppress(EOFError):
+                line = await reader.read("you> ")
+            nursery.cancel_scope.cancel()
+    return line
 
 
 @click.command("chat")

@@ -813,6 +813,35 @@ async def test_chat_loop_in_process(plane: FakePlane, tmp_path: Path) -> None:
     assert "Approved." in buf.getvalue()
 
 
+async def test_chat_loop_quits_on_ctrl_c_at_the_prompt_without_a_keyboard_interrupt(
+    plane: FakePlane, tmp_path: Path
+) -> None:
+    """Ctrl-C at ``you>`` ends the loop as a quit: received by chat, not raised as
+    KeyboardInterrupt wherever the main thread is (a quit once went unseen for 20 s)."""
+    asked = threading.Event()
+    never = threading.Event()
+
+    def blocked(prompt: str) -> str:
+        asked.set()
+        never.wait(30)  # the read Ctrl-C abandons: it never returns in time
+        raise EOFError
+
+    console, buf = _console()
+    with trio.fail_after(20):
+        async with ControlPlane(tmp_path / "state") as api, trio.open_nursery() as nursery:
+
+            async def ctrl_c_once_asked() -> None:
+                await trio.to_thread.run_sync(asked.wait, 10)
+                signal.raise_signal(signal.SIGINT)
+
+            nursery.start_soon(ctrl_c_once_asked)
+            await chat_loop(
+                api, LineReader(blocked), TurnView(console), session_id=None, agent="demo"
+            )
+    never.set()
+    assert "session s1 with agent demo" in buf.getvalue()
+
+
 # --- no host ---------------------------------------------------------------------------------
 
 
