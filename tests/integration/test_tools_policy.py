@@ -441,17 +441,24 @@ async def test_d22_a_turn_waiting_on_an_approval_is_not_silent(
         + f"[actors.policy.options]\nserver_url = {url}\n"
     ).start()
     server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
-    agent_id, sid = agent(server, tmp_path, [tool("sys_os_write", path="w.txt", content="x")])
+    warm = json.dumps({"text": "warm"})
+    agent_id, sid = agent(
+        server, tmp_path, [warm], [tool("sys_os_write", path="w.txt", content="x")]
+    )
     async with fake_gateway(host.endpoint) as gw:
         await gw.init(sid, agent_id)
+        # A first turn starts the session's worker: on a loaded machine its start alone can
+        # outlast the 1.5 s idle timeout, which would (rightly) end a turn still silent.
+        await gw.message(sid, "warm up")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
         await gw.message(sid, "go")
         ask = await _ask(gw, sid)
         # Twice the idle timeout and more (watchdog rounds run once a second) pass while
         # the call waits on the verdict.
         await trio.sleep(3.5)
-        assert gw.statuses(sid) == ["running"]
+        assert gw.statuses(sid) == ["running", "idle", "running"]
         await _verdict(gw, sid, ask["elicitation_id"], "accept")
-        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        assert await gw.until_status(sid, count=2, timeout=30) == ["running", "idle"] * 2
     host.stop()
 
 
