@@ -14,11 +14,13 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..._jsonlines import JsonObject
+
 if TYPE_CHECKING:
     from ._step import _Step, _ToolCall
 
 
-def _message_item(text: str) -> dict[str, Any]:
+def _message_item(text: str) -> JsonObject:
     return {
         "type": "message",
         "id": f"msg_{uuid.uuid4().hex[:24]}",
@@ -31,7 +33,7 @@ def _message_item(text: str) -> dict[str, Any]:
 _TEXT_PARTS = ("text", "input_text", "output_text")
 
 
-def _history(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _history(message: Mapping[str, Any]) -> list[JsonObject]:
     """The §iv.1 ``content``: a list of items (or, leniently, one user string).
 
     A call the runner recorded twice (``in_progress``, then ``completed``) is kept once.
@@ -39,7 +41,7 @@ def _history(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     content = message.get("content")
     if isinstance(content, str):
         return [{"type": "message", "role": "user", "content": content}]
-    items: list[dict[str, Any]] = []
+    items: list[JsonObject] = []
     calls: set[str] = set()
     for item in content or []:
         if not isinstance(item, dict):
@@ -88,8 +90,8 @@ class _ResponsesConversation:
                 {"type": "function_call_output", "call_id": call.call_id, "output": output}
             )
 
-    def body(self, model: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model, "input": list(self.input), "stream": True}
+    def body(self, model: str) -> JsonObject:
+        body: JsonObject = {"model": model, "input": list(self.input), "stream": True}
         if self.instructions:
             body["instructions"] = self.instructions
         if self.tools:
@@ -101,7 +103,7 @@ class _ResponsesConversation:
 _TEXT_FILE_TYPES = ("application/json", "application/xml", "application/yaml", "application/x-yaml")
 
 
-def _inline_text_files(content: list[Any]) -> list[dict[str, Any]]:
+def _inline_text_files(content: list[Any]) -> list[JsonObject]:
     """Content blocks with each text file attached as ``input_text``.
 
     The server forwards an upload as ``{"type": "input_file", "filename", "file_data":
@@ -110,7 +112,7 @@ def _inline_text_files(content: list[Any]) -> list[dict[str, Any]]:
     bytes replaced), which every model and both APIs read. Any other file, and one whose
     data cannot be decoded, passes on as it came.
     """
-    blocks: list[dict[str, Any]] = []
+    blocks: list[JsonObject] = []
     for block in content:
         if not isinstance(block, dict):
             continue
@@ -119,7 +121,7 @@ def _inline_text_files(content: list[Any]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _text_file(block: dict[str, Any]) -> str | None:
+def _text_file(block: JsonObject) -> str | None:
     data = block.get("file_data")
     if not isinstance(data, str) or not data.startswith("data:"):
         return None
@@ -138,14 +140,14 @@ def _text_file(block: dict[str, Any]) -> str | None:
     )
 
 
-def _responses_tool(tool: dict[str, Any]) -> dict[str, Any]:
+def _responses_tool(tool: JsonObject) -> JsonObject:
     function = tool.get("function")
     if tool.get("type") == "function" and isinstance(function, dict):
         return {"type": "function", **function}
     return tool
 
 
-def _responses_item(item: dict[str, Any]) -> dict[str, Any]:
+def _responses_item(item: JsonObject) -> JsonObject:
     """A history item the Responses API accepts (runner-only fields and ids dropped)."""
     kind = item.get("type") or ("message" if "role" in item else None)
     if kind == "message":
@@ -170,7 +172,7 @@ class _ChatConversation:
     """The ``messages`` of a Chat Completions call."""
 
     def __init__(self, history: list[dict], instructions: str | None, tools: list) -> None:
-        self.messages: list[dict[str, Any]] = []
+        self.messages: list[JsonObject] = []
         if instructions:
             self.messages.append({"role": "system", "content": instructions})
         self.tools = [_chat_tool(t) for t in tools if isinstance(t, dict)]
@@ -178,7 +180,7 @@ class _ChatConversation:
         for item in history:
             self._add_item(item)
 
-    def _add_item(self, item: dict[str, Any]) -> None:
+    def _add_item(self, item: JsonObject) -> None:
         kind = item.get("type") or ("message" if "role" in item else None)
         if kind == "message":
             role = item.get("role") or "user"
@@ -203,7 +205,7 @@ class _ChatConversation:
             )
 
     def add_step(self, step: _Step, outputs: list[tuple[_ToolCall, str]]) -> None:
-        message: dict[str, Any] = {"role": "assistant", "content": step.text or None}
+        message: JsonObject = {"role": "assistant", "content": step.text or None}
         if step.tool_calls:
             message["tool_calls"] = [
                 {
@@ -217,8 +219,8 @@ class _ChatConversation:
         for call, output in outputs:
             self.messages.append({"role": "tool", "tool_call_id": call.call_id, "content": output})
 
-    def body(self, model: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def body(self, model: str) -> JsonObject:
+        body: JsonObject = {
             "model": model,
             "messages": list(self.messages),
             "stream": True,
@@ -229,7 +231,7 @@ class _ChatConversation:
         return body
 
 
-def _chat_tool(tool: dict[str, Any]) -> dict[str, Any] | None:
+def _chat_tool(tool: JsonObject) -> JsonObject | None:
     if isinstance(tool.get("function"), dict):
         return tool
     if tool.get("type") == "function" and tool.get("name"):
@@ -242,7 +244,7 @@ def _chat_content(content: Any) -> Any:
     """Responses content parts → a Chat string (text only) or a list of Chat parts."""
     if not isinstance(content, list):
         return content if isinstance(content, str) else ""
-    parts: list[dict[str, Any]] = []
+    parts: list[JsonObject] = []
     for part in _inline_text_files(content):
         if "text" in part and part.get("type") in _TEXT_PARTS:
             parts.append({"type": "text", "text": part["text"]})

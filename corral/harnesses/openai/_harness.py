@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import httpx
 import trio
 
+from ..._jsonlines import JsonObject
 from .._worker import TurnFailed
 from ..spawn_env import env_prefix
 from ._conversations import _history
@@ -29,7 +30,7 @@ class OpenAIHarness:
     """
 
     def __init__(
-        self, options: dict[str, Any] | None = None, *, environ: Mapping[str, str] | None = None
+        self, options: JsonObject | None = None, *, environ: Mapping[str, str] | None = None
     ) -> None:
         self.options = dict(options or {})
         self.environ = os.environ if environ is None else environ
@@ -56,7 +57,7 @@ class OpenAIHarness:
                 f"{env_prefix(settings.harness)}API_KEY",
             )
         # Before the turn watchdog starts: the server may hold this until a person answers.
-        await turn.check_llm_request(llm_request_data(settings, turn.message, turn.spec))
+        await turn.check_llm_request(dict(llm_request_data(settings, turn.message, turn.spec)))
         limit = settings.turn_timeout_s or math.inf
         with trio.move_on_after(limit) as watchdog:
             async with httpx.AsyncClient(timeout=None) as client:
@@ -65,9 +66,19 @@ class OpenAIHarness:
             raise TurnFailed("timeout", f"the turn took longer than {limit:g}s (turn_timeout_s)")
 
 
+class LlmRequestData(TypedDict):
+    """The ``PHASE_LLM_REQUEST`` data of a turn."""
+
+    model: str
+    messages_count: int
+    tools_count: int
+    system_prompt_preview: str
+    last_user_message: str
+
+
 def llm_request_data(
     settings: Settings, message: Mapping[str, Any], spec: Mapping[str, Any]
-) -> dict[str, Any]:
+) -> LlmRequestData:
     """The ``PHASE_LLM_REQUEST`` data of a turn (PROTOCOL_0_19 §F.4): the model id, how many
     history items and tools the model gets, the first 200 characters of the instructions
     and the text of the last user message (at most 500 characters)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
+from ..._jsonlines import JsonObject
 from .._worker import TurnFailed
 from ._conversations import _ChatConversation, _history, _ResponsesConversation
 from ._settings import Settings
@@ -80,7 +81,7 @@ class _AgentLoop:
             return f"error: the arguments of {call.name} are {problem}; call it again"
         return await self.turn.call_tool(call.name, arguments)
 
-    def _add_usage(self, usage: dict[str, Any] | None) -> None:
+    def _add_usage(self, usage: JsonObject | None) -> None:
         """Add one model call's usage to the turn's.
 
         Tokens are summed over the turn's calls. ``context_tokens`` is the last call's total:
@@ -125,7 +126,7 @@ class _AgentLoop:
                 await trio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _attempt(self, body: dict[str, Any]) -> _Step:
+    async def _attempt(self, body: JsonObject) -> _Step:
         s = self.settings
         url = s.base_url + ("/responses" if s.api == "responses" else "/chat/completions")
         headers = {"accept": "text/event-stream", **s.headers}

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import trio
 
+from ..._jsonlines import JsonObject
 from .._worker import TurnFailed
 from ..spawn_env import env_prefix
 
@@ -60,7 +61,7 @@ class Settings:
     idle_timeout_s: float
     turn_timeout_s: float
     headers: dict[str, str] = field(default_factory=dict)
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: JsonObject = field(default_factory=dict)
 
     def idle_deadline(self) -> float:
         """When the idle watchdog fires if no byte arrives from now on."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..._jsonlines import JsonObject
 
 
 @dataclass(slots=True)
@@ -19,5 +20,5 @@ class _Step:
 
     text: str = ""
     tool_calls: list[_ToolCall] = field(default_factory=list)
-    items: list[dict[str, Any]] = field(default_factory=list)  # Responses output items
-    usage: dict[str, Any] | None = None
+    items: list[JsonObject] = field(default_factory=list)  # Responses output items
+    usage: JsonObject | None = None

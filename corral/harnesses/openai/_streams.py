@@ -10,6 +10,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from ..._jsonlines import JsonObject
 from .._worker import TurnFailed
 from ._conversations import _item_text
 from ._step import _Step, _ToolCall
@@ -24,7 +25,7 @@ def _redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "[redacted]") if secret else text
 
 
-def _json_object(data: str | bytes) -> dict[str, Any]:
+def _json_object(data: str | bytes) -> JsonObject:
     try:
         obj = json.loads(data)
     except ValueError:
@@ -89,7 +90,7 @@ class _Reader:
         self.emitted = False  # something of this attempt reached the turn: no retry
         self.done = False
         self.text: list[str] = []
-        self.usage: dict[str, Any] | None = None
+        self.usage: JsonObject | None = None
 
     async def _text(self, delta: Any) -> None:
         if not isinstance(delta, str):
@@ -112,7 +113,7 @@ class _Reader:
     async def event(self, name: str, data: str) -> None:
         raise NotImplementedError
 
-    async def whole(self, obj: dict[str, Any]) -> None:
+    async def whole(self, obj: JsonObject) -> None:
         """A provider that ignored ``stream: true`` and answered with one JSON object."""
         raise NotImplementedError
 
@@ -123,7 +124,7 @@ class _Reader:
 class _ResponsesReader(_Reader):
     def __init__(self, loop: _AgentLoop) -> None:
         super().__init__(loop)
-        self.items: list[dict[str, Any]] = []
+        self.items: list[JsonObject] = []
 
     async def event(self, name: str, data: str) -> None:
         if data.strip() == "[DONE]":
@@ -154,7 +155,7 @@ class _ResponsesReader(_Reader):
     def _key(self) -> str | None:
         return self.loop.settings.api_key
 
-    async def whole(self, response: dict[str, Any]) -> None:
+    async def whole(self, response: JsonObject) -> None:
         self.loop.serve(response.get("model"))
         self.usage = response.get("usage") or None
         if not self.items and isinstance(response.get("output"), list):
@@ -221,7 +222,7 @@ class _ChatReader(_Reader):
         # ``[DONE]`` ends a stream; some servers close after the finish_reason without it.
         return self.done or self.finished
 
-    async def whole(self, obj: dict[str, Any]) -> None:
+    async def whole(self, obj: JsonObject) -> None:
         await self.event("", json.dumps(obj))
         self.done = True
 
