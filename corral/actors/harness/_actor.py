@@ -116,6 +116,8 @@ class HarnessActor(Actor):
         #: What the workers adopted from a previous incarnation hold, by session, until
         #: their turns' redelivered starts are owned again (:func:`._adopt.take_back`).
         self.holdings: dict[str, Holdings] = {}
+        #: Turns whose terminal is being sent (their start is acked once it is out).
+        self.ending: set[str] = set()
         #: Turns a previous incarnation left behind and this one already ended.
         self.ended_turns: set[str] = set()
         #: Turns this incarnation took a start of (held now, or ended), newest last, bounded.
@@ -181,17 +183,12 @@ class HarnessActor(Actor):
                     "harness": w.harness,
                     "in_flight": w.session_id in self.turns,
                     "idle_s": round(now - w.last_active, 3),
-                    "crashes": c.restarts
-                    if (c := self.children.children.get(worker_address(w.session_id)))
-                    else 0,
-                    "pid": (
-                        c.pid
-                        if (c := self.children.children.get(worker_address(w.session_id)))
-                        else None
-                    ),
+                    "crashes": c.restarts if c else 0,
+                    "pid": c.pid if c else None,
                 }
                 for w in self.workers.values()
                 if not w.exited
+                for c in [self.children.children.get(worker_address(w.session_id))]
             ],
             "parked": sorted(self.parked),
             # What this actor keeps per session beyond its live workers (bounded: H-08).
@@ -288,9 +285,11 @@ class HarnessActor(Actor):
     async def _start_turn(self, msg: TurnStart, deferred: Deferred) -> None:
         turn = self.turns.get(msg.session_id)
         if turn is None or turn.start.turn_id != msg.turn_id:
-            if not deferred.resolved:
+            # Ended meanwhile (its worker's terminal, redelivered, came first); one whose
+            # terminal is still on its way is acked by that, once the terminal is out.
+            if not deferred.resolved and msg.turn_id not in self.ending:
                 deferred.ack()
-            return  # ended meanwhile (its worker's terminal, redelivered, came first)
+            return
         if msg.session_id in self.waiting:
             # A newer start came after this one: it is over for dispatch, and runs nothing.
             failed = _failed(msg, "superseded", "a newer turn of this session started")
@@ -560,15 +559,19 @@ class HarnessActor(Actor):
         turn = self.turns.pop(session_id, None)
         if turn is None:
             return
-        # Nothing can answer an elicitation of an ended turn (an interrupt ends it at an
-        # approval): cancelled before the terminal, so that the prompt closes in order and
-        # the broker holds nothing parked for it.
-        for elicitation_id in sorted(turn.elicitations):
-            parked = self.parked.get(elicitation_id)
-            if parked is not None and parked.verdict is None:
-                await self._cancel_parked(parked, "turn_ended")
-        await self._emit(turn.start.reply_to, event, session_id)
-        turn.deferred.ack()
+        self.ending.add(turn.start.turn_id)
+        try:
+            # Nothing can answer an elicitation of an ended turn (an interrupt ends it at an
+            # approval): cancelled before the terminal, so that the prompt closes in order
+            # and the broker holds nothing parked for it.
+            for elicitation_id in sorted(turn.elicitations):
+                parked = self.parked.get(elicitation_id)
+                if parked is not None and parked.verdict is None:
+                    await self._cancel_parked(parked, "turn_ended")
+            await self._emit(turn.start.reply_to, event, session_id)
+            turn.deferred.ack()
+        finally:
+            self.ending.discard(turn.start.turn_id)
         state = self.workers.get(session_id)
         if state is not None:
             state.last_active = time.monotonic()

@@ -1,0 +1,139 @@
+"""A harness actor's crash leaves its workers to its next incarnation (#15, H-07).
+
+Workers die with the host, not with the harness actor: the host is a child subreaper, so a
+dead harness actor's workers become the host's children, and the actor's next incarnation
+adopts them (tests/integration/test_harness_supervision.py has the turn that completes
+across the restart and the elicitation that stays parked). These are the other cases:
+workers that die with their harness actor, a turn that ends while no harness actor runs,
+and a host that dies with its workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import trio
+
+from corral.actors._process import start_time
+from corral.harnesses.protocol import is_terminal
+from tests.conftest import HostProcess, process_gone, processes_of, wait_until
+from tests.integration._dispatch import fake_dispatch, scripted
+
+#: The harness actor alone: a stand-in dispatch (``fake_dispatch``) drives it.
+HOST_ACTORS = frozenset({"harness"})
+
+pytestmark = pytest.mark.chaos
+
+
+def _pids(host: HostProcess) -> dict[str, int]:
+    workers = host.ask("inspect", actor="harness")["state"]["workers"]
+    return {w["session_id"]: w["pid"] for w in workers}
+
+
+def _terminals(events: list) -> list:
+    return [e for e in events if is_terminal(e)]
+
+
+async def _no_second_end(d, turns: tuple[str, ...]) -> None:
+    """No turn of ``turns`` gets a second terminal within a second (a late one would)."""
+    with pytest.raises(trio.TooSlowError):
+        await d.wait_for(lambda _: any(len(_terminals(d.of_turn(t))) > 1 for t in turns), 1)
+
+
+async def test_h07_workers_killed_with_their_harness_actor_end_their_turns_once(
+    host: HostProcess,
+) -> None:
+    """The harness actor is killed, and two of its three workers while it is down: the
+    streaming turn and the parked one of the dead workers end ``harness_restarted`` once (the
+    parked elicitation cancelled first), and the third worker's turn completes."""
+    long = scripted({"text": "x", "repeat": 600, "delay_ms": 5})
+    async with fake_dispatch(host.endpoint) as d:
+        streaming = await d.start_turn("s-dead-stream", long)
+        parked = await d.start_turn("s-dead-parked", scripted({"elicit": {"message": "?"}}))
+        survivor = await d.start_turn("s-alive", long)
+        req = await d.wait_type("response.elicitation_request", turn_id=parked)
+        await d.wait_type("response.output_text.delta", turn_id=streaming)
+        await d.wait_type("response.output_text.delta", turn_id=survivor)
+        pids = _pids(host)
+        before = host.actor("harness")
+        os.kill(before["pid"], signal.SIGKILL)
+        os.kill(pids["s-dead-stream"], signal.SIGKILL)
+        os.kill(pids["s-dead-parked"], signal.SIGKILL)
+        await trio.to_thread.run_sync(lambda: host.restarted("harness", before))
+        for turn in (streaming, parked):
+            end = await d.terminal(turn, timeout=20)
+            assert end.error["code"] == "harness_restarted", end
+        tag = "response.elicitation_resolved"
+        resolved = [e for e in d.of_turn(parked) if e.__struct_config__.tag == tag]
+        assert [(e.elicitation_id, e.action, e.reason) for e in resolved] == [
+            (req.elicitation_id, "cancel", "harness_restarted")
+        ]
+        tags = [e.__struct_config__.tag for e in d.of_turn(parked)]
+        assert tags.index(tag) < tags.index("response.failed"), "the prompt closes first"
+        end = await d.terminal(survivor, timeout=30)
+        assert end.__struct_config__.tag == "response.completed", end
+        await _no_second_end(d, (streaming, parked, survivor))
+        row = host.ask("elicitations")["elicitations"][0]
+        assert (row["state"], row["reason"]) == ("cancelled", "harness_restarted")
+
+
+async def test_h07_a_turn_its_worker_ends_while_no_harness_actor_runs_ends_once(
+    host: HostProcess,
+) -> None:
+    """The worker ends its turn while its harness actor is stopped and then killed: its
+    terminal waits in the actor's mailbox behind the turn's start. The next incarnation
+    owns the redelivered start again (its adopted worker says it ended that turn, or the
+    terminal comes first) and the terminal ends it: completed, once, no hang, the start
+    acked once the terminal is out. The start's own job used to ack it while the terminal
+    was still being sent (a crash then lost the turn's end), and the terminal acked it
+    again."""
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-ended", scripted({"text": "y", "repeat": 20, "delay_ms": 10}))
+        await d.wait_type("response.output_text.delta", turn_id=turn)
+        before = host.actor("harness")
+        os.kill(before["pid"], signal.SIGSTOP)
+        try:
+            # The assistant message goes out whole just before the terminal (to the actor).
+            await d.wait_for(
+                lambda e: e.turn_id == turn and getattr(e, "item", {}).get("type") == "message"
+            )
+        finally:
+            os.kill(before["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(lambda: host.restarted("harness", before))
+        end = await d.terminal(turn, timeout=20)
+        assert end.__struct_config__.tag == "response.completed", end
+        await _no_second_end(d, (turn,))
+    assert "resolved twice" not in host.log(), "its start acked once, after its terminal"
+
+
+async def test_h07_kill9_of_the_host_leaves_no_worker_and_the_next_host_kills_a_stopped_one(
+    host_factory,
+) -> None:
+    """A worker dies with its host, watched through a pidfd (not with its harness actor):
+    ``kill -9`` of the host leaves none running. A worker that was stopped then cannot see
+    its host go; the next host's harness actor finds it by its pid file, which names the
+    dead host, and kills it instead of adopting it."""
+    host = host_factory().start()
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-busy", scripted({"text": "z", "repeat": 3000, "delay_ms": 5}))
+        await d.wait_type("response.output_text.delta", turn_id=turn)
+        idle = await d.start_turn("s-stopped", scripted({"text": "ok"}))
+        await d.terminal(idle)
+        pids = _pids(host)
+    stopped = pids["s-stopped"]
+    stopped_start = start_time(stopped)
+    os.kill(stopped, signal.SIGSTOP)
+    host.kill9()
+    await trio.to_thread.run_sync(
+        lambda: wait_until(
+            lambda: processes_of(host.state_dir) == [stopped], 10, "only the stopped worker"
+        )
+    )
+    host.start()
+    await trio.to_thread.run_sync(
+        lambda: wait_until(lambda: process_gone(stopped, stopped_start), 10, "killed at start")
+    )
+    assert host.stop() == 0
+    assert processes_of(host.state_dir) == []
