@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import trio
 
+from .._jsonlines import JsonObject
+
 log = logging.getLogger("corral.bench.chaos")
 
 #: Statuses that end a turn on the session stream.
@@ -40,7 +42,7 @@ class Event:
     #: The stream id (``id:``), an int for this control plane.
     id: int
     type: str
-    data: dict[str, Any]
+    data: JsonObject
 
 
 @dataclass
@@ -104,9 +106,7 @@ class PlaneClient:
                 raise PlaneGone("no control plane address for the driver's whole patience")
             await trio.sleep(0.1)
 
-    async def call(
-        self, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> tuple[int, Any]:
+    async def call(self, method: str, path: str, body: JsonObject | None = None) -> tuple[int, Any]:
         """One request, retried while nothing answers; ``(status, JSON body)``.
 
         Only for requests that are safe to repeat (reads, verdicts, session creation whose
@@ -237,7 +237,7 @@ async def _read_sse(
                 event_id = None
 
 
-def _loads(text: str) -> dict[str, Any]:
+def _loads(text: str) -> JsonObject:
     try:
         value = json.loads(text)
     except ValueError:

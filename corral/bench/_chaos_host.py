@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from .._jsonlines import JsonObject
 from ..actors._control import request
 from ..instance import Instance
 
@@ -50,13 +51,13 @@ def token(turn: int, index: int) -> str:
     return f"{turn % 1000:03d}.{index:02d}|"
 
 
-def script(turns: int, deltas: int, delay_ms: int) -> list[list[dict[str, Any]]]:
+def script(turns: int, deltas: int, delay_ms: int) -> list[list[JsonObject]]:
     """One script turn per session turn: deltas, a shell call, an approval, more deltas.
 
     ``deltas`` tokens stream before the tool call and as many after the approval, each its
     own delta, ``delay_ms`` apart (the turn's length, and so how often a kill lands mid-turn).
     """
-    out: list[list[dict[str, Any]]] = []
+    out: list[list[JsonObject]] = []
     for k in range(turns):
         first = "".join(token(k, j) for j in range(deltas))
         second = "".join(token(k, j) for j in range(deltas, 2 * deltas))
@@ -80,7 +81,7 @@ def expected_tokens(turn: int, deltas: int) -> list[str]:
     return [token(turn, j) for j in range(2 * deltas)]
 
 
-def _agent_yaml(turns: list[list[dict[str, Any]]]) -> str:
+def _agent_yaml(turns: list[list[JsonObject]]) -> str:
     # JSON is YAML: the script needs no YAML writer.
     spec = {"name": AGENT, "executor": {"harness": "scripted", "script": {"turns": turns}}}
     return json.dumps(spec, indent=1)
@@ -210,10 +211,10 @@ class ChaosHost:
             return None
         return str(info["url"]).rstrip("/")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JsonObject:
         return request(self.inst.control_path, "status", timeout=10)
 
-    def parked(self) -> list[dict[str, Any]]:
+    def parked(self) -> list[JsonObject]:
         """Elicitations the host still holds parked."""
         listed = request(self.inst.control_path, "elicitations", timeout=10)["elicitations"]
         return [e for e in listed if e.get("state") == "parked"]
@@ -324,9 +325,7 @@ def _root() -> Iterator[Path]:
 
 
 @contextlib.asynccontextmanager
-async def chaos_host(
-    turns: list[list[dict[str, Any]]], *, tunnel: bool
-) -> AsyncIterator[ChaosHost]:
+async def chaos_host(turns: list[list[JsonObject]], *, tunnel: bool) -> AsyncIterator[ChaosHost]:
     """A chaos host for ``turns`` (the agent's script), up and connected.
 
     Its log (and the control plane's) is ``<root>/host.log``; set ``CORRAL_CHAOS_KEEP=1`` to

@@ -13,14 +13,46 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import trio
 
+from .._jsonlines import JsonObject
 from ..instance import Instance
 
 
-def figure(name: str, value: float, unit: str, baseline: float | None = None) -> dict[str, Any]:
+class Figure(TypedDict):
+    """One result row of a benchmark."""
+
+    name: str
+    value: float
+    unit: str
+    #: value / baseline; None without a baseline.
+    ratio_to_baseline: float | None
+
+
+class Baseline(TypedDict):
+    """What a benchmark's figures are compared with, measured in the same run."""
+
+    name: str
+    value: float
+    unit: str
+
+
+class Document(TypedDict):
+    """What ``run(params)`` of every benchmark returns and ``corral bench --json`` prints
+    (CLI.md); ``figures`` and ``ok`` only for the chaos benchmark."""
+
+    benchmark: str
+    baseline: Baseline
+    results: list[Figure]
+    #: The parameters the run used: each benchmark has its own.
+    params: JsonObject
+    figures: NotRequired[JsonObject]
+    ok: NotRequired[bool]
+
+
+def figure(name: str, value: float, unit: str, baseline: float | None = None) -> Figure:
     """One result row; ``ratio_to_baseline`` is value / baseline when one is given."""
     return {
         "name": name,

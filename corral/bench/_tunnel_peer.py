@@ -35,6 +35,7 @@ from trio_websocket import (
     serve_websocket,
 )
 
+from .._jsonlines import JsonObject
 from ._common import start_role
 
 FRAME_PROTOCOL_VERSION = 1
@@ -202,7 +203,7 @@ class TunnelPeer:
     def __init__(self, runner_id: str) -> None:
         self.runner_id = runner_id
         self.url = ""
-        self.hello: dict[str, Any] | None = None
+        self.hello: JsonObject | None = None
         self.streams: dict[str, SessionStream] = {}
         self.frames_in = 0
         self._ws: WebSocketConnection | None = None

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import zmq
 
 from ..bus import encode_body, encode_envelope, open_peer
 from ..bus._messages import Envelope
-from ._common import figure, percentile, start_role
+from ._common import Document, figure, percentile, start_role
 from ._messages import Count, Ping
 
 ROLES = "corral.bench._bus_roles"
@@ -129,7 +130,7 @@ async def _round_trips(endpoint: str, n: int) -> list[float]:
         return sorted(times)
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(params: Mapping[str, object]) -> Document:
     """Run the bus benchmark and return the CLI.md result document."""
     quick = bool(params.get("quick"))
     n_stream = 50_000 if quick else 300_000

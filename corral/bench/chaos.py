@@ -30,6 +30,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,7 +49,7 @@ from ._chaos_host import (
     processes_under,
     script,
 )
-from ._common import figure, percentile
+from ._common import Document, figure, percentile
 
 Mode = Literal["kill", "tunnel"]
 #: What ``kind = "any"`` kills in the kill mode: every process kind of a host (the broker
@@ -443,7 +444,7 @@ def _ms(latencies: list[float], q: float) -> float | None:
 # --- the benchmark -----------------------------------------------------------------------------
 
 
-def options_of(params: dict[str, Any]) -> ChaosOptions:
+def options_of(params: Mapping[str, object]) -> ChaosOptions:
     """The run's options from the CLI's parameters (``--quick``: 4 sessions x 3 turns)."""
     base = ChaosOptions(sessions=4, turns=3) if params.get("quick") else ChaosOptions()
     given = {
@@ -456,7 +457,7 @@ def options_of(params: dict[str, Any]) -> ChaosOptions:
     return msgspec.convert({**msgspec.to_builtins(base), **given}, ChaosOptions)
 
 
-def result_document(figures: ChaosFigures) -> dict[str, Any]:
+def result_document(figures: ChaosFigures) -> Document:
     """The CLI.md result document, every figure also under ``figures``."""
     ms = "ms"
     results = [
@@ -506,7 +507,7 @@ def result_document(figures: ChaosFigures) -> dict[str, Any]:
     }
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(params: Mapping[str, object]) -> Document:
     """Run the chaos benchmark and return its result document (``ok`` false: an invariant
     failed, and ``corral bench chaos`` exits 1)."""
     return result_document(trio.run(run_chaos, options_of(params)))

@@ -14,11 +14,13 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from .._jsonlines import JsonObject
 from ..actors._control import request
 from ..bus import open_peer
 from ..config import LivenessSettings
@@ -31,19 +33,19 @@ from ..harnesses.protocol import (
     is_terminal,
 )
 from ..instance import Instance
-from ._common import figure, percentile, raw_stream_rate, running_host
+from ._common import Document, figure, percentile, raw_stream_rate, running_host
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 
 
-def _spec(*steps: dict[str, Any]) -> dict[str, Any]:
+def _spec(*steps: JsonObject) -> JsonObject:
     return {
         "name": "bench",
         "executor": {"harness": "scripted", "script": {"turns": [list(steps)]}},
     }
 
 
-def _message(text: str) -> dict[str, Any]:
+def _message(text: str) -> JsonObject:
     return {
         "type": "message",
         "role": "user",
@@ -54,7 +56,7 @@ def _message(text: str) -> dict[str, Any]:
     }
 
 
-async def _start_turn(peer: Any, session_id: str, spec: dict[str, Any]) -> str:
+async def _start_turn(peer: Any, session_id: str, spec: JsonObject) -> str:
     """Ask the harness actor for a turn, as dispatch would; returns the turn id."""
     turn_id = uuid.uuid4().hex
     message = TurnStart(
@@ -68,7 +70,7 @@ async def _start_turn(peer: Any, session_id: str, spec: dict[str, Any]) -> str:
     return turn_id
 
 
-async def _first_delta(peer: Any, session_id: str, spec: dict[str, Any]) -> float:
+async def _first_delta(peer: Any, session_id: str, spec: JsonObject) -> float:
     t0 = time.perf_counter()
     turn_id = await _start_turn(peer, session_id, spec)
     first: float | None = None
@@ -106,7 +108,7 @@ async def _delta_rate(peer: Any, session_id: str, n: int) -> float:
     return (got - 1) / (time.perf_counter() - t0)
 
 
-def _workers(inst: Instance) -> list[dict[str, Any]]:
+def _workers(inst: Instance) -> list[JsonObject]:
     return request(inst.control_path, "inspect", actor="harness")["state"]["workers"]
 
 
@@ -117,7 +119,7 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
+async def _measure(inst: Instance, quick: bool) -> Document:
     n_cold = 5 if quick else 15
     n_deltas = 20_000 if quick else 100_000
     endpoint = inst.bus_endpoint
@@ -157,7 +159,7 @@ async def _measure(inst: Instance, quick: bool) -> dict[str, Any]:
     }
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(params: Mapping[str, object]) -> Document:
     """Run the harness benchmark and return the CLI.md result document."""
     with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n") as inst:
         return trio.run(_measure, inst, bool(params.get("quick")))

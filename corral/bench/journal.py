@@ -22,16 +22,48 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 import trio
 
 from corral.journal import JournalWriter, PendingAppend, RunJournal
 
-from ._common import figure
+from ._common import Document, figure
 
-DEFAULTS: dict[str, Any] = {
+
+class JournalParams(TypedDict):
+    """The journal benchmark's parameters (:data:`DEFAULTS`, overridden by the caller's)."""
+
+    runs: int
+    events_per_run: int
+    in_flight: int
+    payload_bytes: int
+    plain_events: int
+    fsync_events: int
+    replay_events: int
+    fsync_threads: int
+    window_s: float
+    #: Where the runs are written; None: a temporary directory.
+    dir: str | None
+    quick: bool
+
+
+class _Payload(TypedDict):
+    text: str
+    i: int
+
+
+class _Commit(TypedDict):
+    events_per_s: float
+    appends: int
+    fsync_rounds: int
+    fsyncs: int
+    appends_per_fsync_round: float
+
+
+DEFAULTS: JournalParams = {
     "runs": 50,
     "events_per_run": 400,
     "in_flight": 16,
@@ -46,7 +78,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # What ``quick`` (smoke runs, CI) shrinks, unless the caller sets it explicitly.
-QUICK: dict[str, Any] = {
+QUICK: Mapping[str, int] = {
     "events_per_run": 100,
     "plain_events": 5_000,
     "fsync_events": 500,
@@ -54,7 +86,7 @@ QUICK: dict[str, Any] = {
 }
 
 
-def _payload(size: int, index: int) -> dict[str, Any]:
+def _payload(size: int, index: int) -> _Payload:
     return {"text": "x" * size, "i": index}
 
 
@@ -68,7 +100,7 @@ def _sync_appends(root: Path, policy: str, events: int, size: int) -> float:
     return events / elapsed
 
 
-async def _group_commit(root: Path, params: dict[str, Any], in_flight: int) -> dict[str, Any]:
+async def _group_commit(root: Path, params: JournalParams, in_flight: int) -> _Commit:
     journal = RunJournal(root, fsync="every")
     runs, per_run, size = params["runs"], params["events_per_run"], params["payload_bytes"]
 
@@ -116,7 +148,7 @@ def _replay(root: Path, events: int, size: int) -> tuple[float, int]:
     return elapsed, len(replayed["events"])
 
 
-def run(params: dict) -> dict:
+def run(params: Mapping[str, object]) -> Document:
     """Run the journal benchmark and return the ``corral bench`` JSON document.
 
     ``params`` overrides :data:`DEFAULTS` (unknown keys raise ``ValueError``); with
@@ -126,7 +158,8 @@ def run(params: dict) -> dict:
     unknown = sorted(set(params) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown journal bench params: {unknown}")
-    used = {**DEFAULTS, **(QUICK if params.get("quick") else {}), **params}
+    # The keys are checked above; the values are the caller's, as given.
+    used = cast(JournalParams, {**DEFAULTS, **(QUICK if params.get("quick") else {}), **params})
     root = Path(tempfile.mkdtemp(prefix="corral-bench-journal-", dir=used["dir"]))
     size = used["payload_bytes"]
     try:

@@ -46,7 +46,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +54,12 @@ from typing import Any
 
 import trio
 
+from .._jsonlines import JsonObject
 from ..actors._control import request
 from ..actors.gateway.messages import Inbound, events_of
 from ..bus import open_peer
 from ..instance import Instance
-from ._common import figure, percentile, running_host
+from ._common import Document, figure, percentile, running_host
 from ._tunnel_peer import (
     PeerError,
     TunnelPeer,
@@ -71,9 +72,9 @@ RUNNER_ID = "bench-relay"
 AGENT_ID = "bench-relay-agent"
 TAP = "bench-tap"
 #: Every session's first turn: one delta (spawns the worker; the cold figure times it).
-WARM_TURN: list[dict[str, Any]] = [{"text": "hi"}]
+WARM_TURN: list[JsonObject] = [{"text": "hi"}]
 WARM_DELTAS = 1
-Turns = list[list[dict[str, Any]]]
+Turns = list[list[JsonObject]]
 
 
 @dataclass(frozen=True)
@@ -387,7 +388,7 @@ def host_memory_mb(inst: Instance, session_id: str) -> tuple[float, float]:
 # --- the run -----------------------------------------------------------------------------------
 
 
-async def measure(sizes: Sizes) -> dict[str, Any]:
+async def measure(sizes: Sizes) -> Document:
     """Every figure of the benchmark, as the CLI.md result document."""
     raw = await raw_frames_per_s(sizes.baseline_frames)
     one = await measure_throughput(
@@ -460,7 +461,7 @@ async def measure(sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(params: Mapping[str, object]) -> Document:
     """Run the relay benchmark and return the CLI.md result document."""
     sizes = Sizes.quick() if params.get("quick") else Sizes.full()
     return trio.run(measure, sizes)

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -28,7 +27,7 @@ from ..bus import open_peer
 from ..config import LivenessSettings
 from ..tools import registry
 from ..tools._api import ToolContext
-from ._common import figure, percentile, running_host
+from ._common import Document, figure, percentile, running_host
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 NAME = "bench-dispatch"
@@ -101,7 +100,7 @@ async def _through_bus(endpoint: str, n: int) -> list[float]:
     return sorted(out)
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(params: Mapping[str, object]) -> Document:
     """Measure and return the result document of CLI.md."""
     n = 200 if params.get("quick") else 1000
     with tempfile.TemporaryDirectory(prefix="corral-bench-tools-") as tmp:

@@ -15,11 +15,13 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 import trio
 
+from .._jsonlines import JsonObject
 from ..actors.gateway.messages import Inbound as GatewayInbound
 from ..actors.gateway.messages import events_of
 from ..bus import open_peer
@@ -27,6 +29,7 @@ from ..config import LivenessSettings
 from ..instance import Instance
 from ..routes import HttpRequest
 from ._common import (
+    Document,
     figure,
     host_pid,
     percentile,
@@ -77,7 +80,7 @@ def _config(deltas: int) -> str:
     )
 
 
-def _spec(n: int) -> dict[str, Any]:
+def _spec(n: int) -> JsonObject:
     return {
         "executor": {"harness": "scripted", "script": {"turns": [[{"text": "x", "repeat": n}]]}}
     }
@@ -160,7 +163,7 @@ async def _raw_phase(endpoint: str, n: int) -> tuple[float, list[float]]:
         return rate, await raw_paced_latency(endpoint, peer, 500, 2.0)
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(params: Mapping[str, object]) -> Document:
     """Run the turn benchmark and return the CLI.md result document."""
     quick = bool(params.get("quick"))
     one = 20_000 if quick else 100_000

@@ -11,9 +11,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
 
-from ._common import figure, percentile, running_host
+from ._common import Document, figure, percentile, running_host
 
 CONFIG = "[server]\nenabled = false\n"
 
@@ -41,7 +41,7 @@ def _cycles(n: int) -> tuple[list[float], list[float], int]:
     return sorted(ups), sorted(downs), actors
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(params: Mapping[str, object]) -> Document:
     """Measure and return the result document of CLI.md."""
     n = 3 if params.get("quick") else 10
     floor = _floor(n)
