@@ -190,15 +190,16 @@ async def test_d31_kill9_of_dispatch_between_a_turns_end_and_its_continuation_ru
 
 
 @pytest.mark.chaos
-async def test_d08_a_turn_run_by_its_again_start_ends_harness_restarted_when_the_harness_dies(
+async def test_d08_a_turn_run_by_its_again_start_ends_harness_restarted_when_harness_and_worker_die(
     host_factory, tunnels, server, tmp_path: Path
 ) -> None:
     """Dispatch dies after saving the turn and before its start leaves (``turn_saved``), so
     the turn runs under the next incarnation's ``again`` start alone; the harness actor is
-    then killed mid-turn, its worker with it. The broker redelivers that start to the new
-    harness actor, which ends the turn ``failed`` (``harness_restarted``) — it used to drop
-    the start as "started before" (a previous incarnation had recorded it), leaving the turn
-    with no worker and no end for good (the chaos run's hung turns, issue #15)."""
+    then killed mid-turn, and its worker with it (a worker alone outlives its harness actor
+    and is adopted). The broker redelivers that start to the new harness actor, which ends
+    the turn ``failed`` (``harness_restarted``) — it used to drop the start as "started
+    before" (a previous incarnation had recorded it), leaving the turn with no worker and
+    no end for good (the chaos run's hung turns, issue #15)."""
     agent_id, sid = _agent(server, tmp_path, pause_ms=60_000)
     host = host_factory(_config(tunnels, server, "turn_saved"))
     async with running(host):
@@ -210,7 +211,9 @@ async def test_d08_a_turn_run_by_its_again_start_ends_harness_restarted_when_the
         await trio.to_thread.run_sync(lambda: wait_until(lambda: _runs(tmp_path), 30, "turn 1"))
         assert "again after a restart" in host.log()
         before = host.actor("harness")
+        (worker,) = host.ask("inspect", actor="harness")["state"]["workers"]
         os.kill(before["pid"], signal.SIGKILL)
+        os.kill(worker["pid"], signal.SIGKILL)
         await trio.to_thread.run_sync(lambda: host.restarted("harness", before))
         await tunnels.until_status(sid, "failed", timeout=30)
         assert tunnels.statuses(sid) == ["running", "failed"]
