@@ -47,7 +47,7 @@ class SessionView(TypedDict):
     status: str
     created_at: int
     title: None
-    labels: dict[str, Any]
+    labels: dict[str, str]
     runner_id: None
     reasoning_effort: None
     items: list[Any]

@@ -16,8 +16,7 @@ durable message is nacked.
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..._jsonlines import JsonObject
 from ...bus import Message, Request
 from ...routes import HttpRequest
 from ...tools._api import ToolStatus
@@ -32,7 +31,7 @@ class ToolExec(Request["ToolExecResult"], tag="tools.exec"):
     call_id: str
     name: str
     arguments: str
-    spec: dict[str, Any] = {}
+    spec: JsonObject = {}
     #: Overrides the tools actor's default per-call timeout when set.
     timeout_s: float | None = None
 
