@@ -60,17 +60,20 @@ class Adopted:
         """``UNKNOWN_EXIT`` once the process has exited, else None."""
         if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
             self.returncode = UNKNOWN_EXIT
+            os.close(self._pidfd)
         return self.returncode
 
     async def wait(self) -> int:
-        """Wait (without a thread) until the process exits."""
-        try:
-            while self.poll() is None:
-                await trio.lowlevel.wait_readable(self._pidfd)
-        finally:
-            if self.returncode is not None:
-                trio.lowlevel.notify_closing(self._pidfd)
-                os.close(self._pidfd)
+        """Wait (without a thread) until the process exits. Each waiter (the supervisor's
+        watch, a stop) waits on a pidfd of its own: trio lets one task wait on an fd."""
+        if self.poll() is None:
+            pidfd = os.dup(self._pidfd)
+            try:
+                while self.poll() is None:
+                    await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                trio.lowlevel.notify_closing(pidfd)
+                os.close(pidfd)
         return UNKNOWN_EXIT
 
 
