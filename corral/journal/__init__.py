@@ -27,6 +27,7 @@ from ._shapes import RunRow as RunRow
 from ._shapes import SessionPayload as SessionPayload
 from ._shapes import SessionRow as SessionRow
 from ._shapes import Snapshot as Snapshot
+from ._shapes import StoredRecord as StoredRecord
 from ._shapes import Summary as Summary
 from ._store import JournalStatistics as JournalStatistics
 from ._store import RunJournal as RunJournal

@@ -15,6 +15,23 @@ from typing import Any, NotRequired, TypedDict
 from .._jsonlines import JsonObject
 
 
+class StoredRecord(TypedDict):
+    """A record as :meth:`RunJournal.append` stored it (the grammar of :mod:`._records`)."""
+
+    version: int
+    event_id: str
+    seq: int
+    run_id: str
+    session_id: str
+    event: str
+    created_at: float
+    terminal: bool
+    terminal_state: str | None
+    payload: Any
+    key: NotRequired[str]
+    session_seq: NotRequired[int]
+
+
 class Summary(TypedDict):
     """A run's cursor, terminal state and observed runtime model (:func:`.summarize`)."""
 

@@ -42,7 +42,16 @@ from ._records import (
     validate_session_seq,
 )
 from ._retention import RetentionReport, RunInfo, candidates, compact, is_due
-from ._shapes import Listing, Replay, RunRow, SessionPayload, SessionRow, Snapshot, Summary
+from ._shapes import (
+    Listing,
+    Replay,
+    RunRow,
+    SessionPayload,
+    SessionRow,
+    Snapshot,
+    StoredRecord,
+    Summary,
+)
 from ._snapshot import build_snapshot, session_payload
 from ._summary import summarize
 
@@ -146,7 +155,7 @@ class RunJournal:
         *,
         key: str | None = None,
         session_seq: int | None = None,
-    ) -> dict:
+    ) -> StoredRecord:
         """Append one event to the run and return the stored record (J-01).
 
         The record gets the run's next seq. ``payload`` ``None`` is stored as ``{}`` (J-03).

@@ -39,6 +39,7 @@ from ._records import (
     validate_key,
     validate_session_seq,
 )
+from ._shapes import StoredRecord
 from ._store import RunJournal, parse_policy
 
 _Key = tuple[str, str]
@@ -99,7 +100,7 @@ class PendingAppend:
         self._created_at = created_at
         self._seq: int | None = None
         self._line = b""
-        self._record: dict | None = None
+        self._record: StoredRecord | None = None
         self._error: BaseException | None = None
         self._done = trio.Event()
 
@@ -112,7 +113,7 @@ class PendingAppend:
         """Whether the record's fate is decided (durable per the policy, or failed)."""
         return self._done.is_set()
 
-    async def wait(self) -> dict:
+    async def wait(self) -> StoredRecord:
         """Wait until the record is durable per the writer's policy, and return it.
 
         Raises :class:`JournalIOError` if the disk refused it. Cancelling the wait does not
@@ -362,7 +363,7 @@ class JournalWriter:
         *,
         key: str | None = None,
         session_seq: int | None = None,
-    ) -> dict:
+    ) -> StoredRecord:
         """Append one record and return it once it is durable per the policy.
 
         Under ``every`` that means fsynced; under ``terminal`` and ``interval`` it means

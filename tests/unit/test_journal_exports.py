@@ -28,6 +28,7 @@ PUBLIC = {
     "SessionPayload",
     "SessionRow",
     "Snapshot",
+    "StoredRecord",
     "Summary",
     "WriterAttachedError",
     "WriterStatistics",
