@@ -66,7 +66,9 @@ def _item_text(item: Mapping[str, Any]) -> str:
 class _ResponsesConversation:
     """The ``input`` of a Responses call: history items, then the turn's own items."""
 
-    def __init__(self, history: list[dict], instructions: str | None, tools: list) -> None:
+    def __init__(
+        self, history: list[JsonObject], instructions: str | None, tools: list[JsonObject]
+    ) -> None:
         self.instructions = instructions
         self.tools = [_responses_tool(t) for t in tools if isinstance(t, dict)]
         self.input = [_responses_item(i) for i in history]
@@ -171,7 +173,9 @@ def _responses_item(item: JsonObject) -> JsonObject:
 class _ChatConversation:
     """The ``messages`` of a Chat Completions call."""
 
-    def __init__(self, history: list[dict], instructions: str | None, tools: list) -> None:
+    def __init__(
+        self, history: list[JsonObject], instructions: str | None, tools: list[JsonObject]
+    ) -> None:
         self.messages: list[JsonObject] = []
         if instructions:
             self.messages.append({"role": "system", "content": instructions})
