@@ -28,6 +28,7 @@ from ._routes import GENERIC_DETAIL, error
 from ._session import Session
 from ._turn import Turn
 from ._turns import TurnFlow
+from ._watchdog import TurnError
 
 log = logging.getLogger("corral.actors.dispatch")
 #: The ``function_call`` output item's error of an unresolvable spec inside a turn.
@@ -55,7 +56,7 @@ class ToolCalls(TurnFlow):
                 turn.spec_resolved = True
             except Exception as exc:
                 log.warning("spec resolver failed inside turn %s: %s", turn.turn_id, exc)
-                failure = {
+                failure: TurnError = {
                     "type": type(exc).__name__,
                     "code": "spec_resolver_failed",
                     "message": SPEC_FAILED_IN_STREAM,

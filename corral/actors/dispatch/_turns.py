@@ -35,6 +35,7 @@ from ._routes import GENERIC_DETAIL, accepted, error
 from ._session import Accepted, Session
 from ._start import TurnSetup, spec_harness, turn_message
 from ._turn import Next, Terminal, Turn, after_end, on_message, on_terminal
+from ._watchdog import TurnError
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -327,7 +328,7 @@ class TurnFlow(TurnSetup):
             session.record.note_pending = None
             await self._save(session)
 
-    async def _fail(self, session: Session, turn: Turn, error: JsonObject) -> None:
+    async def _fail(self, session: Session, turn: Turn, error: TurnError) -> None:
         """End the active ``turn`` ``failed`` on the runner's own account, and stop its worker.
 
         The edge comes first: an interrupted worker ends its turn ``cancelled``, durably, and
@@ -338,7 +339,7 @@ class TurnFlow(TurnSetup):
         if session.turn is not turn:
             return
         self.in_order(session.id, lambda: self._to_harness(Interrupt(session_id=session.id)))
-        await self._terminal(session, ResponseFailed(turn_id=turn.turn_id, error=error))
+        await self._terminal(session, ResponseFailed(turn_id=turn.turn_id, error=dict(error)))
 
     async def _finish(
         self,

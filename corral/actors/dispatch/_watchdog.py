@@ -9,8 +9,18 @@ The actor asks once a second; the verdict is a pure function of the turn and the
 
 from __future__ import annotations
 
-from ..._jsonlines import JsonObject
+from typing import NotRequired, TypedDict
+
 from ._turn import Turn
+
+
+class TurnError(TypedDict):
+    """The ``error`` of a turn the runner ends ``failed`` on its own account."""
+
+    #: The exception's class, when one caused it.
+    type: NotRequired[str]
+    code: str
+    message: str
 
 
 def overdue(turn: Turn, now: float, *, turn_timeout_s: float, idle_timeout_s: float) -> str | None:
@@ -22,6 +32,6 @@ def overdue(turn: Turn, now: float, *, turn_timeout_s: float, idle_timeout_s: fl
     return None
 
 
-def watchdog_error(why: str) -> JsonObject:
+def watchdog_error(why: str) -> TurnError:
     """The ``error`` of the ``failed`` edge of a turn the watchdog ended."""
     return {"code": "turn_watchdog", "message": f"the turn {why} and was ended by the runner"}
