@@ -638,27 +638,28 @@ async def run_worker(spec: dict[str, Any], host: int) -> None:
     kind = load_kind(spec["target"], spec.get("options", {}))
     name = worker_address(spec["session_id"])
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        # One heartbeat: the WorkerAlive the worker sends the harness actor every interval
-        # (``Worker._alive_loop``), which the broker sees as traffic too.
-        async with open_peer(
-            name,
-            spec["endpoint"],
-            bus=bus,
-            liveness=liveness,
-            heartbeat=False,
-            accepts=WorkerInbound,
-        ) as peer:
-            worker = Worker(peer, spec["session_id"], kind, liveness)
-            async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
 
-                async def stop_on_signal() -> None:
-                    async for _ in signals:
-                        nursery.cancel_scope.cancel()
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
 
-                nursery.start_soon(stop_on_signal)
-                nursery.start_soon(die_with_host, host)
-                await worker.serve()
-                nursery.cancel_scope.cancel()
+            nursery.start_soon(stop_on_signal)
+            # From the first moment: a host that dies while the worker connects has no
+            # broker left to connect to.
+            nursery.start_soon(die_with_host, host)
+            # One heartbeat: the WorkerAlive the worker sends the harness actor every
+            # interval (``Worker._alive_loop``), which the broker sees as traffic too.
+            async with open_peer(
+                name,
+                spec["endpoint"],
+                bus=bus,
+                liveness=liveness,
+                heartbeat=False,
+                accepts=WorkerInbound,
+            ) as peer:
+                await Worker(peer, spec["session_id"], kind, liveness).serve()
+            nursery.cancel_scope.cancel()
 
 
 def main() -> None:
