@@ -106,7 +106,7 @@ class EnvironmentResource(TypedDict):
 
 
 #: A ``session.resource`` a runner lists: its environment or one of its terminals.
-Resource: TypeAlias = "EnvironmentResource | TerminalResource"
+Resource: TypeAlias = EnvironmentResource | TerminalResource
 
 
 class Page(TypedDict):
