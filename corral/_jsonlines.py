@@ -73,7 +73,7 @@ class JsonLinesLog:
         self._limiter = limiter
         self._fsync = fsync
 
-    async def load(self) -> list[dict[str, Any]]:
+    async def load(self) -> list[JsonObject]:
         """Every intact record in file order; repairs a torn tail. ``[]`` if no file."""
         return await trio.to_thread.run_sync(self._load_sync, limiter=self._limiter)
 
@@ -98,12 +98,12 @@ class JsonLinesLog:
         """Delete the file (no error if it does not exist)."""
         await trio.to_thread.run_sync(self._remove_sync, limiter=self._limiter)
 
-    def _load_sync(self) -> list[dict[str, Any]]:
+    def _load_sync(self) -> list[JsonObject]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return []
-        records: list[dict[str, Any]] = []
+        records: list[JsonObject] = []
         pos = 0
         while True:
             end = data.find(b"\n", pos)
