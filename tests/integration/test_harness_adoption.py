@@ -18,7 +18,7 @@ import trio
 
 from corral.actors._process import start_time
 from corral.harnesses.protocol import is_terminal
-from tests.conftest import HostProcess, process_gone, processes_of, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, processes_of, wait_until
 from tests.integration._dispatch import fake_dispatch, scripted
 
 #: The harness actor alone: a stand-in dispatch (``fake_dispatch``) drives it.
@@ -137,3 +137,33 @@ async def test_h07_kill9_of_the_host_leaves_no_worker_and_the_next_host_kills_a_
     )
     assert host.stop() == 0
     assert processes_of(host.state_dir) == []
+
+
+async def test_e01_a_turn_whose_start_is_lost_still_closes_its_parked_elicitation(
+    host_factory,
+) -> None:
+    """A turn's start can be dead-lettered while its adopted worker still runs the turn:
+    the broker charges each restart of the harness actor to the oldest message it had
+    unacked, and a turn's start stays unacked for the whole turn (here at once, with
+    ``max_attempts = 1``). The elicitation its worker still waits on stays parked; when the
+    worker ends the turn (interrupted), its terminal, for a turn this actor no longer
+    knows, closes that elicitation ``turn_ended`` instead of leaving it parked for good."""
+    from corral.harnesses.protocol import Interrupt
+
+    host = host_factory(FAST_LIVENESS + "[bus]\nmax_attempts = 1\n").start()
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-lost", scripted({"elicit": {"message": "?"}}))
+        req = await d.wait_type("response.elicitation_request", turn_id=turn)
+        before = host.actor("harness")
+        os.kill(before["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(lambda: host.restarted("harness", before))
+        dead = host.ask("dead_letters")["dead_letters"]
+        assert [x["type"] for x in dead] == ["harness.turn"], dead
+        assert host.ask("elicitations")["elicitations"][0]["state"] == "parked"
+        reply = await d.send(Interrupt(session_id="s-lost"))
+        assert reply.status == 204, reply
+        resolved = await d.wait_type("response.elicitation_resolved", turn_id=turn)
+        assert (resolved.elicitation_id, resolved.reason) == (req.elicitation_id, "turn_ended")
+        row = host.ask("elicitations")["elicitations"][0]
+        assert (row["state"], row["reason"]) == ("cancelled", "turn_ended")
+    host.stop()

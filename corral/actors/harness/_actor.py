@@ -46,8 +46,7 @@ from ...harnesses.protocol import (
 )
 from ...harnesses.spawn_env import SpawnEnvError, build_spawn_env
 from .._actor import Actor, ActorContext, every, handles
-from .._child_state import ChildState
-from .._children import Child, ChildEvent, ChildSupervisor, Exited, GaveUp
+from .._children import ChildEvent, ChildSupervisor, Exited, GaveUp
 from .._deferred import Deferred
 from .._specs import Backoff, Liveness, SupFlags
 from ._adopt import (
@@ -299,8 +298,7 @@ class HarnessActor(Actor):
             state = self.workers.get(msg.session_id)
             if take_back(turn, self.holdings, state, self.parked):
                 return
-            for parked in [p for p in self.parked.values() if p.msg.turn_id == msg.turn_id]:
-                await self._cancel_parked(parked, "harness_restarted")
+            await self._cancel_parked_of(msg.turn_id, "harness_restarted")
             failed = _failed(msg, "harness_restarted", "the harness restarted during this turn")
             await self._end(msg.session_id, failed)
             return
@@ -537,6 +535,8 @@ class HarnessActor(Actor):
         turn = self.turns.get(session_id)
         if turn is None or turn.start.turn_id != msg.turn_id:
             log.info("dropping a late terminal event for turn %s", msg.turn_id)
+            # Nothing can answer its elicitations now (its start may be lost: #15 adoption).
+            await self._cancel_parked_of(msg.turn_id, "turn_ended")
             return
         await self._end(session_id, msg)
 
@@ -629,6 +629,12 @@ class HarnessActor(Actor):
         why = f"the harness worker died: {last_exit['reason']}"
         await self._end(session_id, _failed(turn.start, code, why))
 
+    async def _cancel_parked_of(self, turn_id: str, reason: str) -> None:
+        """Cancel what ``turn_id`` has parked and is not being answered."""
+        for parked in [p for p in self.parked.values() if p.msg.turn_id == turn_id]:
+            if parked.verdict is None:
+                await self._cancel_parked(parked, reason)
+
     async def _cancel_parked(self, parked: ParkedElicitation, reason: str) -> None:
         msg = parked.msg
         self.parked.pop(msg.elicitation_id, None)
@@ -656,7 +662,8 @@ class HarnessActor(Actor):
             name = worker_address(session_id)
             child = self.children.children.get(name)
             if state.exited:
-                if session_id not in self.turns and self._reclaimable(child, state, now):
+                period = self.children.flags.period_s
+                if session_id not in self.turns and state.reclaimable(child, now, period):
                     if child is not None:
                         self.children.forget(name)
                     del self.workers[session_id]
@@ -673,18 +680,6 @@ class HarnessActor(Actor):
                 state.exited = True
                 state.exited_at = now
                 self.nursery.start_soon(self.children.stop_child, name)  # type: ignore[union-attr]
-
-    def _reclaimable(self, child: Child | None, state: WorkerState, now: float) -> bool:
-        """Whether an exited worker's records can go: its process is gone, and it was
-        stopped (nothing to remember) or its crash is older than the intensity period (its
-        restarts no longer count)."""
-        if child is None:
-            return True
-        if child.state.up or not child.exited.is_set():
-            return False
-        if child.state is ChildState.STOPPED:
-            return True
-        return now - state.exited_at > self.children.flags.period_s
 
 
 def _spec_harness(spec: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """What the harness actor holds in memory: the turns it owns, its workers, their parked
 elicitations. Rebuildable: a restarted actor reads the unacked TurnStart and ElicitationParked
-messages back from its mailbox, and its workers, which died with it, are spawned again."""
+messages back from its mailbox, and adopts its workers, which outlive it (:mod:`._adopt`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from ...bus import Incoming
 from ...harnesses.protocol import ElicitationParked, TurnStart
+from .._child_state import ChildState
+from .._children import Child
 from .._deferred import Deferred
 
 
@@ -36,6 +38,18 @@ class WorkerState:
     #: When its process was seen to exit (the record is reclaimed once it is not needed).
     exited_at: float = 0.0
     pid: int | None = None
+
+    def reclaimable(self, child: Child | None, now: float, period_s: float) -> bool:
+        """Whether this exited worker's records can go: its process is gone, and it was
+        stopped (nothing to remember) or its crash is older than the intensity period
+        ``period_s`` (its restarts no longer count)."""
+        if child is None:
+            return True
+        if child.state.up or not child.exited.is_set():
+            return False
+        if child.state is ChildState.STOPPED:
+            return True
+        return now - self.exited_at > period_s
 
 
 @dataclass
