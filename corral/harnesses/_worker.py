@@ -413,6 +413,8 @@ class Worker:
         self.turn: TurnContext | None = None
         #: The last turn this worker ended (its terminal sent or being sent).
         self.ended: str | None = None
+        #: Where the events of its latest turn go.
+        self.reply_to: str | None = None
         self._turn_scope: trio.CancelScope | None = None
         self._turn_done = trio.Event()
         self._turn_done.set()
@@ -496,6 +498,7 @@ class Worker:
             if turn is not None:
                 return InputAccepted(status=409, error={"code": "turn_in_flight"})
             self.turn = TurnContext(self, msg)
+            self.reply_to = msg.reply_to
             self._turn_done = trio.Event()
             # From the start: an interrupt that comes before the turn reaches its harness
             # stops it there (the harness actor stops a stale turn as soon as it starts).
@@ -507,9 +510,12 @@ class Worker:
             return None
         if isinstance(msg, Inventory):
             if turn is None:
-                return Holdings(ended=self.ended)
+                return Holdings(ended=self.ended, reply_to=self.reply_to)
             return Holdings(
-                turn_id=turn.turn_id, elicitations=turn.elicitations(), ended=self.ended
+                turn_id=turn.turn_id,
+                elicitations=turn.elicitations(),
+                ended=self.ended,
+                reply_to=self.reply_to,
             )
         if isinstance(msg, Resend):
             return self._resend(msg)

@@ -130,12 +130,14 @@ class Inventory(Request["Holdings"], tag="harness.inventory"):
 
 class Holdings(Message, tag="harness.holdings"):
     """A worker's answer to :class:`Inventory`: the turn it runs (``turn_id``, None if
-    none), the elicitations that turn waits on, and the last turn it ended (``ended``: its
-    terminal is sent, or on its way to the harness actor)."""
+    none), the elicitations that turn waits on, the last turn it ended (``ended``: its
+    terminal is sent, or on its way to the harness actor), and where the events of the
+    latest of the two go (``reply_to``: its start's)."""
 
     turn_id: str | None = None
     elicitations: list[str] = []
     ended: str | None = None
+    reply_to: str | None = None
 
 
 class Confirmed(Message, tag="harness.confirmed"):

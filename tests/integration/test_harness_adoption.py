@@ -139,7 +139,7 @@ async def test_h07_kill9_of_the_host_leaves_no_worker_and_the_next_host_kills_a_
     assert processes_of(host.state_dir) == []
 
 
-async def test_e01_a_turn_whose_start_is_lost_still_closes_its_parked_elicitation(
+async def test_e01_a_turn_whose_start_is_lost_closes_its_elicitation_and_still_ends(
     host_factory,
 ) -> None:
     """A turn's start can be dead-lettered while its adopted worker still runs the turn:
@@ -147,7 +147,8 @@ async def test_e01_a_turn_whose_start_is_lost_still_closes_its_parked_elicitatio
     unacked, and a turn's start stays unacked for the whole turn (here at once, with
     ``max_attempts = 1``). The elicitation its worker still waits on stays parked; when the
     worker ends the turn (interrupted), its terminal, for a turn this actor no longer
-    knows, closes that elicitation ``turn_ended`` instead of leaving it parked for good."""
+    knows, closes that elicitation ``turn_ended`` instead of leaving it parked for good, and
+    still reaches the turn's ``reply_to`` (the adopted worker said where), once."""
     from corral.harnesses.protocol import Interrupt
 
     host = host_factory(FAST_LIVENESS + "[bus]\nmax_attempts = 1\n").start()
@@ -166,4 +167,7 @@ async def test_e01_a_turn_whose_start_is_lost_still_closes_its_parked_elicitatio
         assert (resolved.elicitation_id, resolved.reason) == (req.elicitation_id, "turn_ended")
         row = host.ask("elicitations")["elicitations"][0]
         assert (row["state"], row["reason"]) == ("cancelled", "turn_ended")
+        end = await d.terminal(turn)
+        assert end.__struct_config__.tag == "response.cancelled", end
+        await _no_second_end(d, (turn,))
     host.stop()

@@ -534,9 +534,16 @@ class HarnessActor(Actor):
         session_id = incoming.env.session_id or ""
         turn = self.turns.get(session_id)
         if turn is None or turn.start.turn_id != msg.turn_id:
-            log.info("dropping a late terminal event for turn %s", msg.turn_id)
-            # Nothing can answer its elicitations now (its start may be lost: #15 adoption).
+            # Nothing can answer its elicitations now.
             await self._cancel_parked_of(msg.turn_id, "turn_ended")
+            held = self.holdings.get(session_id)
+            if held and held.reply_to and msg.turn_id in (held.turn_id, held.ended):
+                # An adopted worker's turn whose start was lost (dead-lettered): its end
+                # still goes where the start said (dispatch drops one it has had).
+                del self.holdings[session_id]
+                await self._emit(held.reply_to, msg, session_id)
+                return
+            log.info("dropping a late terminal event for turn %s", msg.turn_id)
             return
         await self._end(session_id, msg)
 
