@@ -83,26 +83,33 @@ def adopt_workers(children: ChildSupervisor, run_dir: Path) -> dict[str, WorkerS
     return adopted
 
 
-async def ask_holdings(peer: Any, sessions: list[str], timeout: float) -> dict[str, Holdings]:
-    """Ask the adopted workers of ``sessions`` at once what they hold; one that does not
-    answer within ``timeout`` (stopped, wedged) is left out."""
+async def ask_holdings(peer: Any, children: ChildSupervisor, timeout: float) -> dict[str, Holdings]:
+    """Ask every worker of ``children`` (the adopted ones, at start) at once what it holds,
+    by session; one that exits, or does not answer within ``timeout`` (stopped, wedged), is
+    left out — one killed with its harness actor is not waited for."""
     answers: dict[str, Holdings] = {}
 
-    async def ask(session_id: str) -> None:
-        try:
-            reply = await peer.call(
-                worker_address(session_id), Inventory(session_id=session_id), timeout=timeout
-            )
-        except BusError as exc:
-            log.warning("adopted worker of %s did not say what it holds: %s", session_id, exc)
-            return
-        if isinstance(reply, Holdings):
-            answers[session_id] = reply
+    async def ask(session_id: str, exited: trio.Event) -> None:
+        name = worker_address(session_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on, exited, nursery.cancel_scope)
+            try:
+                reply = await peer.call(name, Inventory(session_id=session_id), timeout=timeout)
+            except BusError as exc:
+                log.warning("adopted worker of %s did not say what it holds: %s", session_id, exc)
+            else:
+                answers[session_id] = reply
+            nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
-        for session_id in sessions:
-            nursery.start_soon(ask, session_id)
+        for name, child in children.children.items():
+            nursery.start_soon(ask, name.removeprefix("harness/"), child.exited)
     return answers
+
+
+async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 def take_back(
