@@ -171,3 +171,31 @@ async def test_e01_a_turn_whose_start_is_lost_closes_its_elicitation_and_still_e
         assert end.__struct_config__.tag == "response.cancelled", end
         await _no_second_end(d, (turn,))
     host.stop()
+
+
+async def test_h07_an_adopted_worker_that_does_not_say_what_it_holds_is_killed(
+    host: HostProcess,
+) -> None:
+    """A worker stopped across its harness actor's restart cannot answer the new
+    incarnation's inventory: it is killed once its liveness window is over and its turn ends
+    ``harness_restarted``, once; a worker that answered runs its turn to the end."""
+    long = scripted({"text": "x", "repeat": 800, "delay_ms": 5})
+    async with fake_dispatch(host.endpoint) as d:
+        stuck = await d.start_turn("s-stuck", long)
+        fine = await d.start_turn("s-fine", long)
+        await d.wait_type("response.output_text.delta", turn_id=stuck)
+        await d.wait_type("response.output_text.delta", turn_id=fine)
+        pids = _pids(host)
+        stopped_start = start_time(pids["s-stuck"])
+        before = host.actor("harness")
+        os.kill(pids["s-stuck"], signal.SIGSTOP)
+        os.kill(before["pid"], signal.SIGKILL)
+        end = await d.terminal(stuck, timeout=20)
+        assert end.error["code"] == "harness_restarted", end
+        gone = lambda: process_gone(pids["s-stuck"], stopped_start)  # noqa: E731
+        await trio.to_thread.run_sync(lambda: wait_until(gone, 10, "the stopped worker killed"))
+        end = await d.terminal(fine, timeout=30)
+        assert end.__struct_config__.tag == "response.completed", end
+        assert _pids(host)["s-fine"] == pids["s-fine"]
+        await _no_second_end(d, (stuck, fine))
+    assert "did not say what it holds" in host.log()

@@ -130,7 +130,7 @@ class HarnessActor(Actor):
         await self.nursery.start(self.children.run)
         # A killed predecessor's workers live on: adopted, each says what it holds.
         self.workers.update(adopt_workers(self.children, self.run_dir))
-        self.holdings = await ask_holdings(self.peer, self.children, self.liveness_s)
+        self.holdings = await ask_holdings(self.peer, self.children, self.workers, self.liveness_s)
         for session_id in self.workers.keys() - self.holdings.keys():
             self.children.kill(worker_address(session_id), "did not say what it holds")
         self.nursery.start_soon(self.children.watch_liveness, self._last_seen)

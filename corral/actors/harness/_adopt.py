@@ -83,10 +83,13 @@ def adopt_workers(children: ChildSupervisor, run_dir: Path) -> dict[str, WorkerS
     return adopted
 
 
-async def ask_holdings(peer: Any, children: ChildSupervisor, timeout: float) -> dict[str, Holdings]:
+async def ask_holdings(
+    peer: Any, children: ChildSupervisor, workers: dict[str, WorkerState], timeout: float
+) -> dict[str, Holdings]:
     """Ask every worker of ``children`` (the adopted ones, at start) at once what it holds,
     by session; one that exits, or does not answer within ``timeout`` (stopped, wedged), is
-    left out — one killed with its harness actor is not waited for."""
+    left out — one killed with its harness actor is not waited for. An answer is a sign of
+    life (``workers``' ``last_seen``): the others' wait must not count against it."""
     answers: dict[str, Holdings] = {}
 
     async def ask(session_id: str, exited: trio.Event) -> None:
@@ -99,6 +102,8 @@ async def ask_holdings(peer: Any, children: ChildSupervisor, timeout: float) -> 
                 log.warning("adopted worker of %s did not say what it holds: %s", session_id, exc)
             else:
                 answers[session_id] = reply
+                if session_id in workers:
+                    workers[session_id].last_seen = time.monotonic()
             nursery.cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
