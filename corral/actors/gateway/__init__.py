@@ -1,7 +1,8 @@
 """The gateway: the server's runner tunnels ⇄ the bus (PROTOCOL_0_19.md; PROTOCOL_FACTS.md).
 
 :class:`GatewayActor` (in ``_actor``) is the actor, with its route table; ``_tunnel`` holds a
-runner's WebSocket connection and its reconnects, ``_frames`` the tunnel's frames,
+runner's WebSocket connection and its reconnects, ``_wire`` the byte stream under it (a
+frame is marked sent in the step that wrote it), ``_frames`` the tunnel's frames,
 ``_streams`` the durable buffer of session events, ``_vocabulary`` the event types the
 server's stream accepts, ``_options`` the settings.
 """

@@ -67,6 +67,7 @@ from ._frames import (
     decode_frame,
     encode_frame,
 )
+from ._wire import MarkedStream, install
 
 if TYPE_CHECKING:
     from ._actor import GatewayActor
@@ -375,7 +376,7 @@ class Tunnel:
             receive_buffer_size=64 * 1024,
         ) as ws:
             try:
-                await self._serve(ws)
+                await self._serve(ws, install(ws))
             finally:
                 if ws.closed is None:
                     # Stopping (or dropping the connection on our side): close it cleanly.
@@ -397,7 +398,7 @@ class Tunnel:
                 self._drop_reason = f"{closed}: {meaning}" if meaning else closed
         return time.monotonic() - started
 
-    async def _serve(self, ws: WebSocketConnection) -> None:
+    async def _serve(self, ws: WebSocketConnection, marked: MarkedStream) -> None:
         hello = HelloFrame(
             runner_version=__version__,
             frame_protocol_version=FRAME_PROTOCOL_VERSION,
@@ -424,7 +425,7 @@ class Tunnel:
         reads = _Reads()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, ws, queue, reads, nursery.cancel_scope)
+                nursery.start_soon(self._writer, ws, marked, queue, reads, nursery.cancel_scope)
                 nursery.start_soon(self._pinger, ws, nursery.cancel_scope)
                 nursery.start_soon(self._confirmer, ws, reads, nursery.cancel_scope)
                 await self._reader(ws, nursery)
@@ -436,6 +437,7 @@ class Tunnel:
     async def _writer(
         self,
         ws: WebSocketConnection,
+        marked: MarkedStream,
         queue: trio.MemoryReceiveChannel[_Outgoing],
         reads: _Reads,
         scope: trio.CancelScope,
@@ -444,15 +446,16 @@ class Tunnel:
         item: _Outgoing | None = None
         try:
             async for item in queue:
-                await ws.send_message(item.text)
+                # ``on_sent`` runs in the very step that wrote the frame (:mod:`._wire`): a
+                # kill -9 then leaves no frame written and unmarked for a whole round.
+                marked.armed = item.on_sent
+                try:
+                    await ws.send_message(item.text)
+                finally:
+                    marked.armed = None
                 self.stats["frames_out"] += 1
                 if item.on_read is not None:
                     reads.add(item.on_read)
-                if item.on_sent is not None:
-                    try:
-                        item.on_sent()
-                    except Exception:
-                        log.exception("tunnel %s: a sent-callback failed", self.runner_id)
                 if item.sent is not None:
                     item.sent.set()
                 item = None
