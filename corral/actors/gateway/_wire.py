@@ -44,9 +44,30 @@ _OPCODE_MASK = 0x0F
 _TEXT = 0x1
 
 
-class MarkedStream(trio.abc.Stream):
+class _Wrapper(trio.abc.Stream):
+    """A stream that passes everything but :meth:`send_all` to ``inner``."""
+
+    inner: trio.abc.Stream
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        # trio-websocket reads the socket's addresses through its stream (``ws.local``).
+        return getattr(self.inner, name)
+
+
+class MarkedStream(_Wrapper):
     """The stream under a tunnel's WebSocket: runs :attr:`armed` in the step that wrote the
     next text frame (see the module docstring)."""
+
+    inner: trio.SocketStream | trio.SSLStream[Any]
 
     def __init__(self, inner: trio.SocketStream | trio.SSLStream[Any]) -> None:
         self.inner = inner
@@ -78,23 +99,12 @@ class MarkedStream(trio.abc.Stream):
             # late is still better than never.
             _run(left)
 
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        # trio-websocket reads the socket's addresses through its stream (``ws.local``).
-        return getattr(self.inner, name)
-
-
-class _SocketUnderTls(trio.abc.Stream):
+class _SocketUnderTls(_Wrapper):
     """The socket under TLS: the write carrying an armed text frame's ciphertext runs its
     callback."""
+
+    inner: trio.SocketStream
 
     def __init__(self, inner: trio.SocketStream, owner: MarkedStream) -> None:
         self.inner = inner
@@ -106,18 +116,6 @@ class _SocketUnderTls(trio.abc.Stream):
             await self.inner.send_all(data)
         else:
             await write_then(self.inner, data, callback)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 async def write_then(
