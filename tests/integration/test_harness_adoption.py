@@ -199,3 +199,27 @@ async def test_h07_an_adopted_worker_that_does_not_say_what_it_holds_is_killed(
         assert _pids(host)["s-fine"] == pids["s-fine"]
         await _no_second_end(d, (stuck, fine))
     assert "did not say what it holds" in host.log()
+
+
+async def test_a_tool_result_after_a_harness_restart_reaches_the_adopted_worker(
+    host: HostProcess,
+) -> None:
+    """Inputs for an adopted worker's session are forwarded as for any worker: a tool
+    result sent after its harness actor's restart reaches the worker waiting on it, and the
+    turn completes once (it used to be a 404 ``no_worker``, the turn failed)."""
+    from corral.harnesses.protocol import InputAccepted, ToolResult
+
+    spec = scripted({"tool": "sys_os_shell", "arguments": {"command": "echo hi"}}, {"text": "ok"})
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-tool-adopted", spec)
+        call = await d.wait_for(lambda e: getattr(e, "item", {}).get("status") == "action_required")
+        before = host.actor("harness")
+        os.kill(before["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(lambda: host.restarted("harness", before))
+        result = ToolResult(
+            session_id="s-tool-adopted", call_id=call.item["call_id"], output='{"stdout": "hi"}'
+        )
+        assert await d.send(result) == InputAccepted(status=204)
+        end = await d.terminal(turn, timeout=15)
+        assert end.__struct_config__.tag == "response.completed", end
+        await _no_second_end(d, (turn,))
