@@ -179,7 +179,16 @@ async def test_e01_kill9_harness_actor_while_parked_the_elicitation_stays_parked
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-hp", spec)
         req = await d.wait_type("response.elicitation_request")
-        assert host.ask("elicitations")["elicitations"][0]["state"] == "parked"
+        # The request reaches dispatch and the park reaches the harness actor on their own
+        # ways: the kill must come after the park (CI once asked in between).
+        await trio.to_thread.run_sync(
+            lambda: host.wait_for(
+                lambda answer: [row["state"] for row in answer["elicitations"]] == ["parked"],
+                10,
+                "the elicitation parked",
+                op="elicitations",
+            )
+        )
         before = host.actor("harness")
         os.kill(before["pid"], signal.SIGKILL)
         await trio.to_thread.run_sync(lambda: host.restarted("harness", before))

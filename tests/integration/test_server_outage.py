@@ -68,6 +68,9 @@ AGENTS = {
 def _config(agents_dir: Path) -> str:
     return (
         FAST_LIVENESS
+        # The random-moments test kills the plane six times; on a fast VM its six turns take
+        # under 10 s, and the default intensity (5 in 10 s) then stopped the host.
+        + "[supervisor]\nintensity = 20\n"
         + "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.2\n"
         + f"[server]\nagents_dirs = [{json.dumps(str(agents_dir))}]\n"
     )
