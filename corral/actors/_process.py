@@ -67,13 +67,7 @@ class Adopted:
         """Wait (without a thread) until the process exits. Each waiter (the supervisor's
         watch, a stop) waits on a pidfd of its own: trio lets one task wait on an fd."""
         if self.poll() is None:
-            pidfd = os.dup(self._pidfd)
-            try:
-                while self.poll() is None:
-                    await trio.lowlevel.wait_readable(pidfd)
-            finally:
-                trio.lowlevel.notify_closing(pidfd)
-                os.close(pidfd)
+            await _wait_on_pidfd(os.dup(self._pidfd), lambda: self.poll() is not None)
         return UNKNOWN_EXIT
 
 
@@ -109,13 +103,18 @@ async def wait_exit(proc: Process) -> int:
         pidfd = os.pidfd_open(proc.pid)
     except ProcessLookupError:
         return proc.wait()
+    await _wait_on_pidfd(pidfd, lambda: proc.poll() is not None)
+    return proc.returncode
+
+
+async def _wait_on_pidfd(pidfd: int, exited: Callable[[], bool]) -> None:
+    """Wait until ``exited()`` holds, woken by ``pidfd`` (which this closes)."""
     try:
-        while proc.poll() is None:
+        while not exited():
             await trio.lowlevel.wait_readable(pidfd)
     finally:
         trio.lowlevel.notify_closing(pidfd)
         os.close(pidfd)
-    return proc.returncode
 
 
 def describe_exit(returncode: int, *, reason: str | None = None) -> dict[str, Any]:
