@@ -27,9 +27,9 @@ from corral.journal import (
     StoredRecord,
     Summary,
 )
-from corral.tools._api import ToolContext
 from corral.tools._replies import EditResult, ReadResult, ShellResult, WriteResult
 from corral.tools.os_tools import TOOLS
+from tests.unit.test_session_tool_gates import make_ctx
 
 _TOOLS = {tool.name: tool for tool in TOOLS}
 
@@ -84,22 +84,6 @@ def test_a_strict_read_reports_malformed_lines_in_their_shape(tmp_path: Path) ->
         assert_shape(entry, Malformed)
 
 
-def _ctx(tmp_path: Path) -> ToolContext:
-    async def publish(event: Mapping[str, object]) -> None:
-        raise AssertionError("OS tools publish nothing themselves")
-
-    return ToolContext(
-        session_id="conv_shapes",
-        call_id="call_1",
-        spec={},
-        workspace=tmp_path,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=publish,
-        data_dir=tmp_path / "data",
-    )
-
-
 @pytest.mark.parametrize(
     ("tool", "args", "shape"),
     [
@@ -114,6 +98,6 @@ async def test_os_tool_outputs_have_the_keys_of_their_types_t01_t04(
     tmp_path: Path, tool: str, args: dict[str, Any], shape: type
 ) -> None:
     """T-01 to T-04: the JSON each OS tool answers with is its reply type's."""
-    ctx = _ctx(tmp_path)
+    ctx = make_ctx(tmp_path, tmp_path)
     (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
     assert_shape(json.loads(await _TOOLS[tool].run(ctx, args)), shape)
