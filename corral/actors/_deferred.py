@@ -6,7 +6,9 @@ A handler whose work outlives it — a tool call running in the background, a tu
 until its terminal event, an answer that must wait for an fsync — calls
 :meth:`Actor.defer <corral.actors.Actor.defer>` and keeps the :class:`Deferred` it gets: the
 message stays in flight until the handle is resolved, exactly once, by :meth:`Deferred.ack`,
-:meth:`Deferred.nack` or :meth:`Deferred.park`.
+:meth:`Deferred.nack` or :meth:`Deferred.park`. One that waits on another process rather
+than on this one's work says so with :meth:`Deferred.hold`, so that this actor's crashes are
+not counted against it.
 
 The :class:`Ledger` holds every unresolved handle of one actor with its age, so that what an
 actor holds shows in its snapshot, an in-order job that raises nacks the handles it carries
@@ -29,7 +31,7 @@ log = logging.getLogger("corral.actors")
 class Deferred:
     """A delivered message its handler did not finish; resolve it once (ack, nack or park)."""
 
-    __slots__ = ("_ledger", "_twice_logged", "incoming", "resolution", "since")
+    __slots__ = ("_ledger", "_twice_logged", "held", "incoming", "resolution", "since")
 
     def __init__(self, incoming: Incoming, ledger: Ledger) -> None:
         self.incoming = incoming
@@ -37,6 +39,8 @@ class Deferred:
         self.since = time.monotonic()
         #: How it was resolved (``ack``, ``nack``, ``park``), None while it is not.
         self.resolution: str | None = None
+        #: Said to be waiting on another process (:meth:`hold`).
+        self.held = False
         self._ledger = ledger
         self._twice_logged = False
 
@@ -62,6 +66,15 @@ class Deferred:
             except BaseException:
                 self._unsettle()
                 raise
+
+    async def hold(self) -> None:
+        """This actor's own work on it is done; it stays in flight only until another
+        process answers (a turn's worker ends the turn). Not a resolution: the handle is
+        still resolved once. A restart of this actor is then not counted as a failed
+        attempt of the message (:class:`~corral.bus.Hold`); said once, however often asked."""
+        if self.resolution is None and not self.held:
+            self.held = True
+            await self._ledger.peer.hold(self.incoming)
 
     async def park(self) -> None:
         """It waits, durably, on something else (a verdict): the broker holds it parked until

@@ -19,6 +19,7 @@ from ._messages import Envelope as Envelope
 from ._messages import ErrorReply as ErrorReply
 from ._messages import Heartbeat as Heartbeat
 from ._messages import Hello as Hello
+from ._messages import Hold as Hold
 from ._messages import InspectReply as InspectReply
 from ._messages import InspectRequest as InspectRequest
 from ._messages import ListParked as ListParked

@@ -19,7 +19,7 @@ Handles (from peers, addressed to ``broker``)::
 
     Hello       → Welcome (when the peer waits for it)
     ListParked  → ParkedEntries
-    Heartbeat, Ack, Nack, Reject, Park, Unpark (no reply)
+    Heartbeat, Ack, Nack, Reject, Park, Hold, Unpark (no reply)
 
 A control message it cannot decode is dead-lettered, and a sender that waits for a reply
 gets ``protocol_error``.
@@ -52,6 +52,7 @@ from ._messages import (
     ErrorReply,
     Heartbeat,
     Hello,
+    Hold,
     ListParked,
     Message,
     Nack,
@@ -288,6 +289,8 @@ class Broker:
             self.on_parked()
             if box is not None:
                 self._pump(box)
+        elif isinstance(msg, Hold):
+            self._store.hold(peer.name, msg.id)
         elif isinstance(msg, Unpark):
             self._store.unpark(peer.name, msg)
             self.on_parked()
@@ -312,14 +315,17 @@ class Broker:
         self._pump(box)
 
     def _requeue(self, box: Mailbox, *, incarnation: str | None) -> None:
-        # Actors handle messages in delivery order, so only the oldest unacked one can have
-        # been in the handler when the recipient died; the rest merely sat in its inbox.
-        # Counting the attempt against that one alone is what finds a poison message
-        # without dead-lettering the innocent ones queued behind it.
+        # Actors handle messages in delivery order, so only the oldest unacked one its
+        # recipient had not declared held can have been in the handler when the recipient
+        # died; the rest merely sat in its inbox, or waited on another process. Counting
+        # the attempt against that one alone is what finds a poison message without
+        # dead-lettering the innocent ones queued behind it (or a turn's start held through
+        # the whole turn, across every restart of its actor).
         stale = box.requeue_from(incarnation)
         box.redelivered += len(stale)
-        if stale:
-            self._store.retry_or_bury(box, stale[0], self._restart_error(box.name))
+        handled = next((entry for entry, held in stale if not held), None)
+        if handled is not None:
+            self._store.retry_or_bury(box, handled, self._restart_error(box.name))
 
     def _restart_error(self, name: str) -> str:
         reason = self.exit_reason(name)

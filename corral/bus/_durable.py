@@ -294,6 +294,15 @@ class DurableStore:
         self.append(Parked(id=entry.id, owner=name))
         return box
 
+    def hold(self, name: str, mid: str) -> None:
+        """``name``'s own work on its in-flight entry ``mid`` is done (it waits on another
+        process): a restart of ``name`` is not charged to it. Kept in memory only: a broker
+        that restarts redelivers everything without counting an attempt anyway."""
+        box = self.boxes.get(name)
+        entry = box.in_flight.get(mid) if box else None
+        if entry is not None:
+            entry.held = True
+
     def unpark(self, name: str, msg: Unpark) -> None:
         """Resolve one of ``name``'s parked entries."""
         box = self.boxes.get(name)

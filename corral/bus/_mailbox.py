@@ -33,6 +33,9 @@ class Entry:
     #: When it was last delivered (``time.monotonic``), None until then.
     delivered_at: float | None = None
     owner: str | None = None
+    #: Its recipient said its own work on it is done (:class:`~corral.bus.Hold`); only
+    #: for this delivery.
+    held: bool = False
 
 
 @dataclass(slots=True)
@@ -73,18 +76,21 @@ class Mailbox:
         """Every live entry, oldest first within each state."""
         return [*self.in_flight.values(), *self.queued, *self.parked.values()]
 
-    def requeue_from(self, incarnation: str | None) -> list[Entry]:
-        """Take back in-flight entries not delivered to ``incarnation`` (it restarted).
+    def requeue_from(self, incarnation: str | None) -> list[tuple[Entry, bool]]:
+        """Take back in-flight entries not delivered to ``incarnation`` (it restarted), each
+        with whether its recipient held it.
 
         They go back to the front of the queue in their original order; the caller decides
         whether each may be attempted again.
         """
         stale = [e for e in self.in_flight.values() if e.delivered_to != incarnation]
+        taken = [(entry, entry.held) for entry in stale]
         for entry in stale:
             del self.in_flight[entry.id]
             entry.delivered_to = None
+            entry.held = False
         self.queued.extendleft(reversed(stale))
-        return stale
+        return taken
 
     def statistics(self, *, peek: int = 0, stuck_after_s: float = math.inf) -> dict[str, Any]:
         """The row ``corral mailboxes --json`` prints for this mailbox."""
@@ -96,6 +102,8 @@ class Mailbox:
             "actor": self.name,
             "queued": len(self.queued),
             "in_flight": len(self.in_flight),
+            # In flight and waiting on another process than their recipient (a turn's start).
+            "held": sum(e.held for e in self.in_flight.values()),
             "parked": len(self.parked),
             "dead_letters": self.dead_letters,
             "redelivered": self.redelivered,

@@ -137,6 +137,18 @@ class Park(Message, tag="bus.park"):
     id: str
 
 
+class Hold(Message, tag="bus.hold"):
+    """The sender's own work on an in-flight durable message is done: it stays in flight
+    only until another process answers (a turn's start waits on its worker's terminal).
+
+    The sender restarting then says nothing against the message, so the broker redelivers it
+    without counting an attempt: attempts find a message that kills its handler, and one
+    held across a dozen unrelated crashes is not that.
+    """
+
+    id: str
+
+
 class Unpark(Message, tag="bus.unpark"):
     """Resolve a parked entry: ``state`` is ``resolved`` or ``cancelled``."""
 
@@ -208,7 +220,7 @@ class Stop(Message, tag="bus.stop"):
 
 
 #: What the broker decodes: the control messages peers address to it (``recipient=BROKER``).
-BrokerInbound = Hello | Heartbeat | Ack | Nack | Reject | Park | Unpark | ListParked
+BrokerInbound = Hello | Heartbeat | Ack | Nack | Reject | Park | Hold | Unpark | ListParked
 #: What every actor accepts besides its handlers' messages (the runtime answers them).
 ActorControl = InspectRequest | Stop
 

@@ -52,6 +52,7 @@ from ._messages import (
     ErrorReply,
     Heartbeat,
     Hello,
+    Hold,
     ListParked,
     Message,
     Nack,
@@ -359,6 +360,12 @@ class Peer(Receiving):
     async def park(self, incoming: Incoming) -> None:
         """Park a durable message this peer holds: it waits, durably, for :meth:`unpark`."""
         await self._control(Park(id=incoming.env.id))
+
+    async def hold(self, incoming: Incoming) -> None:
+        """Say that this peer's own work on a durable message it keeps in flight is done
+        (see :class:`~corral.bus.Hold`)."""
+        if incoming.env.durability == "durable":
+            await self._control(Hold(id=incoming.env.id))
 
     async def unpark(self, message_id: str, state: str, reason: str | None = None) -> None:
         """Resolve a parked message (``resolved`` or ``cancelled``)."""

@@ -107,6 +107,36 @@ async def test_nacked_message_is_retried_then_dead_lettered(tmp_path: Path) -> N
         nursery.cancel_scope.cancel()
 
 
+async def test_a_held_message_is_not_charged_for_its_recipients_restarts(tmp_path: Path) -> None:
+    """A message its recipient holds (its own work on it done, waiting on another process:
+    a turn's start) comes back after every restart without counting an attempt; the restart
+    is charged to the oldest one it had not said so of, which is dead-lettered in the end."""
+    endpoint = f"ipc://{tmp_path}/bus.sock"
+    async with trio.open_nursery() as nursery:
+        broker = await _start(nursery, tmp_path, max_attempts=3)
+        box = broker._store.mailbox("worker")
+        async with open_peer("client", endpoint, accepts=Every) as client:
+            await client.cast("worker", EchoRecord(key="held"), durable=True)
+            await client.cast("worker", EchoRecord(key="handled"), durable=True)
+        seen: list[tuple[str, int]] = []
+        for _ in range(3):
+            async with open_peer("worker", endpoint, accepts=Every) as worker:
+                got = await _drain(worker, 2, ack=False)
+                seen += [(g.msg.key, g.env.attempt) for g in got]
+                await worker.hold(got[0])
+                with trio.fail_after(5):
+                    while not box.in_flight[got[0].env.id].held:
+                        await trio.sleep(0.01)
+        async with open_peer("worker", endpoint, accepts=Every) as worker:
+            (last,) = await _drain(worker, 1)
+            seen.append((last.msg.key, last.env.attempt))
+        assert [a for k, a in seen if k == "held"] == [1, 1, 1, 1]
+        assert [a for k, a in seen if k == "handled"] == [1, 2, 3]
+        (dead,) = broker.dead_letters()
+        assert dead["type"] == "echo.record" and "gave up after 3 attempts" in dead["error"]
+        nursery.cancel_scope.cancel()
+
+
 async def test_log_is_compacted_and_recovers(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         broker = await _start(nursery, tmp_path, compact_min_bytes=20_000)

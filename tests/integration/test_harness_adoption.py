@@ -32,6 +32,12 @@ def _pids(host: HostProcess) -> dict[str, int]:
     return {w["session_id"]: w["pid"] for w in workers}
 
 
+def _held(host: HostProcess) -> int:
+    """How many messages the harness actor has said it holds (its turns' starts)."""
+    (row,) = [m for m in host.ask("mailboxes")["mailboxes"] if m["actor"] == "harness"]
+    return int(row["held"])
+
+
 def _terminals(events: list) -> list:
     return [e for e in events if is_terminal(e)]
 
@@ -139,27 +145,30 @@ async def test_h07_kill9_of_the_host_leaves_no_worker_and_the_next_host_kills_a_
     assert processes_of(host.state_dir) == []
 
 
-async def test_e01_a_turn_whose_start_is_lost_closes_its_elicitation_and_still_ends(
+async def test_e01_a_turn_held_by_its_worker_outlives_its_actors_restarts(
     host_factory,
 ) -> None:
-    """A turn's start can be dead-lettered while its adopted worker still runs the turn:
-    the broker charges each restart of the harness actor to the oldest message it had
-    unacked, and a turn's start stays unacked for the whole turn (here at once, with
-    ``max_attempts = 1``). The elicitation its worker still waits on stays parked; when the
-    worker ends the turn (interrupted), its terminal, for a turn this actor no longer
-    knows, closes that elicitation ``turn_ended`` instead of leaving it parked for good, and
-    still reaches the turn's ``reply_to`` (the adopted worker said where), once."""
+    """A turn's start stays in flight for the whole turn, and its harness actor says it
+    holds it once the worker runs it: the actor's restarts are not charged to it. With
+    ``max_attempts = 1`` the broker used to dead-letter the start at the first restart (each
+    restart was charged to the oldest unacked message), leaving a turn nobody would end if
+    its worker went. Here, after two restarts, nothing is dead-lettered, the elicitation its
+    worker waits on stays parked, and the interrupted turn closes it ``turn_ended`` and ends
+    once."""
     from corral.harnesses.protocol import Interrupt
 
     host = host_factory(FAST_LIVENESS + "[bus]\nmax_attempts = 1\n").start()
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-lost", scripted({"elicit": {"message": "?"}}))
         req = await d.wait_type("response.elicitation_request", turn_id=turn)
-        before = host.actor("harness")
-        os.kill(before["pid"], signal.SIGKILL)
-        await trio.to_thread.run_sync(lambda: host.restarted("harness", before))
-        dead = host.ask("dead_letters")["dead_letters"]
-        assert [x["type"] for x in dead] == ["harness.turn"], dead
+        for _ in range(2):
+            await trio.to_thread.run_sync(
+                lambda: wait_until(lambda: _held(host) == 1, 10, "the start held")
+            )
+            before = host.actor("harness")
+            os.kill(before["pid"], signal.SIGKILL)
+            await trio.to_thread.run_sync(host.restarted, "harness", before)
+        assert host.ask("dead_letters")["dead_letters"] == []
         assert host.ask("elicitations")["elicitations"][0]["state"] == "parked"
         reply = await d.send(Interrupt(session_id="s-lost"))
         assert reply.status == 204, reply
@@ -199,6 +208,33 @@ async def test_h07_an_adopted_worker_that_does_not_say_what_it_holds_is_killed(
         assert _pids(host)["s-fine"] == pids["s-fine"]
         await _no_second_end(d, (stuck, fine))
     assert "did not say what it holds" in host.log()
+
+
+async def test_h07_a_worker_its_dead_actor_wrote_no_pid_file_of_is_killed(
+    host: HostProcess,
+) -> None:
+    """A harness actor killed between a worker's spawn and its pid file's write leaves a
+    worker nobody knows of: reparented to the host, it would live as long as the host. The
+    next incarnation finds it among the host's children and kills it; its turn ends
+    ``harness_restarted``, once. (The pid file is removed by hand: the race is a few ms.)"""
+    long = scripted({"text": "x", "repeat": 3000, "delay_ms": 5})
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-unrecorded", long)
+        await d.wait_type("response.output_text.delta", turn_id=turn)
+        worker = _pids(host)["s-unrecorded"]
+        worker_start = start_time(worker)
+        (pidfile,) = [
+            f for f in host.state_dir.rglob("*.pid") if f'"pid": {worker},' in f.read_text()
+        ]
+        pidfile.unlink()
+        before = host.actor("harness")
+        os.kill(before["pid"], signal.SIGKILL)
+        gone = lambda: process_gone(worker, worker_start)  # noqa: E731
+        await trio.to_thread.run_sync(lambda: wait_until(gone, 15, "the unrecorded worker killed"))
+        end = await d.terminal(turn, timeout=20)
+        assert end.error["code"] == "harness_restarted", end
+        await _no_second_end(d, (turn,))
+    assert "workers with no pid file" in host.log()
 
 
 async def test_a_tool_result_after_a_harness_restart_reaches_the_adopted_worker(

@@ -51,9 +51,11 @@ def test_requeue_takes_back_only_other_incarnations_in_order() -> None:
     box = Mailbox("x")
     for i, inc in enumerate(["old", "old", "new"]):
         box.in_flight[f"m{i}"] = _entry(i, inc)
+    box.in_flight["m1"].held = True
     box.queued.append(_entry(9, None))
     stale = box.requeue_from("new")
-    assert [e.id for e in stale] == ["m0", "m1"]
+    assert [(e.id, held) for e, held in stale] == [("m0", False), ("m1", True)]
+    assert not any(e.held for e in box.queued), "held says so of one delivery only"
     assert [e.id for e in box.queued] == ["m0", "m1", "m9"]
     assert list(box.in_flight) == ["m2"]
     stats = box.statistics(peek=2)

@@ -297,6 +297,7 @@ class HarnessActor(Actor):
         if self.started_turns.seen(msg.turn_id):
             state = self.workers.get(msg.session_id)
             if take_back(turn, self.holdings, state, self.parked):
+                await turn.deferred.hold()
                 return
             await self._cancel_parked_of(msg.turn_id, "harness_restarted")
             failed = _failed(msg, "harness_restarted", "the harness restarted during this turn")
@@ -316,7 +317,6 @@ class HarnessActor(Actor):
                 msg.session_id, _failed(msg, "turn_setup_failed", f"turn setup failed: {exc}")
             )
             return
-        await self.started_turns.mark(msg.turn_id)
         self.stats["turns"] += 1
         name = worker_address(msg.session_id)
         # A worker that dies while it starts, or just as the turn reaches it (its exit not
@@ -330,6 +330,11 @@ class HarnessActor(Actor):
             if error is not None:
                 await self._end(msg.session_id, _failed(msg, "harness_unavailable", error))
                 return
+            # Marked only now, with its worker up: a crash before this point (the spawn takes
+            # the most time) left nothing of the turn run, and its redelivered start begins
+            # it afresh instead of failing it ``harness_restarted``.
+            if not self.started_turns.seen(msg.turn_id):
+                await self.started_turns.mark(msg.turn_id)
             try:
                 reply = await self._call_worker(name, msg, self.start_timeout_s)
                 break
@@ -350,6 +355,9 @@ class HarnessActor(Actor):
                 msg.session_id,
                 _failed(msg, "harness_busy", f"the worker refused the turn ({reply.status})"),
             )
+            return
+        # Its worker runs it now: this actor crashing is no fault of the start's.
+        await turn.deferred.hold()
 
     async def _call_worker(
         self, name: str, msg: Request[InputAccepted], timeout: float

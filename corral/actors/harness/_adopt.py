@@ -6,15 +6,18 @@ their turns. Its next incarnation finds them by their pid files, each recording 
 belongs to (pid and start time) and the worker's session and harness: the workers of this
 very host are adopted (:meth:`~corral.actors._children.ChildSupervisor.adopt`), anything
 else — the leftovers of an earlier host, e.g. a worker that was stopped when its host died
-and so could not see it go — is killed. Each adopted worker is then asked what it holds
+and so could not see it go — is killed, and so is a worker of this host with no pid file (its
+actor died between the spawn and the file's write). Each adopted worker is then asked what it holds
 (:class:`~corral.harnesses.protocol.Inventory`): the turn it runs, the elicitations that
 turn waits on, the turn it last ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,11 +28,14 @@ import trio
 from ..._exceptions import BusError
 from ...harnesses.protocol import Holdings, Inventory, worker_address
 from .._children import ChildSupervisor
-from .._process import start_time, sweep_except
+from .._process import kill_group, start_time, sweep_except
 from .._specs import ChildSpec
 from ._records import OwnedTurn, ParkedElicitation, WorkerState
 
 log = logging.getLogger("corral.actors.harness")
+
+#: The module a harness worker runs (``python -m``), by which the host's children are told.
+WORKER_MODULE = "corral.harnesses._worker"
 
 
 def host_record() -> dict[str, Any]:
@@ -47,7 +53,7 @@ def worker_spec(session_id: str, harness: str, env: dict[str, str]) -> ChildSpec
     """A session's worker as its supervisor knows it (``env``: its spawn environment)."""
     return ChildSpec(
         name=worker_address(session_id),
-        argv=[sys.executable, "-m", "corral.harnesses._worker"],
+        argv=[sys.executable, "-m", WORKER_MODULE],
         env=env,
         restart="transient",
         restart_on="demand",
@@ -68,6 +74,11 @@ def adopt_workers(children: ChildSupervisor, run_dir: Path) -> dict[str, WorkerS
     killed, kept = sweep_except(run_dir, ours)
     if killed:
         log.warning("killed %d workers of an earlier host: %s", len(killed), killed)
+    unrecorded = _unrecorded_workers(host["host_pid"], {int(info["pid"]) for info in kept})
+    for pid in unrecorded:
+        kill_group(pid, signal.SIGKILL)
+    if unrecorded:
+        log.warning("killed %d workers with no pid file: %s", len(unrecorded), unrecorded)
     adopted: dict[str, WorkerState] = {}
     for info in kept:
         session_id, harness = info["session_id"], str(info["harness"])
@@ -81,6 +92,25 @@ def adopt_workers(children: ChildSupervisor, run_dir: Path) -> dict[str, WorkerS
     if adopted:
         log.info("adopted %d workers of the previous incarnation", len(adopted))
     return adopted
+
+
+def _unrecorded_workers(host_pid: int, recorded: set[int]) -> list[int]:
+    """The host's children that run a harness worker but are not ``recorded``: spawned by an
+    incarnation that died before it wrote their pid files, they ran no turn (a turn is given
+    to a worker only after that), and nobody would ever stop them but the host's end."""
+    children: set[int] = set()
+    for listing in Path(f"/proc/{host_pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            children.update(int(pid) for pid in listing.read_text().split())
+    found = []
+    for pid in sorted(children - recorded):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if WORKER_MODULE.encode() in argv:
+            found.append(pid)
+    return found
 
 
 async def ask_holdings(
