@@ -1,6 +1,7 @@
 """The first code a child actor process runs: ``python -m corral.actors._entry``.
 
-The parent passes everything in the ``CORRAL_CHILD`` environment variable (JSON): the
+The parent passes everything in the ``CORRAL_CHILD`` variable (JSON), handed over hidden
+(:mod:`corral._child_env`: the runner tokens in it must not show in the environ block): the
 actor's name and ``module:Class``, the bus endpoint, the state dir, the actor's options and
 the bus/liveness settings. The child arranges to die with its parent, connects to the bus
 with its own zmq context, and serves until SIGTERM.
@@ -21,6 +22,7 @@ import msgspec
 import trio
 
 from .. import logs
+from .._child_env import take_hidden_env
 from .._lifeline import die_with_parent
 from ..bus import open_peer
 from ..config import BusSettings, LivenessSettings
@@ -68,7 +70,8 @@ async def serve_actor(cls: type[Actor], spec: dict[str, Any]) -> None:
 
 def main() -> None:
     """Entry point of a child actor process."""
-    spec = json.loads(os.environ["CORRAL_CHILD"])
+    take_hidden_env()  # its spec and secrets come through a memfd, not its environ block
+    spec = json.loads(os.environ.pop("CORRAL_CHILD"))
     die_with_parent(int(spec["parent_pid"]))
     logs.setup(spec["name"])
     try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from .._child_env import HIDDEN_ENV_FD, hand_over, split_hidden
 from .._lifeline import start_time as start_time
 
 log = logging.getLogger("corral.process")
@@ -80,17 +81,31 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start a child by exec in its own process group.
 
+    The variables ``env`` names in :data:`~corral._child_env.HIDDEN_ENV` are not in the
+    child's environ block (which every process of the user can read in
+    ``/proc/PID/environ``): they reach it through a memfd it inherits, which its
+    :func:`~corral._child_env.take_hidden_env` reads.
+
     Runs in the calling (trio) thread on purpose: ``PR_SET_PDEATHSIG`` fires when the
     *thread* that forked the child exits, and trio's worker threads come and go.
     """
-    return subprocess.Popen(
-        argv,
-        env=env,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        close_fds=True,
-        start_new_session=True,
-    )
+    shown, hidden = split_hidden(env)
+    fd = hand_over(hidden) if hidden else None
+    if fd is not None:
+        shown[HIDDEN_ENV_FD] = str(fd)
+    try:
+        return subprocess.Popen(
+            argv,
+            env=shown,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+            pass_fds=() if fd is None else (fd,),
+            start_new_session=True,
+        )
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 async def wait_exit(proc: Process) -> int:

@@ -39,6 +39,7 @@ import trio
 import zmq
 
 from .. import __version__
+from .._child_env import NETWORK_VARS, actor_env, blank_environ_block, hide, spec_variables
 from .._exceptions import (
     ConfigError,
     CorralError,
@@ -74,6 +75,10 @@ log = logging.getLogger("corral.host")
 INPROC_ENDPOINT = "inproc://corral-broker"
 #: A starting actor gets at least this long to say hello before liveness applies.
 START_GRACE_S = 10.0
+
+#: The actor that starts harness workers, and so expands ``$VAR`` in agent specs: the one
+#: that is handed the host's variables.
+_EXPANDS_VARS = BUILTIN["harness"].target
 
 #: The control plane's name among the host's children (it is not an actor: ``corral status``
 #: reports it under ``server``, not ``actors``).
@@ -192,6 +197,9 @@ class Host:
         # A harness actor's workers outlive its crash: reparented to the host, not to init,
         # they stay in its tree for the actor's next incarnation to adopt (docs/supervision.md).
         become_subreaper()
+        # The host's secrets stay in os.environ for the actors it hands them to, but out of
+        # /proc/<host pid>/environ, which every process of the user reads (docs/security.md).
+        blank_environ_block({*actor_env(), "CORRAL_STATE_DIR", "CORRAL_CONFIG"})
         ctx = zmq.Context()
         try:
             await self._run(ctx, task_status)
@@ -326,16 +334,25 @@ class Host:
         return ChildSpec(
             name=name,
             argv=[sys.executable, "-m", "corral.actors._entry"],
-            env={
-                **os.environ,
-                "CORRAL_CHILD": json.dumps(self._child_spec(name, target, actor)),
-            },
+            env=self._actor_env(name, target, actor),
             restart=actor.restart or role.restart,
             shutdown_timeout_s=actor.shutdown_timeout_s
             or role.shutdown_timeout_s
             or self.config.supervisor.shutdown_timeout_s,
             label=f"actor {name!r}",
         )
+
+    def _actor_env(self, name: str, target: str, actor: ActorSettings) -> dict[str, str]:
+        """An actor's environment: its environ block holds only :func:`actor_env` and the
+        state dir; its spec (the runner tokens in it), the proxy settings of an actor that
+        talks to servers and, for the harness actor, the host's variables that ``$VAR`` in
+        an agent spec expands from reach it hidden (:func:`corral._child_env.hide`)."""
+        hidden = {"CORRAL_CHILD": json.dumps(self._child_spec(name, target, actor))}
+        if role_of(name).serves_runners:
+            hidden.update({k: os.environ[k] for k in NETWORK_VARS if k in os.environ})
+        if target == _EXPANDS_VARS:
+            hidden.update(spec_variables())
+        return hide({**actor_env(), "CORRAL_STATE_DIR": str(self.instance.state_dir)}, hidden)
 
     def _resolve_runners(self) -> list[RunnerSettings]:
         """``[[runners]]`` plus the one of ``--server`` or the control plane, ids resolved once
@@ -427,7 +444,7 @@ class Host:
             ChildSpec(
                 name=SERVER_CHILD,
                 argv=self._control_plane_argv(),
-                env=dict(os.environ),
+                env=actor_env(),
                 restart="permanent",
                 shutdown_timeout_s=self.config.supervisor.shutdown_timeout_s,
                 bus_peer=False,

@@ -37,6 +37,7 @@ import msgspec
 import trio
 
 from .. import logs
+from .._child_env import take_hidden_env
 from .._lifeline import die_with_host, host_lifeline
 from ..bus import Incoming, Message, Outbox, Peer, open_peer
 from ..config import BusSettings, LivenessSettings
@@ -670,6 +671,7 @@ async def run_worker(spec: dict[str, Any], host: int) -> None:
 
 def main() -> None:
     """Entry point of a harness worker process."""
+    take_hidden_env()  # its API key, which its environ block must not show
     spec = json.loads(os.environ.pop("CORRAL_WORKER"))
     # Not PR_SET_PDEATHSIG: the kernel sends it when the parent dies, and the harness actor's
     # crash must leave its workers to its next incarnation (they are reparented to the host).

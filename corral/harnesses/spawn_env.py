@@ -6,7 +6,14 @@ worker); the harness's own variables are ``HARNESS_<NAME>_MODEL``,
 ``HARNESS_<NAME>_API_KEY`` and ``HARNESS_<NAME>_BASE_URL`` for ``executor.harness: <name>``
 (H-09). The model is the session's override when there is one
 (D-11), else the spec's. An ``api_key`` of the form ``$VAR`` is read from the host's
-environment — the one secret the agent spec explicitly asks for.
+environment — the one secret the agent spec explicitly asks for; never one of corral's own
+``CORRAL_*`` settings (the runner token). The harness actor has the host's variables in its
+``os.environ`` (handed over hidden by the host, :func:`corral._child_env.spec_variables`),
+and the worker gets its key the same way: hidden, never in its environ block.
+
+Building the environment is also where a turn's set-up finds that its spec asks for a
+sandbox this host cannot provide (:func:`corral._child_env.sandbox_refusal`): the turn then
+fails with the reason before anything runs.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import os
 import re
 from typing import Any
 
-from .._child_env import base_env
+from .._child_env import base_env, hide, sandbox_refusal
 
 _VAR = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
 
@@ -39,9 +46,12 @@ def build_spawn_env(
     """The worker environment for ``harness`` running agent ``spec``.
 
     Raises:
-        SpawnEnvError: e.g. a ``$VAR`` api key that is not set, or a model name with
-            characters no provider uses.
+        SpawnEnvError: e.g. a ``$VAR`` api key that is not set, a model name with
+            characters no provider uses, or an ``os_env.sandbox`` this host cannot provide.
     """
+    refused = sandbox_refusal(spec.get("os_env"))
+    if refused is not None:
+        raise SpawnEnvError(refused)
     source = os.environ if host_env is None else host_env
     env = base_env(source)
     executor = spec.get("executor") or {}
@@ -59,12 +69,12 @@ def build_spawn_env(
         match = _VAR.match(key)
         if match:
             name = match.group(1)
-            if name not in source:
+            if name not in source or name.startswith("CORRAL_"):
                 raise SpawnEnvError(
                     f"the {harness!r} harness needs ${name}, which is not set on this host"
                 )
             key = source[name]
-        env[prefix + "API_KEY"] = key
+        env = hide(env, {prefix + "API_KEY": key})
     base_url = auth.get("base_url") or executor.get("base_url")
     if isinstance(base_url, str) and base_url:
         env[prefix + "BASE_URL"] = base_url

@@ -30,7 +30,8 @@ body, 400 ``invalid_path``/403 ``path_unreachable`` for a path out of the root
 (:mod:`corral.tools.env_files`), 404 ``not_found`` for an unknown environment or route,
 404 ``path_not_found``, 405, 409, 413, 415 as the file work says, and 409
 ``unsupported_environment`` when the session's spec asks for an environment this runner
-cannot provide (a sandbox: browsing or a shell must not be the way around it).
+cannot provide (a sandbox without bubblewrap: browsing or a shell must not be the way around
+it). A sandboxed session's shell runs in its sandbox, as its ``sys_os_shell`` does.
 
 **Changes and diffs** come from git, as omnigent's runner gets them in a git work tree
 (:mod:`corral.tools.env_changes`): every uncommitted change under the root against
@@ -61,6 +62,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import trio
 
+from .._child_env import Sandbox, sandbox_of
 from .._jsonlines import JsonObject
 from ..routes import HttpRequest
 from . import env_changes, env_files
@@ -347,6 +349,14 @@ class Environments:
             RouteError: 409 ``unsupported_environment``; 500 when the fallback directory
                 cannot be created.
         """
+        return (await self.place(session_id))[0]
+
+    async def place(self, session_id: str) -> tuple[Path, Sandbox | None]:
+        """The session's environment root and the sandbox its shells run in (None: none).
+
+        Raises:
+            RouteError: as :meth:`root`.
+        """
         spec = await self.specs.get(session_id)
 
         def resolve() -> JsonObject:
@@ -368,7 +378,7 @@ class Environments:
         reason = unsupported_reason(env)
         if reason is not None:
             raise RouteError(409, "unsupported_environment", reason)
-        return Path(env["cwd"])
+        return Path(env["cwd"]), sandbox_of(env)
 
     async def answer(
         self, request: HttpRequest, session_id: str, rest: list[str]
@@ -517,7 +527,7 @@ class Environments:
         ):
             raise _bad_input("'timeout' must be an integer number of seconds >= 1")
         timeout_s = min(float(timeout or DEFAULT_SHELL_TIMEOUT_S), self.timeout_s)
-        root = await self.root(session_id)
+        root, sandbox = await self.place(session_id)
         if not await in_thread(os.path.isdir, root):
             raise RouteError(404, "path_not_found", f"The environment root {root} does not exist")
         try:
@@ -527,6 +537,7 @@ class Environments:
                 timeout_s=timeout_s,
                 max_output_chars=self.max_output_chars,
                 processes=self.processes,
+                sandbox=sandbox,
             )
         except ToolError as exc:  # the shell could not start
             raise RouteError(500, "shell_failed", str(exc)) from exc

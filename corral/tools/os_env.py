@@ -24,10 +24,10 @@ not, is kept, and lists and the sandbox are new objects, so neither side can cha
 other. Dropping a field such as ``sandbox.egress_rules`` would be a sandbox escape; a
 copy that cannot forget fields is the guard.
 
-This runner executes ``caller_process`` environments without a sandbox only.
-:func:`unsupported_reason` says why an effective env cannot be honoured (another
-``type``, an active ``sandbox``, ``fork``), so tools refuse instead of running with less
-isolation than the spec asked for.
+This runner executes ``caller_process`` environments, without a sandbox or in a bubblewrap
+sandbox on Linux (:mod:`corral.tools.sandbox`). :func:`unsupported_reason` says why an
+effective env cannot be honoured (another ``type``, a sandbox this host cannot provide,
+``fork``), so tools refuse instead of running with less isolation than the spec asked for.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from pathlib import Path
 
 import trio
 
+from .._child_env import Sandbox, sandbox_of, sandbox_refusal
 from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError
 
@@ -54,6 +55,8 @@ __all__ = [
     "effective_cwd",
     "effective_cwd_sync",
     "effective_os_env",
+    "effective_place",
+    "effective_place_sync",
     "sanitize_conversation_id",
     "unsupported_reason",
     "workspace_from_env",
@@ -67,8 +70,6 @@ PLACEHOLDER_CWDS: frozenset[str | None] = frozenset({None, "", ".", "./"})
 WORKSPACE_ENV_VARS = ("CORRAL_WORKSPACE", "OMNIGENT_RUNNER_WORKSPACE")
 #: Environment variables naming the root of per-conversation fallback dirs, first match wins.
 OS_ENV_ROOT_ENV_VARS = ("CORRAL_OS_ENV_ROOT", "OMNIGENT_RUNNER_OS_ENV_ROOT")
-#: Sandbox types that mean "no sandbox".
-_NO_SANDBOX: frozenset[str | None] = frozenset({None, "", "none"})
 
 # A path segment is at most 255 bytes on common filesystems; longer ids keep a readable
 # prefix plus a digest so two long ids never share a directory by truncation alone.
@@ -149,23 +150,20 @@ def unsupported_reason(env: Mapping[str, object]) -> str | None:
     """Why this runner cannot honour an effective OS env, or None when it can.
 
     Running a tool with less isolation than the spec asked for is an escape, so a spec
-    that wants another env type, an active sandbox or a forked copy of the cwd is refused
-    rather than run as a plain local process.
+    that wants another env type, a sandbox this host cannot provide (another type, no
+    bubblewrap) or a forked copy of the cwd is refused rather than run as a plain local
+    process.
     """
     kind = env.get("type")
     if kind != DEFAULT_OS_ENV_TYPE:
         return f"os_env type {kind!r} is not supported by this runner (only 'caller_process')"
-    sandbox = env.get("sandbox")
-    sandbox_type = sandbox.get("type") if isinstance(sandbox, dict) else sandbox
-    if sandbox_type not in _NO_SANDBOX:
-        return (
-            f"os_env.sandbox type {sandbox_type!r} is not supported by this runner; "
-            "refusing to run without the sandbox the spec asks for"
-        )
+    refused = sandbox_refusal(env)
+    if refused is not None:
+        return refused
     if env.get("fork"):
         return "os_env.fork is not supported by this runner"
     if env.get("start_in_scratch"):
-        return "os_env.start_in_scratch needs a sandbox, which this runner does not provide"
+        return "os_env.start_in_scratch is not supported by this runner"
     return None
 
 
@@ -181,9 +179,24 @@ async def effective_cwd(ctx: ToolContext) -> Path:
     return await trio.to_thread.run_sync(effective_cwd_sync, ctx)
 
 
+async def effective_place(ctx: ToolContext) -> tuple[Path, Sandbox | None]:
+    """:func:`effective_place_sync` from trio."""
+    return await trio.to_thread.run_sync(effective_place_sync, ctx)
+
+
 def effective_cwd_sync(ctx: ToolContext) -> Path:
     """:func:`effective_cwd` for code already in a worker thread (a file tool resolves its
     directory in the thread that does its I/O: one thread hop per call, not two)."""
+    return effective_place_sync(ctx)[0]
+
+
+def effective_place_sync(ctx: ToolContext) -> tuple[Path, Sandbox | None]:
+    """The effective cwd of the call's session and the sandbox its commands run in (None:
+    none), after checking the env is supported; in a worker thread.
+
+    Raises:
+        ToolError: as :func:`effective_cwd`.
+    """
     try:
         env = effective_os_env(
             ctx.spec,
@@ -196,7 +209,7 @@ def effective_cwd_sync(ctx: ToolContext) -> Path:
     reason = unsupported_reason(env)
     if reason is not None:
         raise ToolError(reason)
-    return Path(env["cwd"])
+    return Path(env["cwd"]), sandbox_of(env)
 
 
 def workspace_from_env(environ: dict[str, str] | None = None) -> Path | None:

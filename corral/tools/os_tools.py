@@ -67,8 +67,9 @@ from .._child_env import base_env
 from .._jsonlines import JsonObject
 from ._api import ProcessTracker, ToolContext, ToolError, ToolSpec
 from ._replies import EditResult, ReadResult, ShellResult, WriteResult
-from .os_env import effective_cwd, effective_cwd_sync
+from .os_env import effective_cwd_sync, effective_place
 from .paths import is_inside, resolve_inside
+from .sandbox import Sandbox, wrap
 
 __all__ = [
     "DEFAULT_READ_LIMIT",
@@ -524,11 +525,13 @@ async def run_shell(
     timeout_s: float,
     max_output_chars: int,
     processes: ProcessTracker | None = None,
+    sandbox: Sandbox | None = None,
 ) -> ShellResult:
     """Run ``command`` with bash in ``cwd`` and its own process group; see the module doc.
 
     The environment is the host's allow-listed one (no secrets: the command is the model's).
-    ``processes`` is told about the group while it lives.
+    ``processes`` is told about the group while it lives. With a ``sandbox``, bash runs
+    inside it (:mod:`corral.tools.sandbox`); bubblewrap then leads the group.
 
     Returns:
         ``{"stdout", "stderr", "exit_code", "timed_out", "shell", "cwd"}``. ``exit_code``
@@ -539,9 +542,12 @@ async def run_shell(
     """
     shell = shell_path()
     environ = {**base_env(), "PWD": str(cwd)}
+    argv = [shell, "-c", command]
+    if sandbox is not None:
+        argv = wrap(argv, sandbox, cwd=cwd, env=environ)
     try:
         process = await trio.lowlevel.open_process(
-            [shell, "-c", command],
+            argv,
             cwd=str(cwd),
             env=environ,
             stdin=subprocess.DEVNULL,
@@ -585,7 +591,7 @@ async def sys_os_shell(ctx: ToolContext, args: JsonObject) -> str:
     """Run a shell command in the working directory (T-04)."""
     command = _str_arg(args, "command")
     timeout_s = _timeout_arg(args, ctx)
-    cwd = await effective_cwd(ctx)
+    cwd, sandbox = await effective_place(ctx)
     if not await in_thread(os.path.isdir, cwd):
         raise ToolError(f"the working directory {str(cwd)!r} does not exist")
     result = await run_shell(
@@ -594,6 +600,7 @@ async def sys_os_shell(ctx: ToolContext, args: JsonObject) -> str:
         timeout_s=timeout_s,
         max_output_chars=ctx.max_output_chars,
         processes=ctx.processes,
+        sandbox=sandbox,
     )
     return _output(**result)
 

@@ -604,7 +604,7 @@ async def test_t07_the_root_follows_the_spec_the_sessions_tools_ran_with(
         await trio.to_thread.run_sync(ehost.restarted, "tools", before_kill)
         _, listed = await call(gw, "GET", sess.fs)
         assert [entry["id"] for entry in listed["data"]] == ["from-spec.txt"]
-        sandboxed = {"os_env": {**spec["os_env"], "sandbox": {"type": "bwrap"}}}
+        sandboxed = {"os_env": {**spec["os_env"], "sandbox": {"type": "darwin_seatbelt"}}}
         await gw.peer.call(
             "tools",
             ToolExec(

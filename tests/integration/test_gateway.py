@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -306,7 +307,8 @@ async def test_handshake_headers_hello_ping_and_runner_ids(host_factory, tunnels
                 "runner_version": __version__,
                 "frame_protocol_version": 1,
                 "harnesses": t.hello["harnesses"],
-                "envs": [],
+                # The sandbox is on offer where bubblewrap is installed (docs/tools.md).
+                "envs": ["os_sandbox"] if shutil.which("bwrap") else [],
                 "telemetry_opt_out": True,
                 "capabilities": ["session-event-ingest-v1"],
                 "connection_id": t.hello["connection_id"],

@@ -153,7 +153,7 @@ async def test_t12_without_workspace_the_session_fallback_directory_is_used(
 async def test_t12_a_sandbox_the_runner_cannot_provide_is_refused(
     tmp_path: Path, terminals: Terminals, workspace: Path
 ) -> None:
-    spec = {**SPEC, "os_env": {"sandbox": {"type": "linux_bwrap"}}}
+    spec = {**SPEC, "os_env": {"sandbox": {"type": "darwin_seatbelt"}}}
     ctx = make_ctx(tmp_path, terminals, workspace=workspace, spec=spec)
     with pytest.raises(ToolError, match="sandbox"):
         await call(ctx, "sys_terminal_launch", terminal="zsh")

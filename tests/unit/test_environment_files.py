@@ -232,7 +232,7 @@ async def test_t10_without_workspace_or_spec_the_session_gets_its_own_directory(
 
 async def test_an_unsupported_environment_is_409(tmp_path: Path) -> None:
     envs = environments(tmp_path, tmp_path / "ws")
-    await envs.specs.learn("s1", {"os_env": {"sandbox": {"type": "bwrap"}}})
+    await envs.specs.learn("s1", {"os_env": {"sandbox": {"type": "darwin_seatbelt"}}})
     with pytest.raises(RouteError) as caught:
         await envs.root("s1")
     assert (caught.value.status, caught.value.code) == (409, "unsupported_environment")

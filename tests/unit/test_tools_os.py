@@ -165,11 +165,17 @@ async def test_t10_tools_default_to_conversation_workspace(tmp_path: Path) -> No
 
 
 async def test_t05_unsupported_sandbox_runs_nothing(tmp_path: Path, root: Path) -> None:
-    spec = {"os_env": {"type": "caller_process", "cwd": str(root), "sandbox": {"type": "bwrap"}}}
+    spec = {
+        "os_env": {
+            "type": "caller_process",
+            "cwd": str(root),
+            "sandbox": {"type": "darwin_seatbelt"},
+        }
+    }
     ctx = make_ctx(tmp_path, spec=spec)
-    with pytest.raises(ToolError, match="bwrap"):
+    with pytest.raises(ToolError, match="darwin_seatbelt"):
         await call(ctx, "sys_os_write", path="x.txt", content="x")
-    with pytest.raises(ToolError, match="bwrap"):
+    with pytest.raises(ToolError, match="darwin_seatbelt"):
         await call(ctx, "sys_os_shell", command="touch y.txt")
     assert list(root.iterdir()) == []
 

@@ -250,7 +250,10 @@ def test_t11_clone_os_env_is_deep() -> None:
         ({"type": "caller_process", "sandbox": {"egress_rules": []}}, None),
         ({"type": "docker"}, "os_env type 'docker'"),
         ({"type": "caller_process", "sandbox": {"type": "darwin_seatbelt"}}, "darwin_seatbelt"),
-        ({"type": "caller_process", "sandbox": "linux_bwrap"}, "linux_bwrap"),
+        (
+            {"type": "caller_process", "sandbox": {"type": "linux_bwrap", "egress_rules": ["x"]}},
+            "egress_rules",
+        ),
         ({"type": "caller_process", "fork": True}, "fork"),
         ({"type": "caller_process", "start_in_scratch": True}, "start_in_scratch"),
     ],

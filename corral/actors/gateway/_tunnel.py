@@ -399,11 +399,13 @@ class Tunnel:
         return time.monotonic() - started
 
     async def _serve(self, ws: WebSocketConnection, marked: MarkedStream) -> None:
+        from ..._child_env import bwrap_path  # the sandbox, as omnigent's runner names it
+
         hello = HelloFrame(
             runner_version=__version__,
             frame_protocol_version=FRAME_PROTOCOL_VERSION,
             harnesses=self.gateway.harnesses,
-            envs=[],
+            envs=["os_sandbox"] if bwrap_path() else [],
             telemetry_opt_out=True,
             capabilities=[EVENT_INGEST_CAPABILITY],
             connection_id=self.connection_id,

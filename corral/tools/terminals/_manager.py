@@ -17,7 +17,8 @@ import trio
 
 from ..._child_env import base_env
 from .._api import ToolContext, ToolError
-from ..os_env import effective_cwd
+from ..os_env import effective_cwd, effective_place
+from ..sandbox import Sandbox, wrap
 from ._resources import (
     Launched,
     ListedSession,
@@ -150,10 +151,14 @@ class Terminals(Upkeep):
                     resource_id=resource_id(terminal, session),
                     status="already_running",
                 )
-            cwd = await self._cwd(ctx, tdef)
+            cwd, sandbox = await self._place(ctx, tdef)
             env_flags = [arg for k, v in tdef.env for arg in ("-e", f"{k}={v}")]
             unset = [arg for k in tdef.env_unset for arg in ("-u", k)]
             command = [*(["env", *unset] if unset else []), *_EXEC, *tdef.argv]
+            if sandbox is not None:
+                # The session's sandbox, as its shells get it; tmux stays outside it.
+                root = await effective_cwd(ctx)
+                command = wrap(command, sandbox, cwd=root, env=self._env, start=cwd)
             where = ["-c", str(cwd), *env_flags, "--", *command]
             if pane is not None:
                 # Its command exited: start it again in the same tmux session. (Killing the
@@ -383,12 +388,12 @@ class Terminals(Upkeep):
             )
         return pane
 
-    async def _cwd(self, ctx: ToolContext, tdef: TerminalDef) -> Path:
-        # The session's effective cwd, exactly as the OS tools get it (the workspace when
-        # there is one, T-12) — and the same refusal when the spec asks for a sandbox this
-        # runner cannot provide: a terminal must not be the way around it.
-        base = await effective_cwd(ctx)
+    async def _place(self, ctx: ToolContext, tdef: TerminalDef) -> tuple[Path, Sandbox | None]:
+        # The session's effective cwd and sandbox, exactly as the OS tools get them (the
+        # workspace when there is one, T-12) — and the same refusal when the spec asks for a
+        # sandbox this runner cannot provide: a terminal must not be the way around it.
+        base, sandbox = await effective_place(ctx)
         cwd = base / tdef.cwd if tdef.cwd is not None else base
         if not await trio.to_thread.run_sync(cwd.is_dir):
             raise ToolError(f"terminal {tdef.name}: working directory {cwd} does not exist")
-        return cwd
+        return cwd, sandbox
