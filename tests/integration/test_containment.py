@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.conftest import FAST_LIVENESS, HostProcess
+from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.fake_openai import FakeOpenAI, Reply, responses_events
 from tests.fake_server import FakeOmnigentServer
 from tests.integration._gateway import FakeGateway, fake_gateway
@@ -276,3 +276,42 @@ async def test_a_worker_gets_its_expanded_key_outside_its_environ(
     assert request.headers["authorization"] == f"Bearer {OPENAI_KEY}"
     (worker,) = [w for w in chost.ask("status")["workers"] if w["session_id"] == sid]
     assert OPENAI_KEY.encode() not in Path(f"/proc/{worker['pid']}/environ").read_bytes()
+
+
+@needs_bwrap
+async def test_an_async_shell_call_runs_in_the_same_sandbox(
+    chost: HostProcess, module_server: FakeOmnigentServer, tmp_path: Path
+) -> None:
+    command = f"ls /proc | grep -c '^[0-9]'; ls {chost.state_dir}; echo async-done"
+    call = {"tool": "sys_call_async", "arguments": {"tool": "sys_os_shell", "args": {}}}
+    call["arguments"]["args"] = {"command": command}  # type: ignore[index]
+    agent_id = module_server.add_agent(
+        "name: background\nexecutor:\n  harness: scripted\n  script:\n    turns:\n"
+        f"      - [{json.dumps(call)}]\n"
+        f"      - [{json.dumps({'tool': 'sys_read_inbox', 'arguments': {}})}]\n"
+        f"os_env: {{cwd: {json.dumps(str(tmp_path))}, sandbox: {{type: linux_bwrap}}}}\n"
+    )
+    sid = module_server.add_session(agent_id)["id"]
+    inbox = chost.instance.actor_dir("tools") / "inbox"
+    async with fake_gateway(chost.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "start it")
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: any(
+                    b"async-done" in p.read_bytes() for p in inbox.rglob("*") if p.is_file()
+                ),
+                timeout=20,
+                what="the async result in the inbox",
+            )
+        )
+        await gw.message(sid, "read it")
+        assert await gw.until_status(sid, count=2, timeout=30) == ["running", "idle"] * 2
+    text = [
+        e["item"]["output"]
+        for e in gw.events[sid]
+        if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call_output"
+    ][1]
+    result = json.loads(text.split("sys_os_shell returned: ", 1)[1].rsplit("]", 1)[0])
+    assert int(result["stdout"].split()[0]) < 10 and "No such file" in result["stderr"], result

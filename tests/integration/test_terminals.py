@@ -160,6 +160,28 @@ async def test_t12_a_sandbox_the_runner_cannot_provide_is_refused(
     assert await terminals.list_resources(CONV) == []
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_t12_a_sandboxed_spec_runs_its_terminal_in_the_sessions_sandbox(
+    tmp_path: Path, terminals: Terminals, workspace: Path
+) -> None:
+    """The terminal's command runs in the bubblewrap sandbox its shells get (#16): its own
+    pid namespace, nothing of the file system outside the workspace; tmux stays outside."""
+    spec = {**SPEC, "os_env": {"sandbox": {"type": "linux_bwrap"}}}
+    ctx = make_ctx(tmp_path, terminals, workspace=workspace, spec=spec)
+    await call(ctx, "sys_terminal_launch", terminal="zsh", session="s1")
+    outside = terminals.socket_dir
+    text = f"ls /proc | grep -c '^[0-9]' > procs.txt; ls {outside} 2> seen.txt; echo > done"
+    await call(ctx, "sys_terminal_send", terminal="zsh", session="s1", text=text)
+
+    async def done() -> bool:
+        return (workspace / "done").exists()
+
+    await wait_for(done, "the sandboxed command to finish")
+    assert int((workspace / "procs.txt").read_text()) < 10
+    assert outside.is_dir()  # there, outside the sandbox
+    assert "No such file" in (workspace / "seen.txt").read_text()
+
+
 # --- T-13 / T-14 -----------------------------------------------------------------------------
 
 
