@@ -169,6 +169,12 @@ class HostProcess:
             f"{name} restarted",
         )
 
+    def client_headers(self) -> dict[str, str]:
+        """The embedded control plane's client credential, read from the state dir as the
+        CLI reads it (docs/security.md)."""
+        token = (self.state_dir / "server" / "client_token").read_text().strip()
+        return {"authorization": f"Bearer {token}"}
+
     def ask(self, op: str, **args: Any) -> Any:
         return request(self.instance.control_path, op, **args)
 

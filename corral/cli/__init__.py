@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "agents": "_chat:agents_command",
     "send": "_chat:send_command",
     "chat": "_chat:chat_command",
+    "token": "_token:token_group",
 }
 
 

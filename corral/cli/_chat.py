@@ -34,6 +34,7 @@ from ._client import (
     ApiError,
     ControlPlane,
     NoControlPlane,
+    NoCredential,
     StreamEvent,
     TurnFollower,
     run_turn,
@@ -190,18 +191,59 @@ def _cursor(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _client_call(state_dir: Path | None, work: Callable[[ControlPlane], Awaitable[T]]) -> T:
-    """Run ``work`` against the state dir's control plane, mapping errors to exit codes."""
+class Unauthorized(click.ClickException):
+    """The client token cannot be read, or the control plane refused it (exit 1); with
+    ``--json`` the error is also one JSON document on stdout."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, *, code: str, document: JsonObject | None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.document = document
+
+    def show(self, file: Any = None) -> None:
+        if self.document is not None:
+            emit_json(self.document)
+        super().show(file)
+
+
+#: Makes the ``--json`` document of a failed call from its ``{"code", "message"}``.
+ErrorDocument = Callable[[JsonObject], JsonObject]
+
+
+def _client_call(
+    state_dir: Path | None,
+    work: Callable[[ControlPlane], Awaitable[T]],
+    *,
+    url: str | None = None,
+    json_error: ErrorDocument | None = None,
+) -> T:
+    """Run ``work`` against the state dir's control plane (or the one at ``url``), mapping
+    errors to exit codes; a credential error is one ``json_error`` document too, if given."""
 
     async def main() -> T:
-        async with ControlPlane(resolve_state_dir(str(state_dir) if state_dir else None)) as api:
+        directory = resolve_state_dir(str(state_dir) if state_dir else None)
+        async with ControlPlane(directory, url=url) as api:
             return await work(api)
+
+    def refused(code: str, message: str) -> Unauthorized:
+        document = json_error({"code": code, "message": message}) if json_error else None
+        return Unauthorized(message, code=code, document=document)
 
     try:
         return trio.run(main)
     except NoControlPlane as exc:
         raise NoHost(str(exc)) from None
+    except NoCredential as exc:
+        raise refused("no_credential", str(exc)) from None
     except ApiError as exc:
+        if exc.status == 401:
+            message = (
+                f"the control plane refused the client token: {exc.detail} (was it rotated? "
+                "`corral token` prints the current one; docs/security.md)"
+            )
+            raise refused("unauthorized", message) from None
         raise click.ClickException(str(exc)) from None
 
 
@@ -244,6 +286,17 @@ def _lost(exc: NoControlPlane, turn: TurnFollower) -> JsonObject:
     return {"code": UNREACHABLE, "message": f"{exc}; {fate}"}
 
 
+def url_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--url``: reach a control plane whose state dir this user cannot read."""
+    return click.option(
+        "--url",
+        envvar="CORRAL_URL",
+        metavar="URL",
+        help="The control plane's URL, instead of the state dir's server.json (env "
+        "CORRAL_URL); the token then comes from env CORRAL_TOKEN, else the state dir.",
+    )(fn)
+
+
 def _session_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option(
         "--session", "session_id", metavar="ID", help="Talk in this session (else a new one)."
@@ -263,10 +316,16 @@ def _check_session_options(session_id: str | None, agent: str | None) -> None:
 
 @click.command("agents")
 @state_dir_option
+@url_option
 @json_option
-def agents_command(state_dir: Path | None, as_json: bool) -> None:
+def agents_command(state_dir: Path | None, url: str | None, as_json: bool) -> None:
     """List the agents of the embedded control plane."""
-    agents = _client_call(state_dir, lambda api: api.agents())
+    agents = _client_call(
+        state_dir,
+        lambda api: api.agents(),
+        url=url,
+        json_error=(lambda error: {"agents": [], "error": error}) if as_json else None,
+    )
     if as_json:
         emit_json({"agents": agents})
         return
@@ -297,6 +356,7 @@ def agents_command(state_dir: Path | None, as_json: bool) -> None:
     help="Seconds to wait for the turn to end; past it the turn is interrupted (exit 1).",
 )
 @state_dir_option
+@url_option
 @json_option
 def send_command(
     text: str,
@@ -305,6 +365,7 @@ def send_command(
     approve: bool,
     timeout: float,
     state_dir: Path | None,
+    url: str | None,
     as_json: bool,
 ) -> None:
     """Post one message and wait for the turn to end (exit 0 idle, 1 failed).
@@ -361,7 +422,17 @@ def send_command(
             }
         return turn
 
-    turn = _client_call(state_dir, work)
+    def failed(error: JsonObject) -> JsonObject:
+        # The shape of a turn's document: no session, no turn, the error.
+        return {
+            "session_id": session_id,
+            "status": "failed",
+            "text": "",
+            "error": error,
+            "events": [],
+        }
+
+    turn = _client_call(state_dir, work, url=url, json_error=failed if as_json else None)
     view.end_text()
     if as_json:
         emit_json(turn.result())
@@ -561,7 +632,10 @@ async def _prompt(reader: LineReader) -> str | None:
 @click.command("chat")
 @_session_options
 @state_dir_option
-def chat_command(session_id: str | None, agent: str | None, state_dir: Path | None) -> None:
+@url_option
+def chat_command(
+    session_id: str | None, agent: str | None, state_dir: Path | None, url: str | None
+) -> None:
     """Talk to an agent: streamed text, tool calls as they happen, approvals inline.
 
     Ctrl-C interrupts the running turn (twice quits); Ctrl-D or Ctrl-C at the prompt quits.
@@ -581,7 +655,7 @@ def chat_command(session_id: str | None, agent: str | None, state_dir: Path | No
 
     code = 0
     try:
-        _client_call(state_dir, work)
+        _client_call(state_dir, work, url=url)
     except KeyboardInterrupt:
         view.out.print()
     except click.ClickException as exc:

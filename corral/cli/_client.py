@@ -3,7 +3,11 @@
 The embedded control plane writes ``<state dir>/server/server.json`` once it listens; that
 file is how every client command finds it, as ``corral status`` finds the host through
 ``host.json``. The HTTP API is the plane's client API (``/v1/agents``, ``/v1/sessions``,
-``/v1/sessions/{id}/stream`` as resumable Server-Sent Events).
+``/v1/sessions/{id}/stream`` as resumable Server-Sent Events). Every call carries the
+plane's client token as ``Authorization: Bearer``: ``CORRAL_TOKEN`` if set, else
+``<state dir>/server/client_token`` (0600, the plane's owner only). A user or machine that
+cannot read the state dir gives both the URL (``--url``/``CORRAL_URL``) and ``CORRAL_TOKEN``
+(docs/security.md).
 
 Following one turn without races or repeats is the whole point of this module:
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,10 +60,18 @@ CONNECT_WAIT_S = 30.0
 REQUEST_TIMEOUT_S = 30.0
 #: The turn edges that end a turn.
 TERMINAL_STATUSES = ("idle", "failed")
+#: The client token, for a caller that cannot read the state dir (another user, host).
+TOKEN_ENV = "CORRAL_TOKEN"
+#: Where to send help about the credential.
+SECURITY_DOC = "docs/security.md"
 
 
 class NoControlPlane(Exception):
     """No control plane is found or reachable through the state dir (exit code 3)."""
+
+
+class NoCredential(Exception):
+    """The client token (or the control plane's address) cannot be read (exit code 1)."""
 
 
 class ApiError(Exception):
@@ -337,21 +350,64 @@ def server_file(state_dir: Path) -> Path:
     return state_dir / "server" / "server.json"
 
 
+def client_token_file(state_dir: Path) -> Path:
+    """Where the control plane of a state dir keeps its client token."""
+    return state_dir / "server" / "client_token"
+
+
+def _unreadable(path: Path) -> NoCredential:
+    return NoCredential(
+        f"cannot read {path}: permission denied. The host runs as another user: ask its "
+        f"operator for the token (`corral token`) and set {TOKEN_ENV} and --url/CORRAL_URL "
+        f"({SECURITY_DOC})"
+    )
+
+
+def read_client_token(state_dir: Path) -> str:
+    """The client token kept in ``state_dir``.
+
+    Raises:
+        NoCredential: the file is missing, unreadable or empty.
+    """
+    path = client_token_file(state_dir)
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        raise NoCredential(
+            f"no client token at {path}: no control plane has run on {state_dir} yet "
+            f"(`corral up` makes one), or set {TOKEN_ENV}"
+        ) from None
+    except PermissionError:
+        raise _unreadable(path) from None
+    except OSError as exc:
+        raise NoCredential(f"cannot read {path}: {exc.strerror}") from None
+    if not token:
+        raise NoCredential(f"{path} holds no client token; make one with `corral token rotate`")
+    return token
+
+
 def locate(state_dir: Path) -> str | None:
     """The control plane's base URL, or None while the host is (re)starting it.
 
     Raises:
         NoControlPlane: neither a live control plane nor a live host is on ``state_dir``.
+        NoCredential: the state dir is another user's.
     """
+    path = server_file(state_dir)
     try:
-        info = json.loads(server_file(state_dir).read_text())
+        info = json.loads(path.read_text())
+    except PermissionError:
+        raise _unreadable(path) from None
     except (OSError, ValueError):
         info = None
     if isinstance(info, dict) and info.get("url"):
         pid = info.get("pid")
         if not isinstance(pid, int) or alive(pid, None):
             return str(info["url"]).rstrip("/")
-    host = Instance(state_dir).read_host()
+    try:
+        host = Instance(state_dir).read_host()
+    except PermissionError:
+        raise _unreadable(Instance(state_dir).host_file) from None
     if host and isinstance(host.get("pid"), int) and alive(host["pid"], host.get("start_time")):
         return None
     raise NoControlPlane(
@@ -365,6 +421,8 @@ class ControlPlane:
 
     Args:
         state_dir: the host's state dir.
+        url: the control plane's base URL, instead of the one ``server.json`` names.
+        token: the client token; default ``CORRAL_TOKEN``, else the state dir's file.
         connect_wait_s: how long a call keeps retrying a control plane it cannot reach.
         stream_read_timeout_s: silence after which a stream is reopened.
         request_timeout_s: how long one call waits for its answer.
@@ -375,6 +433,8 @@ class ControlPlane:
         self,
         state_dir: Path,
         *,
+        url: str | None = None,
+        token: str | None = None,
         connect_wait_s: float = CONNECT_WAIT_S,
         stream_read_timeout_s: float = STREAM_READ_TIMEOUT_S,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
@@ -383,7 +443,12 @@ class ControlPlane:
         self.state_dir = state_dir
         self.connect_wait_s = connect_wait_s
         self.stream_read_timeout_s = stream_read_timeout_s
-        self._url: str | None = None
+        self._fixed_url = url.rstrip("/") if url else None
+        self._url: str | None = self._fixed_url
+        #: Given (argument or environment) tokens are used as they are; one read from the
+        #: state dir is read again when the plane refuses it (``corral token rotate``).
+        self._given_token = token or os.environ.get(TOKEN_ENV) or None
+        self._token: str | None = self._given_token
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout_s, connect=5.0), transport=transport
         )
@@ -394,6 +459,29 @@ class ControlPlane:
     async def __aexit__(self, *exc: object) -> None:
         await self._http.aclose()
 
+    def _auth(self) -> dict[str, str]:
+        """The credential header (the token is read on first use, after the plane is found,
+        so that a state dir with no host says so first).
+
+        Raises:
+            NoCredential: no token is given and the state dir's cannot be read.
+        """
+        if self._token is None:
+            self._token = read_client_token(self.state_dir)
+        return {"authorization": f"Bearer {self._token}"}
+
+    def _token_changed(self) -> bool:
+        """After a 401: whether the state dir's token is a new one (rotated since it was
+        read), now in use. A given token is never replaced."""
+        if self._given_token is not None:
+            return False
+        try:
+            token = read_client_token(self.state_dir)
+        except NoCredential:
+            return False
+        changed, self._token = token != self._token, token
+        return changed
+
     async def url(self, *, until: float | None = None) -> str:
         """The base URL, waiting for a restarting control plane until ``until`` (trio
         time; by default :attr:`connect_wait_s` from now).
@@ -403,6 +491,7 @@ class ControlPlane:
         """
         if self._url is not None:
             return self._url
+        assert self._fixed_url is None
         asked = False
         with trio.move_on_at(trio.current_time() + self.connect_wait_s if until is None else until):
             while True:
@@ -456,14 +545,16 @@ class ControlPlane:
 
         Raises:
             NoControlPlane: the control plane cannot be reached.
+            NoCredential: no client token can be read.
             ApiError: it answered with an error status.
         """
         lost_at: float | None = None
         delay = 0.1
         while True:
             url = await self.url(until=None if lost_at is None else lost_at + self.connect_wait_s)
+            sent = {**(headers or {}), **self._auth()}
             try:
-                response = await self._http.request(method, url + path, json=body, headers=headers)
+                response = await self._http.request(method, url + path, json=body, headers=sent)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 problem: str = f"cannot connect to {url}: {exc}"
             except httpx.TransportError as exc:
@@ -477,6 +568,8 @@ class ControlPlane:
                 retry = response.status_code == 503 or (
                     idempotent and response.status_code in (502, 504)
                 )
+                if response.status_code == 401 and self._token_changed():
+                    continue  # refused nothing of it: it is sent again with the new token
                 if not retry:
                     if response.status_code >= 400:
                         raise ApiError.from_response(method, path, response)
@@ -490,7 +583,7 @@ class ControlPlane:
                     f"(for {self.connect_wait_s:g}s)"
                 )
             log.debug("%s; retrying", problem)
-            self._url = None  # it may have come back elsewhere
+            self._url = self._fixed_url  # it may have come back elsewhere
             await trio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -558,6 +651,7 @@ class ControlPlane:
 
         Raises:
             NoControlPlane: the stream could not be reopened within :attr:`connect_wait_s`.
+            NoCredential: no client token can be read.
             ApiError: the control plane refused the stream (e.g. an unknown session).
         """
         cursor = after
@@ -568,13 +662,15 @@ class ControlPlane:
         timeout = httpx.Timeout(10.0, read=self.stream_read_timeout_s)
         while True:
             url = await self.url(until=None if lost_at is None else lost_at + self.connect_wait_s)
-            headers = {"accept": "text/event-stream"}
+            headers = {"accept": "text/event-stream", **self._auth()}
             if cursor is not None:
                 headers["last-event-id"] = str(cursor)
             try:
                 async with self._http.stream(
                     "GET", url + path, headers=headers, timeout=timeout
                 ) as response:
+                    if response.status_code == 401 and self._token_changed():
+                        continue  # reopened at once with the new token
                     if response.status_code >= 400 and response.status_code not in (502, 503, 504):
                         await response.aread()
                         raise ApiError.from_response("GET", path, response)
@@ -603,7 +699,7 @@ class ControlPlane:
                     f"lost the control plane's stream of session {session_id} for "
                     f"{self.connect_wait_s:g}s"
                 )
-            self._url = None
+            self._url = self._fixed_url
             await trio.sleep(delay)
             delay = min(delay * 2, 1.0)
 

@@ -5,11 +5,16 @@ Three kinds of callers share it:
 * the runner's tunnel, ``GET /v1/runners/{runner_id}/tunnel`` (WebSocket, PROTOCOL_FACTS §i);
 * the runner's own HTTP calls (§iii), authenticated by ``X-Omnigent-Runner-Tunnel-Token``;
 * clients (``corral chat/send/agents``): agents, sessions, events, approvals, the event stream
-  (``docs/control-plane.md``).
+  (``docs/control-plane.md``), authenticated by ``Authorization: Bearer <client token>``.
 
-``GET /v1/sessions/{id}`` and ``POST /v1/sessions/{id}/events`` serve both the runner and
-clients: one snapshot answers both, and the runner's ``external_conversation_item`` needs the
-token while the client event types do not.
+Every route but ``GET /api/version`` (a liveness probe that shows the protocol version only)
+needs a credential, on loopback too: a loopback port is open to every user of the machine,
+and the agents run commands as the user who runs corral. Each credential opens only its own
+side (:data:`Access`, the credential's reasons in ``_plane/_credential.py``): the client token
+never passes as the runner, nor the runner token as a client. ``GET /v1/sessions/{id}``,
+``.../items`` and ``.../labels`` serve both; on ``POST /v1/sessions/{id}/events`` the runner
+posts ``external_conversation_item`` and clients the other types. A refusal is 401
+``unauthorized`` with a fixed detail that never holds what was presented.
 
 Every error is JSON ``{"error": <slug>, "detail": <text>}``. Bodies are read with a size limit
 before they are parsed, so an oversized request costs at most the limit in memory. An
@@ -27,7 +32,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
 import msgspec
@@ -56,6 +61,10 @@ TOKEN_HEADER = "x-omnigent-runner-tunnel-token"
 RUNNER_ORIGIN = "omnigent://internal"
 _LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 GENERIC_500 = "The server could not answer this request; the cause is in its log."
+NO_CREDENTIAL = (
+    "This call needs Authorization: Bearer <client token> (`corral token` prints it; "
+    "docs/security.md)."
+)
 _SSE_HEADERS = {
     "cache-control": "no-cache",
     "x-accel-buffering": "no",
@@ -162,33 +171,48 @@ def _check_session_id(request: Request) -> None:
 
 Handler = Callable[["_Api", Request], Awaitable[Response]]
 
+#: Who may call a route: ``open`` anyone, ``any`` the runner or a client, ``runner`` only the
+#: runner (its tunnel token header), ``client`` only a client (the bearer client token).
+Access = Literal["open", "any", "runner", "client"]
+#: The one who made a request, once its credential is checked.
+Caller = Literal["runner", "client"]
 
-def endpoint(fn: Handler) -> Callable[[_Api, Request], Awaitable[Response]]:
-    """Wrap a handler: origin check, :class:`Refused` → its JSON error, anything else → 500."""
 
-    @functools.wraps(fn)
-    async def wrapper(self: _Api, request: Request) -> Response:
-        try:
-            _check_origin(request.headers)
-            self._check_access(request)
-            _check_session_id(request)
-            return await fn(self, request)
-        except Refused as exc:
-            # Once per refusal, without a traceback: the client's mistake, not the plane's.
-            log.info(
-                "%s %s refused: %d %s: %s",
-                request.method,
-                request.url.path,
-                exc.status,
-                exc.slug,
-                exc.detail,
-            )
-            return error(exc.status, exc.slug, exc.detail)
-        except Exception:
-            log.exception("%s %s failed", request.method, request.url.path)
-            return error(500, "internal_error", GENERIC_500)
+def endpoint(access: Access) -> Callable[[Handler], Handler]:
+    """Wrap a handler: origin and credential checks, :class:`Refused` → its JSON error,
+    anything else → 500."""
 
-    return wrapper
+    def decorate(fn: Handler) -> Handler:
+        @functools.wraps(fn)
+        async def wrapper(self: _Api, request: Request) -> Response:
+            try:
+                _check_origin(request.headers)
+                if access != "open":
+                    request.state.caller = self._authenticate(request, access)
+                _check_session_id(request)
+                return await fn(self, request)
+            except Refused as exc:
+                # Once per refusal, without a traceback: the client's mistake, not the
+                # plane's. The detail is a fixed text: never a credential.
+                log.info(
+                    "%s %s refused: %d %s: %s",
+                    request.method,
+                    request.url.path,
+                    exc.status,
+                    exc.slug,
+                    exc.detail,
+                )
+                response = error(exc.status, exc.slug, exc.detail)
+                if exc.status == 401:
+                    response.headers["www-authenticate"] = 'Bearer realm="corral"'
+                return response
+            except Exception:
+                log.exception("%s %s failed", request.method, request.url.path)
+                return error(500, "internal_error", GENERIC_500)
+
+        return wrapper
+
+    return decorate
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -212,28 +236,48 @@ class _Api:
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _is_runner(self, request: Request) -> bool:
+    def _caller(self, request: Request) -> Caller:
+        """Who presented a valid credential: the runner (its tunnel token header, which wins
+        when both are sent) or a client (the bearer client token).
+
+        Raises:
+            Refused: 401 for no credential or a wrong one.
+        """
         token = request.headers.get(TOKEN_HEADER)
-        if token is None:
-            return False
-        if not hmac.compare_digest(token.encode(), self.plane.runner_token.encode()):
+        if token is not None:
+            if hmac.compare_digest(token.encode(), self.plane.runner_token.encode()):
+                return "runner"
             raise Refused(401, "unauthorized", "The runner tunnel token is not valid.")
-        return True
-
-    def _check_access(self, request: Request) -> None:
-        """On a non-loopback listener every caller must present the token (clients as
-        ``Authorization: Bearer``): the agents run commands on this machine."""
-        if not self.plane.public or self._is_runner(request):
-            return
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-        token = self.plane.runner_token.encode()
-        if scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), token):
-            return
-        raise Refused(401, "unauthorized", "This server is not on loopback; send the token.")
+        credential = credential.strip()
+        if scheme.lower() == "bearer" and credential:
+            if self.plane.client_token.matches(credential):
+                return "client"
+            raise Refused(401, "unauthorized", "The client token is not valid.")
+        raise Refused(401, "unauthorized", NO_CREDENTIAL)
 
-    def _require_runner(self, request: Request) -> None:
-        if not self._is_runner(request):
-            raise Refused(401, "unauthorized", f"This call needs the {TOKEN_HEADER} header.")
+    def _authenticate(self, request: Request, access: Access) -> Caller:
+        """The caller, if ``access`` lets it in.
+
+        Raises:
+            Refused: 401 for no credential, a wrong one, or the other side's.
+        """
+        caller = self._caller(request)
+        if access in ("runner", "client") and caller != access:
+            self._refuse_side(access)
+        return caller
+
+    def _require(self, request: Request, side: Caller) -> None:
+        """Narrow an ``any`` route to one side (a method or an event type of its own)."""
+        if request.state.caller != side:
+            self._refuse_side(side)
+
+    @staticmethod
+    def _refuse_side(side: Caller) -> NoReturn:
+        if side == "runner":
+            detail = f"This call is the runner's: it needs {TOKEN_HEADER}."
+            raise Refused(401, "unauthorized", detail)
+        raise Refused(401, "unauthorized", f"This call is a client's: {NO_CREDENTIAL}")
 
     async def _body(self, request: Request, limit: int | None = None) -> bytes:
         limit = limit or self.plane.settings.max_body_bytes
@@ -265,24 +309,24 @@ class _Api:
 
     # -- general -----------------------------------------------------------------------------
 
-    @endpoint
+    @endpoint("open")
     async def version(self, request: Request) -> Response:
         """``GET /api/version`` (§iii.2)."""
         return JSONResponse({"version": SERVER_VERSION, "corral_version": __version__})
 
-    @endpoint
+    @endpoint("any")
     async def health(self, request: Request) -> Response:
         """``GET /healthz``: is the runner connected, and how the tunnel fares."""
         return JSONResponse(self.plane.health())
 
-    @endpoint
+    @endpoint("client")
     async def agents(self, request: Request) -> Response:
         """``GET /v1/agents``, sorted by name."""
         agents = await self.plane.agents()
         listing = [agents[name].listing() for name in sorted(agents)]
         return JSONResponse({"agents": listing})
 
-    @endpoint
+    @endpoint("runner")
     async def runner_token(self, request: Request) -> Response:
         """``POST /v1/runners/{id}/token`` (§iii.1)."""
         # As the capture (§iii.1): a header-token server does not mint runner JWTs.
@@ -291,7 +335,7 @@ class _Api:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    @endpoint
+    @endpoint("client")
     async def sessions(self, request: Request) -> Response:
         """``GET /v1/sessions`` (newest first) and ``POST /v1/sessions``."""
         if request.method == "GET":
@@ -305,15 +349,16 @@ class _Api:
         row = await self.plane.create_session(body.agent, body.title, key)
         return JSONResponse(self.plane.session_object(row), status_code=201)
 
-    @endpoint
+    @endpoint("any")
     async def session(self, request: Request) -> Response:
         """``GET /v1/sessions/{id}`` (client and runner), the runner's ``PATCH``, and the
         client's ``DELETE`` (PROTOCOL_0_19 §I.1)."""
         if request.method == "DELETE":
+            self._require(request, "client")
             row = await self.plane.session(request.path_params["session_id"])
             return JSONResponse(await self.plane.delete_session(row))
         if request.method == "PATCH":
-            self._require_runner(request)
+            self._require(request, "runner")
             raw = await self._json(request, self.options.runner_max_body_bytes)
             await self.plane.session(request.path_params["session_id"])
             patch = _convert(raw, SessionPatch)
@@ -323,22 +368,19 @@ class _Api:
             if patched is None:
                 raise Refused(404, "not_found", "The session is gone.")
             return JSONResponse(await self.plane.snapshot(patched))
-        self._is_runner(request)  # a wrong token is refused even where none is needed
         row = await self.plane.session(request.path_params["session_id"])
         return JSONResponse(await self.plane.snapshot(row), headers={"cache-control": "no-store"})
 
-    @endpoint
+    @endpoint("runner")
     async def agent_contents(self, request: Request) -> Response:
         """``GET .../agent/contents`` (§iii.3): the bundle."""
-        self._require_runner(request)
         row = await self.plane.session(request.path_params["session_id"])
         bundle, headers = await self.plane.agent_bundle(row)
         return Response(bundle, media_type="application/gzip", headers=headers)
 
-    @endpoint
+    @endpoint("any")
     async def items(self, request: Request) -> Response:
         """``GET .../items?limit&order&after`` (§iii.6)."""
-        self._is_runner(request)
         row = await self.plane.session(request.path_params["session_id"])
         limit = _int_param(request, "limit", 20, 1, 100)
         order = request.query_params.get("order", "desc")
@@ -351,10 +393,9 @@ class _Api:
             raise Refused(400, "invalid_cursor", f"No item {after!r} in this session.") from None
         return JSONResponse(page)
 
-    @endpoint
+    @endpoint("any")
     async def labels(self, request: Request) -> Response:
         """``GET .../labels`` (§iii.7)."""
-        self._is_runner(request)
         row = await self.plane.session(request.path_params["session_id"])
         return JSONResponse(
             {"id": row.id, "labels": row.labels}, headers={"cache-control": "no-store"}
@@ -362,10 +403,9 @@ class _Api:
 
     # -- the runner's calls ------------------------------------------------------------------
 
-    @endpoint
+    @endpoint("runner")
     async def evaluate(self, request: Request) -> Response:
         """``POST .../policies/evaluate`` (§iii.8)."""
-        self._require_runner(request)
         raw = await self._json(request, self.options.runner_max_body_bytes)
         row = await self.plane.session(request.path_params["session_id"])
         body = _convert(raw, EvaluateRequest)
@@ -376,27 +416,26 @@ class _Api:
         reason = decision.prompt or decision.reason
         return _SpacedJSON({"result": decision.result, "reason": reason})
 
-    @endpoint
+    @endpoint("runner")
     async def mcp(self, request: Request) -> Response:
         """``POST .../mcp`` (§iii.9): JSON-RPC ``tools/call``."""
-        self._require_runner(request)
         raw = await self._json(request, self.options.runner_max_body_bytes)
         row = await self.plane.session(request.path_params["session_id"])
         return _SpacedJSON(await self.plane.mcp(row, raw))
 
     # -- events ------------------------------------------------------------------------------
 
-    @endpoint
+    @endpoint("any")
     async def events(self, request: Request) -> Response:
         """``POST .../events``: client events, and the runner's ``external_conversation_item``."""
-        is_runner = self._is_runner(request)
+        is_runner = request.state.caller == "runner"
         limit = self.options.runner_max_body_bytes if is_runner else None
         raw = await self._json(request, limit)
         if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
             raise Refused(422, "invalid_request", "An event is an object with a string 'type'.")
         kind = raw["type"]
-        if kind == "external_conversation_item" and not is_runner:
-            raise Refused(401, "unauthorized", f"{kind} is a runner event; it needs the token.")
+        # The runner posts its own items; messages, verdicts and controls are a client's.
+        self._require(request, "runner" if kind == "external_conversation_item" else "client")
         row = await self.plane.session(request.path_params["session_id"])
         data = raw.get("data", {})
         answer: Mapping[str, object]
@@ -420,7 +459,7 @@ class _Api:
             )
         return JSONResponse(answer, status_code=202)
 
-    @endpoint
+    @endpoint("client")
     async def resolve(self, request: Request) -> Response:
         """``POST .../elicitations/{eid}/resolve``."""
         raw = await self._json(request)
@@ -431,7 +470,7 @@ class _Api:
         )
         return JSONResponse(answer, status_code=202)
 
-    @endpoint
+    @endpoint("client")
     async def stream(self, request: Request) -> Response:
         """``GET .../stream``: the session's events as SSE, resumable by event id."""
         row = await self.plane.session(request.path_params["session_id"])
@@ -445,15 +484,22 @@ class _Api:
                 400, "invalid_cursor", "Last-Event-ID / after must be an event id (an integer)."
             )
         return StreamingResponse(
-            self._sse(row.id, cursor),
+            self._sse(row.id, cursor, _bearer(request)),
             media_type="text/event-stream; charset=utf-8",
             headers=_SSE_HEADERS,
         )
 
-    async def _sse(self, session_id: str, cursor: int) -> AsyncIterator[str]:
-        """Stored events after ``cursor`` in order, then live ones; keepalives in silences."""
+    async def _sse(self, session_id: str, cursor: int, credential: str) -> AsyncIterator[str]:
+        """Stored events after ``cursor`` in order, then live ones; keepalives in silences.
+
+        The stream ends once ``credential`` is no longer the client token (it was rotated).
+        """
         plane = self.plane
-        while not plane.closing.is_set() and session_id not in plane.deleted:
+        while (
+            not plane.closing.is_set()
+            and session_id not in plane.deleted
+            and plane.client_token.matches(credential)
+        ):
             changed = plane.changed(session_id)  # before reading: no append slips between
             rows = await plane.store.events_after(session_id, cursor, 500)
             if rows:
@@ -568,6 +614,11 @@ def _idempotency_key(request: Request) -> str | None:
             f"Idempotency-Key {key[:40]!r} breaks the rule: 1 to 128 visible ASCII characters.",
         )
     return key
+
+
+def _bearer(request: Request) -> str:
+    """The bearer credential of a request that passed :meth:`_Api._authenticate`."""
+    return request.headers.get("authorization", "").partition(" ")[2].strip()
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:

@@ -402,12 +402,14 @@ class FakePlane:
                 pass
 
             def do_GET(self) -> None:
-                plane.get(self)
+                if plane.authorized(self):
+                    plane.get(self)
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                plane.post(self, body)
+                if plane.authorized(self):
+                    plane.post(self, body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -420,6 +422,8 @@ class FakePlane:
         (state_dir / "server" / "server.json").write_text(
             json.dumps({"url": self.url, "pid": os.getpid()})
         )
+        # The client token, where the real plane keeps it; every call must carry it.
+        (state_dir / "server" / "client_token").write_text(self.token + "\n")
         thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         thread.start()
         try:
@@ -474,6 +478,15 @@ class FakePlane:
         )
 
     # --- routes -----------------------------------------------------------------------------
+
+    token = "fake-plane-client-token"
+
+    def authorized(self, h: BaseHTTPRequestHandler) -> bool:
+        """Whether the request carries the client token (else it is answered 401)."""
+        if h.headers.get("authorization") == f"Bearer {self.token}":
+            return True
+        self._reply(h, 401, {"error": "unauthorized", "detail": "no client token"})
+        return False
 
     def _reply(self, h: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()

@@ -143,6 +143,11 @@ class Ctx:
         )
 
 
+def client_token(state_dir: Path) -> str:
+    """The control plane's client token, from its file in the state dir."""
+    return (state_dir / "server" / "client_token").read_text().strip()
+
+
 @asynccontextmanager
 async def running(
     state_dir: Path, settings: ServerSettings, options: PlaneOptions = FAST
@@ -151,7 +156,9 @@ async def running(
     async with trio.open_nursery() as nursery:
         plane = await nursery.start(partial(serve, state_dir, settings, options=options))
         assert plane.info is not None
-        async with httpx.AsyncClient(base_url=plane.info.url, timeout=15) as client:
+        # A client's credential, read where the CLI reads it (docs/security.md).
+        bearer = {"authorization": f"Bearer {client_token(state_dir)}"}
+        async with httpx.AsyncClient(base_url=plane.info.url, headers=bearer, timeout=15) as client:
             ctx = Ctx(plane, client, nursery)
             try:
                 yield ctx
@@ -836,19 +843,24 @@ async def test_runner_http_api(tmp_path: Path, agents_dir: Path) -> None:
         assert foreign.json()["error"] == "forbidden_origin"
 
 
-async def test_non_loopback_listener_needs_the_token(tmp_path: Path, agents_dir: Path) -> None:
+async def test_non_loopback_listener_takes_the_client_token_not_the_runners(
+    tmp_path: Path, agents_dir: Path
+) -> None:
     settings = make_settings(agents_dir, host="0.0.0.0")
     async with running(tmp_path / "state", settings) as ctx:
         assert ctx.url.startswith("http://127.0.0.1:")
-        assert (await ctx.client.get("/v1/agents")).status_code == 401
-        bearer = {"Authorization": f"Bearer {ctx.token}"}
-        assert (await ctx.client.get("/v1/agents", headers=bearer)).status_code == 200
-        wrong = {"Authorization": "Bearer nope"}
-        assert (await ctx.client.get("/v1/agents", headers=wrong)).status_code == 401
+        assert (await ctx.client.get("/v1/agents")).status_code == 200  # the client token
+        anonymous = {"authorization": ""}
+        assert (await ctx.client.get("/v1/agents", headers=anonymous)).status_code == 401
+        # The runner's token is the runner's: it is no client credential, as bearer or header.
+        runner_bearer = {"Authorization": f"Bearer {ctx.token}"}
+        assert (await ctx.client.get("/v1/agents", headers=runner_bearer)).status_code == 401
+        runner_header = {"x-omnigent-runner-tunnel-token": ctx.token, "authorization": ""}
+        assert (await ctx.client.get("/v1/agents", headers=runner_header)).status_code == 401
         async with ctx.runner_client() as client:
             assert await client.version() == "0.19.1"
         runner = await ctx.runner()
-        answer = await ctx.client.post("/v1/sessions", json={"agent": "alpha"}, headers=bearer)
+        answer = await ctx.client.post("/v1/sessions", json={"agent": "alpha"})
         assert answer.status_code == 201
         await bound(runner, answer.json()["id"])
 
@@ -1203,7 +1215,10 @@ def test_subprocess_server_json_and_port_reuse(tmp_path: Path, agents_dir: Path)
         assert stat.S_IMODE(os.stat(token_path).st_mode) == 0o600
         assert token_path.read_text().strip() == info["runner_token"]
         assert (state / "server" / "control.db").exists()
-        with httpx.Client(base_url=info["url"], timeout=10) as client:
+        client_token_path = state / "server" / "client_token"
+        assert stat.S_IMODE(os.stat(client_token_path).st_mode) == 0o600
+        bearer = {"authorization": f"Bearer {client_token(state)}"}
+        with httpx.Client(base_url=info["url"], headers=bearer, timeout=10) as client:
             agents = [a["name"] for a in client.get("/v1/agents").json()["agents"]]
             assert {"alpha", "beta"} <= set(agents)
             session = client.post("/v1/sessions", json={"agent": "beta"}).json()
@@ -1221,7 +1236,7 @@ def test_subprocess_server_json_and_port_reuse(tmp_path: Path, agents_dir: Path)
         assert again["runner_token"] == info["runner_token"]
         assert again["runner_id"] == info["runner_id"]
         assert again["pid"] != info["pid"]
-        with httpx.Client(base_url=again["url"], timeout=10) as client:
+        with httpx.Client(base_url=again["url"], headers=bearer, timeout=10) as client:
             snap = client.get(f"/v1/sessions/{session['id']}").json()
             assert snap["agent"] == "beta"
             assert snap["items_count"] == 1

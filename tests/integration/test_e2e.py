@@ -308,7 +308,8 @@ def test_gateway_kill9_mid_stream_client_sees_every_event_once(fresh_host) -> No
     try:
 
         def streamed() -> int:
-            sessions = httpx.get(f"{url}/v1/sessions", timeout=5).json()["data"]
+            auth = host.client_headers()
+            sessions = httpx.get(f"{url}/v1/sessions", headers=auth, timeout=5).json()["data"]
             return max((s["last_event_id"] for s in sessions if s["agent"] == "slow"), default=0)
 
         at_kill = wait_until(lambda: (n := streamed()) >= 8 and n, 30, "the turn to stream")

@@ -130,9 +130,10 @@ def _finish(send: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
     return send.returncode, result, err
 
 
-def _last_event_id(url: str, agent: str) -> int:
+def _last_event_id(host: HostProcess, url: str, agent: str) -> int:
     try:
-        sessions = httpx.get(f"{url}/v1/sessions", timeout=5).json()["data"]
+        auth = host.client_headers()
+        sessions = httpx.get(f"{url}/v1/sessions", headers=auth, timeout=5).json()["data"]
     except httpx.HTTPError:
         return 0
     return max((s["last_event_id"] for s in sessions if s["agent"] == agent), default=0)
@@ -150,7 +151,7 @@ def _stop_plane_while_the_gateway_writes(host: HostProcess, url: str, agent: str
     """Let the turn stream a little, SIGSTOP the plane, wait until the gateway has written
     more of the turn into the stopped plane's socket, then ``kill -9`` it. Returns its pid."""
     pid = _plane(host)["pid"]  # type: ignore[index]
-    wait_until(lambda: _last_event_id(url, agent) >= 6, 30, "the turn to stream")
+    wait_until(lambda: _last_event_id(host, url, agent) >= 6, 30, "the turn to stream")
     os.kill(pid, signal.SIGSTOP)
     try:
         written = _gateway(host)["buffer"]["events"]
@@ -197,7 +198,7 @@ def test_an_approval_request_written_to_a_killed_control_plane_is_answered(
     url = _plane(host)["url"]  # type: ignore[index]
     send = _send(host, "--agent", "asks", "--approve", "go")
     pid = _plane(host)["pid"]  # type: ignore[index]
-    wait_until(lambda: _last_event_id(url, "asks") >= 6, 30, "the turn to stream")
+    wait_until(lambda: _last_event_id(host, url, "asks") >= 6, 30, "the turn to stream")
     os.kill(pid, signal.SIGSTOP)
     try:
         wait_until(
@@ -244,8 +245,9 @@ def _socket_holds_a_request(pid: int, port: int) -> bool:
     )
 
 
-def _items(url: str, session_id: str) -> list[dict[str, Any]]:
-    page = httpx.get(f"{url}/v1/sessions/{session_id}/items?order=asc&limit=100", timeout=5)
+def _items(host: HostProcess, url: str, session_id: str) -> list[dict[str, Any]]:
+    path = f"/v1/sessions/{session_id}/items?order=asc&limit=100"
+    page = httpx.get(url + path, headers=host.client_headers(), timeout=5)
     return list(page.json()["data"])
 
 
@@ -367,12 +369,13 @@ def test_a_session_and_a_message_posted_again_with_their_keys_after_a_restart_ar
     plane = _plane(host)
     assert plane is not None
     url = plane["url"]
+    auth = host.client_headers()
     create = {"agent": "slow"}
-    session_key = {"idempotency-key": "s-19c2"}
+    session_key = {"idempotency-key": "s-19c2", **auth}
     made = httpx.post(f"{url}/v1/sessions", json=create, headers=session_key, timeout=10)
     sid = made.json()["id"]
     body = {"type": "message", "data": {"content": "go"}}
-    key = {"idempotency-key": "k-7f3a"}
+    key = {"idempotency-key": "k-7f3a", **auth}
     first = httpx.post(f"{url}/v1/sessions/{sid}/events", json=body, headers=key, timeout=10)
     assert first.status_code == 202
     # The answer "was lost": the plane dies, the client posts again with the same key.
@@ -394,11 +397,15 @@ def test_a_session_and_a_message_posted_again_with_their_keys_after_a_restart_ar
     assert again.json() == first.json(), "the same message"
     remade = httpx.post(f"{url}/v1/sessions", json=create, headers=session_key, timeout=10)
     assert (remade.status_code, remade.json()["id"]) == (201, sid), "the same session"
-    assert [s["id"] for s in httpx.get(f"{url}/v1/sessions", timeout=5).json()["data"]] == [sid]
-    users = [i for i in _items(url, sid) if i.get("role") == "user"]
+    listed = httpx.get(f"{url}/v1/sessions", headers=auth, timeout=5).json()["data"]
+    assert [s["id"] for s in listed] == [sid]
+    users = [i for i in _items(host, url, sid) if i.get("role") == "user"]
     assert [u["id"] for u in users] == [first.json()["item_id"]]
     bad = httpx.post(
-        f"{url}/v1/sessions/{sid}/events", json=body, headers={"idempotency-key": ""}, timeout=10
+        f"{url}/v1/sessions/{sid}/events",
+        json=body,
+        headers={"idempotency-key": "", **auth},
+        timeout=10,
     )
     assert (bad.status_code, bad.json()["error"]) == (400, "invalid_idempotency_key")
 
@@ -464,9 +471,9 @@ def _kill_during_a_demo_turn(host: HostProcess, at: int) -> None:
     plane = _plane(host)
     assert plane is not None
     url, pid = plane["url"], plane["pid"]
-    before = _last_event_id_of_all(url)
+    before = _last_event_id_of_all(host, url)
     send = _send(host, "--agent", "demo", "--approve", "go")
-    wait_until(lambda: _last_event_id_of_all(url) >= before + at, 30, "the turn to stream")
+    wait_until(lambda: _last_event_id_of_all(host, url) >= before + at, 30, "the turn to stream")
     os.kill(pid, signal.SIGKILL)
     code, result, err = _finish(send)
     # On failure the host's own account too: CI once saw a send give up at once ("no running
@@ -487,9 +494,10 @@ def _tail(host: HostProcess) -> str:
     return f"host exit code {exited}; its log ends:\n" + host.log()[-4000:]
 
 
-def _last_event_id_of_all(url: str) -> int:
+def _last_event_id_of_all(host: HostProcess, url: str) -> int:
     try:
-        sessions = httpx.get(f"{url}/v1/sessions", timeout=5).json()["data"]
+        auth = host.client_headers()
+        sessions = httpx.get(f"{url}/v1/sessions", headers=auth, timeout=5).json()["data"]
     except httpx.HTTPError:
         return 0
     return sum(s["last_event_id"] for s in sessions)

@@ -26,6 +26,7 @@ def _state(tmp_path: Path) -> Path:
     (state / "server" / "server.json").write_text(
         json.dumps({"url": "http://plane.test", "pid": os.getpid()})
     )
+    (state / "server" / "client_token").write_text("t\n")
     return state
 
 

@@ -25,7 +25,7 @@ from .._agents import PACKAGED_AGENTS, Agent, AgentCatalog, spec_policies, yaml_
 from .._conversation import new_id
 from .._mcp import ToolCalls
 from .._policy import AgentPolicy
-from .._state import ServerInfo, ensure_runner_token, is_loopback, lock_server_dir, server_dir
+from .._state import ServerInfo, ensure_runner_token, lock_server_dir, server_dir
 from .._store import NotPending, SessionRow, Store
 from .._tunnel import RunnerGone, RunnerLink
 from ._answers import (
@@ -38,6 +38,7 @@ from ._answers import (
     SessionSnapshot,
 )
 from ._binding import RunnerBinding, _Binding
+from ._credential import ClientToken
 from ._options import PlaneOptions
 from ._outbox import OutboxDelivery, _Delivery
 from ._refusals import Offline, Refused
@@ -68,8 +69,9 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         )
         self.runner_token = ""
         self.runner_id = ""
-        #: Listening beyond loopback: then clients must present the token too.
-        self.public = not is_loopback(settings.host)
+        #: What clients present as ``Authorization: Bearer`` (``_credential.py``); a
+        #: rotation wakes every client stream, so the ones opened with the old token end.
+        self.client_token = ClientToken(self.dir, on_rotate=self.wake_streams)
         self._lock_fd: int | None = None
         self.info: ServerInfo | None = None
         self.link: RunnerLink | None = None
@@ -92,7 +94,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Lock the state dir, create or read the token, open the database, load the agents.
+        """Lock the state dir, create or read the tokens, open the database, load the agents.
 
         Raises:
             StateDirBusy: another control plane runs on this state dir.
@@ -101,6 +103,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         self.runner_token, self.runner_id = await trio.to_thread.run_sync(
             ensure_runner_token, self.dir
         )
+        await trio.to_thread.run_sync(self.client_token.load)
         await self.store.open()
         agents = await self.agents()
         log.info(
@@ -420,6 +423,11 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         if self.closing.is_set():
             event.set()
         return event
+
+    def wake_streams(self) -> None:
+        """Wake every client stream, to look again at whether it may go on."""
+        for session_id in list(self._changed):
+            self.notify(session_id)
 
     def notify(self, session_id: str) -> None:
         """Wake the session's client streams: it has new events."""
