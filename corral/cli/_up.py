@@ -24,6 +24,43 @@ from ._output import EXIT_FAILURE, EXIT_USAGE, stderr
 TOKEN_ENV = "CORRAL_RUNNER_TOKEN"
 RUNNER_ID_ENV = "CORRAL_RUNNER_ID"
 
+#: The config a state dir gets on its first ``corral up`` without ``--config``: safe by
+#: default, so an agent on a real model never runs a shell command nobody approved.
+FRESH_CONFIG = """\
+# corral.toml of this state dir, written by its first `corral up` (no --config given) and
+# read by every later one. corral never rewrites it. Every key: docs/config.md.
+
+# Ask before any sys_os_* tool (shell commands, file reads, writes, edits) runs: the agent
+# acts as the user who runs corral. To opt out, delete this rule or set action = "allow".
+[[server.policies]]
+tool = "sys_os_*"
+action = "ask"
+message = "The agent wants to use this machine's shell or files. OK?"
+"""
+
+
+def state_config(state_dir: Path) -> Path:
+    """``<state dir>/corral.toml``, the config of a ``corral up`` given none; written (0600,
+    atomically, never over an existing file) with :data:`FRESH_CONFIG` if missing."""
+    path = state_dir / "corral.toml"
+    if path.exists():
+        return path
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = state_dir / f".corral.toml.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, FRESH_CONFIG.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another `corral up` wrote it first
+    finally:
+        tmp.unlink()
+    return path
+
 
 def server_runner(
     server: str, runner_id: str | None, environ: Mapping[str, str] = os.environ
@@ -113,7 +150,9 @@ def up_command(
     """Run the host in the foreground until SIGINT/SIGTERM.
 
     With no runner configured it also runs the embedded control plane on 127.0.0.1; talk to
-    its agents with `corral chat` or `corral send`.
+    its agents with `corral chat` or `corral send` (they send its client token, see
+    `corral token`). Without --config it reads <state dir>/corral.toml, written on the first
+    run with a rule that asks before any sys_os_* tool runs.
 
     \b
     Example:
@@ -124,6 +163,11 @@ def up_command(
         raise click.UsageError("--runner-id needs --server")
     logs.setup("host")
     try:
+        if config_path is None and server_url is None:
+            try:
+                config_path = state_config(resolve_state_dir(str(state_dir) if state_dir else None))
+            except OSError as exc:
+                raise ConfigError(f"cannot write a fresh config: {exc}") from None
         config = with_workspace(load_config(config_path), workspace)
         runner = server_runner(server_url, runner_id) if server_url is not None else None
     except ConfigError as exc:
