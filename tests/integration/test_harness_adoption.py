@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import trio
@@ -235,6 +236,39 @@ async def test_h07_a_worker_its_dead_actor_wrote_no_pid_file_of_is_killed(
         assert end.error["code"] == "harness_restarted", end
         await _no_second_end(d, (turn,))
     assert "workers with no pid file" in host.log()
+
+
+async def test_h07_a_start_on_its_last_delivery_fails_the_turn_instead_of_trying_again(
+    host_factory,
+) -> None:
+    """A start its harness actor keeps dying on (here: killed while the worker it spawned
+    hangs importing its harness, twice would do it) is charged an attempt each time; on the
+    broker's last delivery (``max_attempts = 2``) the turn ends ``harness_crashed`` at once
+    instead of being tried again — a last failure would dead-letter the start and leave a
+    turn nobody ends, hung until dispatch's watchdog (15 minutes)."""
+    host = host_factory(
+        FAST_LIVENESS
+        + "[bus]\nmax_attempts = 2\n"
+        + "[actors.harness.options.harnesses]\n"
+        + 'slow = "tests.integration._slow_start_harness:SlowStart"\n'
+    ).start()
+    before = host.actor("harness")
+    marker = Path(f"/tmp/corral-slow-start-{before['pid']}")
+    try:
+        async with fake_dispatch(host.endpoint) as d:
+            turn = await d.start_turn("s-poison", {"name": "slow", "executor": {"harness": "slow"}})
+            await trio.to_thread.run_sync(
+                lambda: wait_until(marker.exists, 15, "the worker importing its harness")
+            )
+            os.kill(before["pid"], signal.SIGKILL)
+            end = await d.terminal(turn, timeout=20)
+            assert end.error["code"] == "harness_crashed", end
+            assert "failed to start this turn once" in end.error["message"], end
+            await _no_second_end(d, (turn,))
+        assert host.ask("dead_letters")["dead_letters"] == []
+    finally:
+        marker.unlink(missing_ok=True)
+    host.stop()
 
 
 async def test_a_tool_result_after_a_harness_restart_reaches_the_adopted_worker(

@@ -303,6 +303,14 @@ class HarnessActor(Actor):
             failed = _failed(msg, "harness_restarted", "the harness restarted during this turn")
             await self._end(msg.session_id, failed)
             return
+        attempt = deferred.incoming.env.attempt
+        if 1 < attempt >= self.peer.bus.max_attempts:
+            # The broker's last delivery: were it to fail too, the start would be
+            # dead-lettered and nothing would ever end the turn.
+            tries = "once" if attempt == 2 else f"{attempt - 1} times"
+            why = f"the harness failed to start this turn {tries}; it is not tried again"
+            await self._end(msg.session_id, _failed(msg, "harness_crashed", why))
+            return
         harness = msg.harness or msg.harness_override or _spec_harness(msg.spec)
         try:
             target = resolve_harness(harness, self.extra_harnesses)
