@@ -179,3 +179,35 @@ async def test_d18_kill9_dispatch_while_it_prepares_a_tool_call_loses_nothing(
         assert wrote["created"] is True
     assert (tmp_path / "once.txt").read_text() == "x"
     host.stop()
+
+
+@pytest.mark.chaos
+async def test_h07_a_tool_result_the_harness_actor_died_holding_still_reaches_the_worker(
+    host_factory, server, tmp_path: Path
+) -> None:
+    """Dispatch hands a call's output to the harness actor, which dies before it has
+    forwarded it to the worker (stopped, then killed): the result is durable, so the next
+    incarnation gets it and the turn completes, the tool run once. It used to be a stream
+    call, lost with the actor, and the worker waited on it until the turn's watchdog."""
+    host = _host(host_factory, server)
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
+    agent_id, sid = agent(server, tmp_path, [tool("sys_os_write", path="ok.txt", content="once")])
+    async with fake_gateway(host.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        eid = (await _ask(gw, sid))["elicitation_id"]
+        harness = host.actor("harness")
+        os.kill(harness["pid"], signal.SIGSTOP)
+        await _verdict(gw, sid, eid, "accept")
+        await trio.to_thread.run_sync(
+            lambda: wait_until((tmp_path / "ok.txt").exists, 20, "the tool run")
+        )
+        # Its outcome in dispatch's hands, on its way to the stopped harness actor.
+        in_hand = lambda: host.ask("inspect", actor="dispatch")["state"]["deferred"] == 1  # noqa: E731
+        await trio.to_thread.run_sync(lambda: wait_until(in_hand, 20, "the outcome in hand"))
+        os.kill(harness["pid"], signal.SIGKILL)
+        os.kill(harness["pid"], signal.SIGCONT)
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        assert json.loads(outputs(gw, sid)[0])["created"] is True
+    assert (tmp_path / "ok.txt").read_text() == "once"
+    host.stop()

@@ -69,7 +69,7 @@ class ToolCalls(TurnFlow):
                 {"error": f"the tool {item.get('name')!r} is not available on this runner"}
             )
             await self._to_harness(
-                ToolResult(session_id=session.id, call_id=call_id, output=output)
+                ToolResult(session_id=session.id, call_id=call_id, output=output), durable=True
             )
             return
         if session.turn is not turn:
@@ -131,9 +131,12 @@ class ToolCalls(TurnFlow):
         worker answers a call it no longer waits on with a 404). Recorded first, a crash before
         the worker had it would drop the redelivered copy and leave the worker waiting; acked
         first (on return from the handler), it would be lost with the turn still waiting.
+        The result is durable: a harness actor that dies with it in hand gets it again when
+        it restarts (sent as a stream call, it was lost with the actor, the worker waited on
+        it for good — 40 turns of a harness-only chaos run).
         """
         result = ToolResult(session_id=msg.session_id, call_id=msg.call_id, output=msg.output)
-        await self._to_harness(result)
+        await self._to_harness(result, durable=True)
         if session.turn is turn:
             session.record.answered.append(msg.call_id)
             await self._save(session)
