@@ -154,7 +154,10 @@ async def test_a_shell_finds_no_secret_in_any_environ_without_a_sandbox(
 
 
 def test_the_host_hands_each_actor_only_what_it_needs(chost: HostProcess) -> None:
-    """The environ block of every process of the host (read from outside, as root could)."""
+    """The environ block of every process of the host (read from outside, as root could),
+    and ``corral status``."""
+    status = json.dumps(chost.ask("status"))
+    assert "runner-a" in status and not [s for s in EVERY_SECRET if s in status]
     pids = [a["pid"] for a in chost.ask("status")["actors"]] + [chost.proc.pid]  # type: ignore[union-attr]
     for pid in pids:
         block = Path(f"/proc/{pid}/environ").read_bytes()
