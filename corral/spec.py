@@ -161,7 +161,14 @@ class ExecutorSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class SandboxSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
-    """``os_env.sandbox``: how tool execution is isolated (``type: none`` for no sandbox)."""
+    """``os_env.sandbox``: how tool execution is isolated (``type: none`` for no sandbox).
+
+    On Linux, ``linux_bwrap``, ``bwrap``, ``bubblewrap`` and ``os_sandbox`` run the session's
+    commands in bubblewrap, with ``allow_network``, ``read_paths``, ``write_paths`` and
+    ``write_files`` from ``extra`` (:func:`corral._child_env.sandbox_of` reads them; a type or
+    field the host cannot honour is refused, never run without: docs/tools.md). Every other
+    field is kept in ``extra`` untouched (T-11).
+    """
 
     type: str | None = None
 

@@ -158,6 +158,9 @@ def test_the_host_hands_each_actor_only_what_it_needs(chost: HostProcess) -> Non
     and ``corral status``."""
     status = json.dumps(chost.ask("status"))
     assert "runner-a" in status and not [s for s in EVERY_SECRET if s in status]
+    for actor in sorted(HOST_ACTORS):
+        seen = json.dumps(chost.ask("inspect", actor=actor))
+        assert not [s for s in EVERY_SECRET if s in seen], actor
     pids = [a["pid"] for a in chost.ask("status")["actors"]] + [chost.proc.pid]  # type: ignore[union-attr]
     for pid in pids:
         block = Path(f"/proc/{pid}/environ").read_bytes()
