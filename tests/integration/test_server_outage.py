@@ -317,7 +317,7 @@ async def test_a_message_post_cut_off_by_kill9_is_posted_again_and_runs_once(
     assert api.killed
     assert (turn.status, turn.error, turn.text) == ("idle", None, FIRST + SECOND)
     _check_once_in_order(turn.events)
-    items = await trio.to_thread.run_sync(_items, plane["url"], session["id"])
+    items = await trio.to_thread.run_sync(_items, host, plane["url"], session["id"])
     users = [i for i in items if i["type"] == "message" and i.get("role") == "user"]
     assistants = [i for i in items if i["type"] == "message" and i.get("role") == "assistant"]
     assert len(users) == 1, "the message is stored once"
