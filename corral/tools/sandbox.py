@@ -7,7 +7,10 @@ environment routes wrapped in ``bwrap``. What the command sees:
 - the working directory (the session's effective cwd), writable, at its own path, and it
   starts there; ``write_paths`` (relative ones under the cwd) and ``write_files`` writable too;
 - the system's programs and libraries read-only: ``/usr``, ``/etc``, ``/opt`` and the
-  ``/bin``, ``/sbin``, ``/lib*`` links or directories; ``read_paths`` read-only too;
+  ``/bin``, ``/sbin``, ``/lib*`` links or directories; ``read_paths`` read-only too. What of
+  ``/etc`` and ``/opt`` not everyone may read (``/etc/shadow``, ``/etc/ssl/private``, a
+  service's credentials) is masked, an empty file or directory in its place: a corral run as
+  root would otherwise show it to "root" inside (listed once per tools actor);
 - nothing else of the file system: not the state dir, not ``$HOME`` (an empty ``tmpfs`` in
   its place), not other sessions' directories; ``/tmp`` is an empty ``tmpfs``;
 - its own ``/proc`` and pid namespace (no process of the host is visible, ``/proc/1`` is the
@@ -29,7 +32,10 @@ like every tool command), ``cwd_allow_hidden`` and the hidden-file scan settings
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,6 +46,8 @@ __all__ = ["Sandbox", "wrap"]
 
 #: What of the system every sandbox shows read-only, when it exists.
 _SYSTEM_DIRS = ("/usr", "/etc", "/opt")
+#: Where what not everyone may read is masked (/usr holds no such thing worth the walk).
+_MASKED_DIRS = ("/etc", "/opt")
 #: The top-level program and library directories: links into /usr on a merged-/usr system.
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: Where the resolver's configuration may live, shown when the network is allowed.
@@ -80,6 +88,8 @@ def wrap(
     if sandbox.allow_network:
         for path in _RESOLVER_DIRS:
             args += ["--ro-bind-try", path, path]
+    for path, is_dir in _private_paths():
+        args += ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     home = env.get("HOME")
     if home and os.path.isabs(home) and not _within(Path(home), cwd) and home != "/":
@@ -96,6 +106,32 @@ def wrap(
         args += ["--bind-try", real, real]
     args += ["--chdir", str(start or cwd), "--setenv", "TMPDIR", "/tmp", "--", *argv]
     return args
+
+
+@functools.cache
+def _private_paths() -> tuple[tuple[str, bool], ...]:
+    """The files (False) and directories (True) under :data:`_MASKED_DIRS` that not everyone
+    may read, whose parents everyone may search: what a sandbox masks. Listed once per
+    process (~30 ms), so a file made private later is not masked."""
+    found: list[tuple[str, bool]] = []
+    for root in _MASKED_DIRS:
+        for parent, dirs, files in os.walk(root):
+            searchable = []
+            for name in dirs:
+                path = os.path.join(parent, name)
+                with contextlib.suppress(OSError):
+                    if os.lstat(path).st_mode & 0o005 != 0o005:
+                        found.append((path, True))
+                    else:
+                        searchable.append(name)
+            dirs[:] = searchable
+            for name in files:
+                path = os.path.join(parent, name)
+                with contextlib.suppress(OSError):
+                    mode = os.lstat(path).st_mode
+                    if stat.S_ISREG(mode) and not mode & 0o004:
+                        found.append((path, False))
+    return tuple(found)
 
 
 def _within(path: Path, root: Path) -> bool:

@@ -193,13 +193,15 @@ async def test_a_sandboxed_shell_sees_only_its_workspace(
             "echo y > inside.txt && cat mine.txt",
             # Background work, even out of the shell's process group, ends with the call.
             "sleep 7919 & setsid sleep 7919 & echo started",
+            # What not everyone may read is masked, even for a host run as root.
+            "cat /etc/shadow /etc/gshadow | wc -c",
         ]
         gw, sid, results = await _run(
             chost, module_server, workspace, commands, "sandbox: {type: linux_bwrap}"
         )
         with pytest.raises(BlockingIOError):
             listener.accept()
-    *_reads, host, _every, state, ssh, procs, net, write, inside, background = results
+    *_reads, host, _every, state, ssh, procs, net, write, inside, background, shadow = results
     assert gw.statuses(sid)[-1] == "idle"
     _no_secret_anywhere(chost, gw, sid)
     # Its own pid namespace: the host is not there to read, the parent is bwrap's init.
@@ -213,6 +215,7 @@ async def test_a_sandboxed_shell_sees_only_its_workspace(
     assert inside["stdout"] == "in the workspace\n"
     assert (workspace / "inside.txt").read_text() == "y\n"
     assert background["stdout"] == "started\n"
+    assert shadow["stdout"].strip() == "0", shadow
     sleepers = []
     for entry in Path("/proc").iterdir():
         try:
