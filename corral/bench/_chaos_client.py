@@ -81,10 +81,13 @@ class PlaneClient:
     """HTTP calls to one control plane whose URL ``locate()`` gives (it may move on restart).
 
     Every call retries for up to ``patience_s`` while the control plane is unreachable or
-    answers 5xx; a 4xx is returned to the caller, who decides.
+    answers 5xx; a 4xx is returned to the caller, who decides. Each sends the plane's
+    client ``token``, as the CLI does.
     """
 
-    def __init__(self, locate: Callable[[], str | None], *, patience_s: float = 90.0) -> None:
+    def __init__(
+        self, locate: Callable[[], str | None], *, token: str, patience_s: float = 90.0
+    ) -> None:
         self._locate = locate
         self.patience_s = patience_s
         # No pool limit: every session holds a stream open, and a POST must never queue
@@ -92,6 +95,7 @@ class PlaneClient:
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(30.0, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            headers={"authorization": f"Bearer {token}"},
         )
 
     async def aclose(self) -> None:

@@ -36,6 +36,7 @@ import trio
 
 from .._jsonlines import JsonObject
 from ..actors._control import request
+from ..cli._client import read_client_token
 from ..instance import Instance
 
 AGENT = "chaos"
@@ -199,6 +200,10 @@ class ChaosHost:
     #: The control plane process this driver runs (tunnel mode), else None.
     plane: subprocess.Popen | None = None
     log_path: Path = field(default_factory=Path)
+
+    def client_token(self) -> str:
+        """The control plane's client token (the driver is a client like ``corral send``)."""
+        return read_client_token(self.plane_dir)
 
     def locate(self) -> str | None:
         """The control plane's URL, or None while it (re)starts."""

@@ -175,7 +175,7 @@ async def run_chaos(options: ChaosOptions) -> ChaosFigures:
     kills: list[Kill] = []
     tally = Tally()
     async with chaos_host(turns, tunnel=options.mode == "tunnel") as host:
-        client = PlaneClient(host.locate)
+        client = PlaneClient(host.locate, token=host.client_token())
         try:
             async with trio.open_nursery() as streams:
                 ids = []
