@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import ipaddress
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ __all__ = [
     "StateDirBusy",
     "choose_port",
     "ensure_runner_token",
-    "is_loopback",
     "lock_server_dir",
     "read_server_json",
     "server_dir",
@@ -54,16 +52,6 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class StateDirBusy(CorralError):
     """Another control plane is running on the same state dir."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def lock_server_dir(directory: Path) -> int:
