@@ -79,7 +79,7 @@ NETWORK_VARS = (
     "SSL_CERT_DIR",
 )
 
-#: In an env a spawner builds: the comma-separated names that reach the child hidden.
+#: In an env a spawner builds: the names (a JSON list) that reach the child hidden.
 HIDDEN_ENV = "CORRAL_HIDDEN_ENV"
 #: In a child's environ: the memfd its hidden variables are in.
 HIDDEN_ENV_FD = "CORRAL_HIDDEN_ENV_FD"
@@ -109,14 +109,14 @@ def spec_variables(host_env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def hide(env: Mapping[str, str], hidden: Mapping[str, str]) -> dict[str, str]:
     """``env`` plus ``hidden``, each of which the spawn hands over through a memfd."""
-    names = [n for n in env.get(HIDDEN_ENV, "").split(",") if n]
-    return {**env, **hidden, HIDDEN_ENV: ",".join([*names, *hidden])}
+    names = json.loads(env.get(HIDDEN_ENV, "[]"))
+    return {**env, **hidden, HIDDEN_ENV: json.dumps([*names, *hidden])}
 
 
 def split_hidden(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """``env`` as (the environ block, the hidden variables): the names :data:`HIDDEN_ENV`
-    lists go to the second."""
-    names = {n for n in env.get(HIDDEN_ENV, "").split(",") if n}
+    lists (a JSON list) go to the second."""
+    names = set(json.loads(env.get(HIDDEN_ENV, "[]")))
     shown = {k: v for k, v in env.items() if k not in names and k != HIDDEN_ENV}
     return shown, {k: v for k, v in env.items() if k in names}
 
@@ -125,7 +125,8 @@ def hand_over(hidden: Mapping[str, str]) -> int:
     """A memfd holding ``hidden`` (JSON), at offset 0 and inheritable; the caller closes it
     once the child is spawned."""
     fd = os.memfd_create("corral-hidden-env", 0)
-    os.write(fd, json.dumps(dict(hidden)).encode())
+    with os.fdopen(fd, "wb", closefd=False) as file:
+        file.write(json.dumps(dict(hidden)).encode())
     os.lseek(fd, 0, os.SEEK_SET)
     os.set_inheritable(fd, True)
     return fd
