@@ -18,7 +18,9 @@ memfd. Until then (the interpreter's start-up) the memfd is open, and readable t
 
 **The host's own environ.** :func:`blank_environ_block` overwrites, in place, the entries of
 the host's environ block that are not on the allow-list, after Python copied them into
-``os.environ``: ``/proc/<host pid>/environ`` then shows them as empty strings.
+``os.environ``: ``/proc/<host pid>/environ`` then shows them as empty strings. The host, which
+holds every secret in memory, also makes itself :func:`non_dumpable`, so that another process
+of its user can neither read its memory nor ptrace it (root can).
 
 **The sandbox.** An agent spec's ``os_env.sandbox`` of a Linux type (:data:`SANDBOX_TYPES`)
 asks for bubblewrap; :func:`sandbox_of` reads it, and :func:`sandbox_refusal` says why this
@@ -179,6 +181,18 @@ def blank_environ_block(keep: Collection[str]) -> list[str]:
             blanked.append(name)
         offset += len(entry) + 1
     return blanked
+
+
+def non_dumpable() -> bool:
+    """Make this process's ``/proc/PID/environ``, ``mem``, ``maps`` and ``fd`` unreadable to
+    other processes of its user, and ptrace by them impossible (``PR_SET_DUMPABLE`` 0: the
+    kernel then treats it like a setuid program). Root still reads them. False where the
+    call is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(4, 0, 0, 0, 0) == 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
 
 
 # -- the sandbox ----------------------------------------------------------------------------

@@ -39,7 +39,14 @@ import trio
 import zmq
 
 from .. import __version__
-from .._child_env import NETWORK_VARS, actor_env, blank_environ_block, hide, spec_variables
+from .._child_env import (
+    NETWORK_VARS,
+    actor_env,
+    blank_environ_block,
+    hide,
+    non_dumpable,
+    spec_variables,
+)
 from .._exceptions import (
     ConfigError,
     CorralError,
@@ -200,6 +207,7 @@ class Host:
         # The host's secrets stay in os.environ for the actors it hands them to, but out of
         # /proc/<host pid>/environ, which every process of the user reads (docs/security.md).
         blank_environ_block({*actor_env(), "CORRAL_STATE_DIR", "CORRAL_CONFIG"})
+        non_dumpable()  # nor its memory, to other processes of the user
         ctx = zmq.Context()
         try:
             await self._run(ctx, task_status)

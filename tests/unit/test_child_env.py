@@ -4,12 +4,14 @@ environ block, the sandbox a spec asks for, and the bwrap command line (#16)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import corral
 from corral._child_env import (
     HIDDEN_ENV,
     Sandbox,
@@ -142,3 +144,42 @@ def test_the_bwrap_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     # The home is the workspace's own when it lies in it; the network when the spec says so.
     inside = wrap(["true"], Sandbox(allow_network=True), cwd=cwd, env={"HOME": "/work/ws/h"})
     assert "/work/ws/h" not in inside and "--share-net" in inside
+
+
+_AS_NOBODY = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "env",
+    f"PYTHONPATH={Path(corral.__file__).parent.parent}",
+    "SECRET=sk-dump",
+    "/usr/bin/python3",
+    "-c",
+]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"),
+    reason="needs root (to run two processes as another user), setpriv and /usr/bin/python3",
+)
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_non_dumpable_process_hides_its_environ_from_its_own_user(sealed: bool) -> None:
+    """What the host does for itself: another process of its user cannot read it."""
+    seal = "c.non_dumpable(); " if sealed else ""
+    code = f"import sys, corral._child_env as c; {seal}print('ready', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen(
+        [*_AS_NOBODY, code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        read = f"print(open('/proc/{holder.pid}/environ', 'rb').read().count(b'sk-dump'))"
+        reader = subprocess.run([*_AS_NOBODY, read], capture_output=True, text=True, timeout=30)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    if sealed:
+        assert reader.returncode != 0 and "Permission denied" in reader.stderr
+    else:
+        assert reader.stdout == "1\n"
