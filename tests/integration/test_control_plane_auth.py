@@ -86,6 +86,14 @@ def auth_host() -> Iterator[HostProcess]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _http(info: dict[str, Any]) -> httpx.Client:
+    """A client of the plane opening a connection per request: a kept-alive one that the
+    server closes after its idle timeout (a loaded machine can pause that long) would fail a
+    request that has nothing to do with credentials."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    return httpx.Client(base_url=info["url"], timeout=10, limits=limits)
+
+
 def _info(host: HostProcess) -> dict[str, Any]:
     return json.loads((host.state_dir / "server" / "server.json").read_text())
 
@@ -119,7 +127,7 @@ def test_every_route_refuses_no_credential_a_wrong_one_and_the_other_sides(
     assert client != runner
     as_client = {"authorization": f"Bearer {client}"}
     as_runner = {RUNNER_HEADER: runner, "origin": "omnigent://internal"}
-    with httpx.Client(base_url=info["url"], timeout=10) as http:
+    with _http(info) as http:
         sid = http.post("/v1/sessions", json={"agent": "demo"}, headers=as_client).json()["id"]
         refusals: list[httpx.Response] = []
         for method, template in routes:
@@ -202,7 +210,7 @@ def test_another_uid_gets_401_from_every_route_and_cannot_read_the_token(
     prefix = _as_nobody()
     info = _info(auth_host)
     token_file = auth_host.state_dir / "server" / "client_token"
-    with httpx.Client(base_url=info["url"], timeout=10) as http:
+    with _http(info) as http:
         auth = auth_host.client_headers()
         sid = http.post("/v1/sessions", json={"agent": "demo"}, headers=auth).json()["id"]
     lines = []
@@ -268,7 +276,7 @@ def test_rotate_refuses_the_old_token_at_once_and_the_host_keeps_serving(
     info = _info(auth_host)
     old = corral("token", "--state-dir", state).stdout.strip()
     assert old == _client_token(auth_host)
-    with httpx.Client(base_url=info["url"], timeout=10) as http:
+    with _http(info) as http:
         auth = {"authorization": f"Bearer {old}"}
         sid = http.post("/v1/sessions", json={"agent": "demo"}, headers=auth).json()["id"]
         # Silence past the read timeout (10 s, less than the plane's 15 s keepalive) fails.

@@ -94,7 +94,7 @@ class ClientToken:
     def __init__(self, directory: Path, *, on_rotate: Callable[[], None] | None = None) -> None:
         self.path = directory / CLIENT_TOKEN_FILE
         self._on_rotate = on_rotate
-        self._seen: tuple[int, int, int] | None = None
+        self._seen: tuple[int, int, int, int] | None = None
         self._token = b""
 
     def load(self) -> None:
@@ -123,7 +123,7 @@ class ClientToken:
             log.warning("%s is gone; a new client token is made", self.path)
             ensure_client_token(self.path.parent)
             st = os.stat(self.path)
-        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
         if seen != self._seen:
             if stat.S_IMODE(st.st_mode) & 0o077:
                 log.warning("%s was readable by others; it is made 0600", self.path)
