@@ -27,6 +27,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
+	@command -v bwrap >/dev/null 2>&1 || ./.ci/install-bwrap
 	@# The real omnigent server for tests/interop, built once and cached (exit 3: no Python
 	@# >= 3.12 here, and the interop suite skips itself loudly).
 	@./.ci/omnigent-venv >/dev/null || [ $$? -eq 3 ]
@@ -34,6 +35,7 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
+	@command -v bwrap >/dev/null 2>&1 || ./.ci/install-bwrap
 	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
