@@ -8,8 +8,10 @@ state files and the control plane's state files use it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -24,6 +26,40 @@ log = logging.getLogger("corral.files")
 #: as the model wrote them. Where corral builds or reads a fixed shape it says so with a
 #: Struct or a TypedDict instead; this alias marks the places where no such type exists.
 JsonObject: TypeAlias = dict[str, Any]
+
+
+def private_tmp(directory: Path, stem: str, data: bytes) -> Path:
+    """A new file of ``directory`` holding ``data`` (0600, fsynced), under a temporary name
+    of its own, for the caller to link or rename into place."""
+    tmp = directory / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def create_once(path: Path, data: bytes) -> None:
+    """Create ``path`` (0600) holding ``data`` unless it exists, atomically: hard-linked into
+    place from a fsynced temporary file, so processes racing on it agree on one content and
+    a crash never leaves an empty or partial file."""
+    tmp = private_tmp(path.parent, path.name, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process won the race; its file is the one
+    finally:
+        tmp.unlink()
+    fsync_dir_quietly(path.parent)
+
+
+def fsync_dir_quietly(directory: Path) -> None:
+    """:func:`fsync_dir`, where a file system that refuses fsync on a directory only weakens
+    durability there."""
+    with contextlib.suppress(OSError):
+        fsync_dir(directory)
 
 
 def fsync_dir(path: Path) -> None:

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from .. import logs
 from .._exceptions import ConfigError, CorralError
+from .._jsonlines import create_once
 from ..actors.elicitations import elicitation_rows
 from ..actors.host import Host
 from ..config import Config, RunnerSettings, check_runners, load_config, resolve_state_dir
@@ -46,19 +47,7 @@ def state_config(state_dir: Path) -> Path:
     if path.exists():
         return path
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = state_dir / f".corral.toml.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, FRESH_CONFIG.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass  # another `corral up` wrote it first
-    finally:
-        tmp.unlink()
+    create_once(path, FRESH_CONFIG.encode())  # another `corral up` may have written it first
     return path
 
 

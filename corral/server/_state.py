@@ -11,7 +11,6 @@ the address it already knows, and clients' saved URLs stay valid.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import logging
@@ -23,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from .._exceptions import ConfigError, CorralError
-from .._jsonlines import JsonObject, fsync_dir
+from .._jsonlines import JsonObject, create_once, fsync_dir_quietly
 from ..server_client import runner_id_for_token
 
 __all__ = [
@@ -100,20 +99,7 @@ def ensure_runner_token(directory: Path) -> tuple[str, str]:
     """
     path = directory / "runner_token"
     if not path.exists():
-        tmp = directory / f".runner_token.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, secrets.token_urlsafe(32).encode() + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process won the race; its token is the one
-        finally:
-            tmp.unlink()
-        _fsync_dir_quietly(directory)
+        create_once(path, secrets.token_urlsafe(32).encode() + b"\n")
     token = path.read_text().strip()
     if not token or any(c.isspace() for c in token):
         raise ConfigError(f"{path} holds no usable runner token; remove it to make a new one")
@@ -140,7 +126,7 @@ def write_server_json(directory: Path, info: ServerInfo) -> Path:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir_quietly(directory)
+    fsync_dir_quietly(directory)
     return path
 
 
@@ -187,10 +173,3 @@ def _bind_error(host: str, port: int) -> str | None:
         except OSError as exc:
             return os.strerror(exc.errno) if exc.errno else str(exc)
     return None
-
-
-def _fsync_dir_quietly(directory: Path) -> None:
-    # Makes the rename durable; some file systems refuse fsync on a directory, which only
-    # weakens durability there, so that is not an error.
-    with contextlib.suppress(OSError):
-        fsync_dir(directory)

@@ -18,7 +18,6 @@ rotated without changing the runner id.
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
 import os
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..._exceptions import ConfigError
-from ..._jsonlines import fsync_dir
+from ..._jsonlines import create_once, fsync_dir_quietly, private_tmp
 
 __all__ = ["CLIENT_TOKEN_FILE", "ClientToken", "ensure_client_token", "rotate_client_token"]
 
@@ -40,21 +39,7 @@ CLIENT_TOKEN_FILE = "client_token"
 
 def _new_secret(directory: Path) -> Path:
     """A new token in a temporary file of ``directory`` (0600, fsynced)."""
-    tmp = directory / f".{CLIENT_TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, secrets.token_urlsafe(32).encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return tmp
-
-
-def _fsync_dir_quietly(directory: Path) -> None:
-    # Makes the link or rename durable; a file system that refuses fsync on a directory
-    # only weakens durability there.
-    with contextlib.suppress(OSError):
-        fsync_dir(directory)
+    return private_tmp(directory, CLIENT_TOKEN_FILE, secrets.token_urlsafe(32).encode() + b"\n")
 
 
 def ensure_client_token(directory: Path) -> Path:
@@ -62,14 +47,7 @@ def ensure_client_token(directory: Path) -> Path:
     path = directory / CLIENT_TOKEN_FILE
     if path.exists():
         return path
-    tmp = _new_secret(directory)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass  # another process won the race; its token is the one
-    finally:
-        tmp.unlink()
-    _fsync_dir_quietly(directory)
+    create_once(path, secrets.token_urlsafe(32).encode() + b"\n")
     return path
 
 
@@ -79,7 +57,7 @@ def rotate_client_token(directory: Path) -> str:
     tmp = _new_secret(directory)
     token = tmp.read_text().strip()
     os.replace(tmp, directory / CLIENT_TOKEN_FILE)
-    _fsync_dir_quietly(directory)
+    fsync_dir_quietly(directory)
     return token
 
 
