@@ -171,6 +171,9 @@ class ActorRole(_Section, frozen=True):
     opens_tunnel: bool = False
     #: ``workspace`` (``corral up --workspace``) reaches it as its ``workspace`` option.
     gets_workspace: bool = False
+    #: It expands ``$VAR`` in agent specs: the host's variables that ``$VAR`` may name
+    #: (:func:`corral._child_env.spec_variables`) reach it, hidden. No other actor sees them.
+    expands_vars: bool = False
     #: Options it gets (unless set) saying whether another actor runs: option → actor.
     knows_actors: dict[str, str] = {}
     #: Lists of its inspection snapshot that ``corral status`` shows, under their own key.
@@ -187,6 +190,7 @@ BUILTIN: dict[str, ActorRole] = {
     "harness": ActorRole(
         target="corral.actors.harness:HarnessActor",
         options="corral.actors.harness:HarnessOptions",
+        expands_vars=True,
         status_lists=["workers"],
     ),
     "tools": ActorRole(
@@ -222,6 +226,12 @@ BUILTIN_OPTIONS: dict[str, str] = {name: role.options for name, role in BUILTIN.
 
 #: The role of an actor of your own (``[actors.<name>] target = ...``): none of the above.
 CUSTOM_ROLE = ActorRole(target="", options="")
+
+
+def role_of(name: str) -> ActorRole:
+    """A built-in actor's role (even with another ``target``); an actor of your own has none."""
+    return BUILTIN.get(name, CUSTOM_ROLE)
+
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 

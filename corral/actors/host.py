@@ -9,71 +9,41 @@ If an actor crashes more than ``supervisor.intensity`` times in ``supervisor.per
 seconds the host stops every actor and exits with an error naming the actor and its last
 exit — a crash loop is loud, never a silent spin.
 
-The embedded control plane. With no runner configured (no ``[[runners]]``, no ``--server``)
-and ``[server].enabled``, the host first starts ``python -m corral.server`` as a supervised
-child (before any actor, so it is stopped last), waits for the ``server/server.json`` it
-writes once listening, and binds one runner to it: the gateway's tunnel goes to its URL with
-its runner token, and dispatch and policy make their runner → server calls there. The control
-plane is not a bus peer, so instead of heartbeats the host probes it over HTTP and kills it
-when it stops answering; after a restart it waits for the new ``server.json`` again, and if
-the URL or token changed it restarts the actors that talk to it with the new binding.
+The embedded control plane (:mod:`corral.actors._control_plane`): with no runner configured
+and ``[server].enabled``, the host starts ``python -m corral.server`` as a supervised child
+before any actor and binds one runner to it. What the host hands each actor, from its role,
+is :mod:`corral.actors._actor_specs`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
 import trio
 import zmq
 
 from .. import __version__
-from .._child_env import (
-    NETWORK_VARS,
-    actor_env,
-    blank_environ_block,
-    hide,
-    non_dumpable,
-    spec_variables,
-)
-from .._exceptions import (
-    ConfigError,
-    CorralError,
-    HostAlreadyRunning,
-    RestartIntensityExceeded,
-    SupervisionError,
-)
+from .._child_env import actor_env, blank_environ_block, non_dumpable
+from .._exceptions import ConfigError, CorralError, HostAlreadyRunning, RestartIntensityExceeded
 from .._lifeline import become_subreaper
 from ..bus import Broker, InspectRequest, open_peer
-from ..config import (
-    BUILTIN,
-    BUILTIN_ACTORS,
-    BUILTIN_OPTIONS,
-    CUSTOM_ROLE,
-    ActorRole,
-    ActorSettings,
-    Config,
-    RunnerSettings,
-    actor_plan,
-    check_options,
-)
+from ..config import BUILTIN, ActorSettings, Config, RunnerSettings, actor_plan, role_of
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
+from ._actor_specs import ActorSpecs, check_actor_options
 from ._changes import Changes
 from ._child_state import ChildState
 from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
 from ._control import serve_control
+from ._control_plane import ControlPlaneUnavailable, EmbeddedControlPlane, wants_control_plane
 from ._process import alive, reap_orphans_on_sigchld, start_time, sweep
 from ._specs import ChildSpec, Liveness, SupFlags
 
@@ -83,51 +53,8 @@ INPROC_ENDPOINT = "inproc://corral-broker"
 #: A starting actor gets at least this long to say hello before liveness applies.
 START_GRACE_S = 10.0
 
-#: The actor that starts harness workers, and so expands ``$VAR`` in agent specs: the one
-#: that is handed the host's variables.
-_EXPANDS_VARS = BUILTIN["harness"].target
-
-#: The control plane's name among the host's children (it is not an actor: ``corral status``
-#: reports it under ``server``, not ``actors``).
-SERVER_CHILD = "server"
-#: A (re)started control plane gets this long to write its ``server.json``.
-CONTROL_PLANE_START_S = 30.0
-#: How often a running control plane is probed over HTTP, and how long it may go without
-#: answering before it is killed (and restarted) as hung.
-CONTROL_PLANE_PROBE_S = 2.0
-CONTROL_PLANE_PROBE_WINDOW_S = 20.0
-#: How the control plane child starts. It arranges to die with the host first (the same
-#: ``PR_SET_PDEATHSIG`` every actor sets, :mod:`corral._lifeline`), then runs
-#: ``python -m corral.server`` unchanged: the server stays a separate program that knows
-#: nothing of the host.
-_SERVER_BOOT = (
-    "import runpy, sys; "
-    "from corral._lifeline import die_with_parent; "
-    "die_with_parent(int(sys.argv.pop(1))); "
-    "runpy.run_module('corral.server', run_name='__main__', alter_sys=True)"
-)
-
-
 #: The broker's parked entries → the rows of ``corral elicitations``.
 ElicitationView = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
-
-
-class ControlPlaneUnavailable(SupervisionError):
-    """The embedded control plane did not come up before its deadline."""
-
-
-def read_server_file(path: Path) -> dict[str, Any] | None:
-    """The control plane's ``server.json``, or None if absent or half-written."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("url") else None
-
-
-def role_of(name: str) -> ActorRole:
-    """A built-in actor's role (even with another ``target``); an actor of your own has none."""
-    return BUILTIN.get(name, CUSTOM_ROLE)
 
 
 class Host:
@@ -162,8 +89,8 @@ class Host:
         #: Every runner this host serves, ids resolved: ``[[runners]]``, then the runner of
         #: ``--server`` or the one bound to the embedded control plane.
         self.runners: list[RunnerSettings] = []
-        #: The control plane's ``server.json`` as last read (embedded mode only).
-        self.control_plane: dict[str, Any] | None = None
+        #: The embedded control plane, once the host wants one.
+        self.control_plane: EmbeddedControlPlane | None = None
         self._plan: dict[str, tuple[str, ActorSettings]] = {}
         #: Bumped on every change of what ``status`` shows of the host itself.
         self.changes = Changes()
@@ -282,8 +209,8 @@ class Host:
                 await self._start_children()
                 self.state = "running"
                 nursery.start_soon(children.watch_liveness, broker.last_seen)
-                if self.control_plane is not None:
-                    nursery.start_soon(self._watch_control_plane)
+                if self.control_plane is not None and self.control_plane.info is not None:
+                    nursery.start_soon(self.control_plane.watch, self._rebind)
                 if not self._stop.is_set():
                     log.info(
                         "corral host up: pid=%d state_dir=%s children=%s",
@@ -300,8 +227,23 @@ class Host:
 
     async def _start_children(self) -> None:
         assert self.children is not None and self.broker is not None
-        if self._wants_control_plane() and not await self._start_control_plane():
-            return
+        if wants_control_plane(self.config, self.runner):
+            self.control_plane = EmbeddedControlPlane(
+                config=self.config,
+                instance=self.instance,
+                config_path=self.config_path,
+                children=self.children,
+                changes=self.changes,
+                stop=self._stop,
+            )
+            try:
+                if not await self.control_plane.start():
+                    return
+            except ControlPlaneUnavailable as exc:
+                self._failure = exc
+                log.error("%s", exc)
+                self._stop.set()
+                return
         try:
             self.runners = self._resolve_runners()
         except ConfigError as exc:
@@ -338,29 +280,7 @@ class Host:
                 self._give_up(event)
 
     def _actor_spec(self, name: str, target: str, actor: ActorSettings) -> ChildSpec:
-        role = role_of(name)
-        return ChildSpec(
-            name=name,
-            argv=[sys.executable, "-m", "corral.actors._entry"],
-            env=self._actor_env(name, target, actor),
-            restart=actor.restart or role.restart,
-            shutdown_timeout_s=actor.shutdown_timeout_s
-            or role.shutdown_timeout_s
-            or self.config.supervisor.shutdown_timeout_s,
-            label=f"actor {name!r}",
-        )
-
-    def _actor_env(self, name: str, target: str, actor: ActorSettings) -> dict[str, str]:
-        """An actor's environment: its environ block holds only :func:`actor_env` and the
-        state dir; its spec (the runner tokens in it), the proxy settings of an actor that
-        talks to servers and, for the harness actor, the host's variables that ``$VAR`` in
-        an agent spec expands from reach it hidden (:func:`corral._child_env.hide`)."""
-        hidden = {"CORRAL_CHILD": json.dumps(self._child_spec(name, target, actor))}
-        if role_of(name).serves_runners:
-            hidden.update({k: os.environ[k] for k in NETWORK_VARS if k in os.environ})
-        if target == _EXPANDS_VARS:
-            hidden.update(spec_variables())
-        return hide({**actor_env(), "CORRAL_STATE_DIR": str(self.instance.state_dir)}, hidden)
+        return ActorSpecs(self.config, self.instance, self.runners).spec(name, target, actor)
 
     def _resolve_runners(self) -> list[RunnerSettings]:
         """``[[runners]]`` plus the one of ``--server`` or the control plane, ids resolved once
@@ -368,188 +288,14 @@ class Host:
         runners = list(self.config.runners)
         if self.runner is not None:
             runners.append(self.runner)
-        elif self.control_plane is not None:
-            info = self.control_plane
-            runners.append(
-                RunnerSettings(
-                    server=str(info["url"]),
-                    id=info.get("runner_id") or None,
-                    token=info.get("runner_token") or None,
-                )
-            )
+        elif self.control_plane is not None and (bound := self.control_plane.runner()):
+            runners.append(bound)
         return resolve_runner_ids(runners, self.instance.state_dir)
 
-    def _child_spec(self, name: str, target: str, actor: Any) -> dict[str, Any]:
-        options = dict(actor.options)
-        role = role_of(name)
-        if role.serves_runners and self.runners:
-            # The host's runners, after any listed in the actor's own options.
-            options["runners"] = [
-                *options.get("runners", []),
-                *msgspec.to_builtins(self.runners),
-            ]
-        if role.gets_workspace and self.config.workspace:
-            options["workspace"] = self.config.workspace
-        if role.knows_actors:
-            plan = {actor for actor, _, _ in actor_plan(self.config)}
-            for option, other in role.knows_actors.items():
-                options.setdefault(option, other in plan)
-        return {
-            "name": name,
-            "target": target,
-            "endpoint": self.instance.bus_endpoint,
-            "state_dir": str(self.instance.state_dir),
-            "options": options,
-            "bus": msgspec.to_builtins(self.config.bus),
-            "liveness": msgspec.to_builtins(self.config.liveness),
-            "parent_pid": os.getpid(),
-        }
-
-    # --- the embedded control plane --------------------------------------------------------
-
-    @property
-    def server_file(self) -> Path:
-        """Where the control plane writes its address and runner token once listening."""
-        return self.instance.state_dir / "server" / "server.json"
-
-    def _wants_control_plane(self) -> bool:
-        """No runner configured anywhere, ``[server].enabled`` and a gateway to bind."""
-        if self.runner is not None or self.config.runners or not self.config.server.enabled:
-            return False
-        tunnels = [s for name, _, s in actor_plan(self.config) if role_of(name).opens_tunnel]
-        if not tunnels or any(s.options.get("runners") for s in tunnels):
-            return False
-        try:
-            found = importlib.util.find_spec("corral.server.__main__") is not None
-        except ImportError:
-            found = False
-        if not found:
-            # A trimmed install: run as a runner with no server rather than not at all.
-            log.warning("the embedded control plane (corral.server) is not installed")
-        return found
-
-    def _control_plane_argv(self) -> list[str]:
-        argv = [
-            sys.executable,
-            "-c",
-            _SERVER_BOOT,
-            str(os.getpid()),
-            "--state-dir",
-            str(self.instance.state_dir),
-            "--host",
-            self.config.server.host,
-        ]
-        if self.config_path is not None:
-            argv += ["--config", str(self.config_path)]
-        if self.config.server.port:
-            argv += ["--port", str(self.config.server.port)]
-        return argv
-
-    async def _start_control_plane(self) -> bool:
-        """Start the control plane and bind the runner to it; False if it never came up."""
-        assert self.children is not None
-        child = await self.children.start_child(
-            ChildSpec(
-                name=SERVER_CHILD,
-                argv=self._control_plane_argv(),
-                env=actor_env(),
-                restart="permanent",
-                shutdown_timeout_s=self.config.supervisor.shutdown_timeout_s,
-                bus_peer=False,
-                label="the embedded control plane",
-            )
-        )
-        info = None
-        with trio.move_on_after(CONTROL_PLANE_START_S):
-            info = await self._await_server_file()
-        if info is None:
-            if not self._stop.is_set():
-                last = child.last_exit["reason"] if child.last_exit else "still running"
-                self._failure = ControlPlaneUnavailable(
-                    f"the embedded control plane did not start within "
-                    f"{CONTROL_PLANE_START_S:g}s: no {self.server_file} from it "
-                    f"(last exit: {last}). Serve another server with `corral up --server URL` "
-                    "or set [server] enabled = false."
-                )
-                log.error("%s", self._failure)
-                self._stop.set()
-            return False
-        self._bind(info)
-        return True
-
-    async def _await_server_file(self) -> dict[str, Any] | None:
-        """Wait for the ``server.json`` of the control plane's current process.
-
-        A file left by an earlier process (another pid) does not count. Returns None if the
-        child stopped or failed, or the host is stopping.
-        """
-        assert self.children is not None
-        while not self._stop.is_set():
-            child = self.children.children.get(SERVER_CHILD)
-            if child is None or child.state.over:
-                return None
-            info = read_server_file(self.server_file)
-            if info is not None and child.pid is not None and info.get("pid") == child.pid:
-                self.children.mark_ready(SERVER_CHILD)
-                return info
-            await trio.sleep(0.05)
-        return None
-
-    def _bind(self, info: dict[str, Any]) -> None:
-        self.control_plane = info
-        self.changes.bump()
-        log.info(
-            "control plane at %s (pid %s, runner %s)",
-            info["url"],
-            info.get("pid"),
-            info.get("runner_id"),
-        )
-
-    async def _watch_control_plane(self) -> None:
-        """Bring a restarted control plane back into service; kill a hung one."""
-        assert self.children is not None
-        # One probe every few seconds is not worth an INFO line each.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-        last_ok = next_probe = time.monotonic()
-        async with httpx.AsyncClient(timeout=5.0) as http:
-            while not self._stop.is_set():
-                child = self.children.children.get(SERVER_CHILD)
-                if child is None or child.state.over:
-                    return
-                if child.state in (ChildState.STARTING, ChildState.RESTARTING):
-                    with trio.move_on_after(CONTROL_PLANE_START_S) as scope:
-                        info = await self._await_server_file()
-                    if scope.cancelled_caught:
-                        self.children.kill(
-                            SERVER_CHILD, f"no server.json within {CONTROL_PLANE_START_S:g}s"
-                        )
-                        continue
-                    if info is None:
-                        return
-                    await self._rebind(info)
-                    last_ok = next_probe = time.monotonic() + CONTROL_PLANE_PROBE_S
-                    continue
-                # Asleep until the next probe; the control plane exiting (a change of the
-                # host's status) wakes it at once.
-                bound, nap = self.control_plane, next_probe - time.monotonic()
-                if bound is None or nap > 0:
-                    await self.changes.wait_past(self.changes.version, max(nap, 0.05))
-                    continue
-                next_probe = time.monotonic() + CONTROL_PLANE_PROBE_S
-                try:
-                    await http.get(str(bound["url"]).rstrip("/") + "/api/version")
-                    last_ok = time.monotonic()  # any answer at all proves it is serving
-                except httpx.HTTPError as exc:
-                    silent = time.monotonic() - last_ok
-                    if silent > CONTROL_PLANE_PROBE_WINDOW_S and child.state is ChildState.RUNNING:
-                        reason = f"no HTTP answer for {silent:.0f}s ({exc})"
-                        self.children.kill(SERVER_CHILD, reason)
-
-    async def _rebind(self, info: dict[str, Any]) -> None:
+    async def _rebind(self) -> None:
         """A restarted control plane is up: if its address or token changed, restart the
         actors that talk to it with the new runner."""
         before = self.runners
-        self._bind(info)
         try:
             self.runners = self._resolve_runners()
         except ConfigError as exc:
@@ -642,18 +388,7 @@ class Host:
 
     def _server_status(self) -> dict[str, Any] | None:
         """The embedded control plane's row of ``corral status``; None when there is none."""
-        child = self.children.children.get(SERVER_CHILD) if self.children else None
-        if child is None:
-            return None
-        info = self.control_plane or {}
-        return {
-            "url": info.get("url"),
-            "pid": child.pid,
-            "state": child.state.value,
-            "restarts": child.restarts,
-            "last_exit": child.last_exit,
-            "runner_id": info.get("runner_id"),
-        }
+        return self.control_plane.status() if self.control_plane is not None else None
 
     async def _actor_state(self, actor: str, key: str) -> list[dict[str, Any]]:
         """One list from an actor's inspection snapshot, or [] if it does not answer soon.
@@ -693,27 +428,3 @@ class Host:
     async def _op_stop(self, request: dict[str, Any]) -> dict[str, Any]:
         self._stop.set()
         return {"stopping": True}
-
-
-def check_actor_options(config: Config) -> None:
-    """Decode the options of every built-in actor the host will run with its options Struct.
-
-    The host does it before it starts anything, so that a typo in ``[actors.<name>.options]``
-    stops ``corral up`` with the key named instead of crash-looping the actor. An actor whose
-    ``target`` replaces the built-in class is left to check its own options, and so is one
-    whose module does not import here (its child process reports that, and crash-loops).
-
-    Raises:
-        ConfigError: naming the first bad key (``actors.dispatch.options.turn_timout_s``).
-    """
-    for name, target, settings in actor_plan(config):
-        where = BUILTIN_OPTIONS.get(name)
-        if where is None or target != BUILTIN_ACTORS[name]:
-            continue
-        module, _, attr = where.partition(":")
-        try:
-            schema = getattr(importlib.import_module(module), attr)
-        except Exception as exc:
-            log.warning("cannot import %s in the host: %s", where, exc)
-            continue
-        check_options(name, settings.options, schema)

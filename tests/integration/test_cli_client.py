@@ -29,7 +29,9 @@ import trio
 from click.testing import CliRunner
 from rich.console import Console
 
+from corral.actors._actor_specs import ActorSpecs
 from corral.actors._control import request
+from corral.actors._control_plane import wants_control_plane
 from corral.actors.host import Host
 from corral.cli import cli
 from corral.cli._chat import (
@@ -943,9 +945,9 @@ def test_up_hands_runners_and_workspace_to_actors(tmp_path: Path) -> None:
     )
     runner = server_runner("https://b.example", None, {"CORRAL_RUNNER_TOKEN": "t"})
     host = Host(config, tmp_path / "state", runner=runner)
-    assert not host._wants_control_plane()
-    host.runners = host._resolve_runners()
-    gateway = host._child_spec("gateway", "x:Y", config.actors["gateway"])["options"]
+    assert not wants_control_plane(config, runner)
+    specs = ActorSpecs(config, host.instance, host._resolve_runners())
+    gateway = specs.child_record("gateway", "x:Y", config.actors["gateway"])["options"]
     assert gateway["backoff_base_s"] == 0.1
     assert [(r["server"], r["id"], r["token"]) for r in gateway["runners"]] == [
         ("http://a.example", "ra", None),
@@ -953,16 +955,16 @@ def test_up_hands_runners_and_workspace_to_actors(tmp_path: Path) -> None:
     ]
     from corral.config import ActorSettings
 
-    dispatch = host._child_spec("dispatch", "x:Y", ActorSettings())["options"]
+    dispatch = specs.child_record("dispatch", "x:Y", ActorSettings())["options"]
     assert dispatch["runners"] == gateway["runners"]
-    tools = host._child_spec("tools", "x:Y", ActorSettings())["options"]
+    tools = specs.child_record("tools", "x:Y", ActorSettings())["options"]
     assert tools == {"workspace": str(tmp_path / "ws")}
     # No runner anywhere: the embedded control plane is wanted (unless disabled).
-    assert Host(Config(), tmp_path / "s2")._wants_control_plane() is (
+    assert wants_control_plane(Config(), None) is (
         Path(__file__).parents[2].joinpath("corral/server/__main__.py").exists()
     )
     off = parse_config({"server": {"enabled": False}})
-    assert not Host(off, tmp_path / "s3")._wants_control_plane()
+    assert not wants_control_plane(off, None)
 
 
 def test_up_with_server_flag_serves_that_runner_and_no_control_plane(tmp_path: Path) -> None:

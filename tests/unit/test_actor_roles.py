@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from corral import config as config_module
+from corral._child_env import HIDDEN_ENV
 from corral.actors.host import Host
 from corral.config import BUILTIN, actor_plan, parse_config
 
@@ -61,3 +62,29 @@ def test_what_the_host_hands_an_actor_follows_its_role_not_its_name(
     assert (specs["journal"].restart, specs["journal"].shutdown_timeout_s) == ("transient", 1.5)
     assert "workspace" not in _options(specs["tools"])
     assert _options(specs["dispatch"])["harness_actor"] is False, "harness is disabled"
+
+
+def test_only_the_role_that_expands_vars_is_handed_the_hosts_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """H-10: ``$VAR`` in an agent spec is read from the host's environment, by the actor whose
+    role says ``expands_vars`` (the harness) and by no other, nor by an actor of your own that
+    runs the harness class under another name. Move the flag to the journal and the journal
+    gets the variables (hidden), the harness none."""
+    monkeypatch.setenv("PROVIDER_KEY_FOR_VAR", "sk-host")
+    harness_class = {"target": BUILTIN["harness"].target}
+    config = parse_config({"actors": {"mine": harness_class}})
+
+    def holders() -> set[str]:
+        specs = _specs(Host(config, tmp_path))
+        held = {n for n, s in specs.items() if s.env.get("PROVIDER_KEY_FOR_VAR") == "sk-host"}
+        for name in held:
+            assert "PROVIDER_KEY_FOR_VAR" in json.loads(specs[name].env[HIDDEN_ENV])
+        return held
+
+    assert holders() == {"harness"}
+    roles = dict(BUILTIN)
+    roles["journal"] = msgspec.structs.replace(BUILTIN["journal"], expands_vars=True)
+    roles["harness"] = msgspec.structs.replace(BUILTIN["harness"], expands_vars=False)
+    monkeypatch.setattr(config_module, "BUILTIN", roles)
+    assert holders() == {"journal"}

@@ -76,9 +76,11 @@ RULES: dict[str, tuple[frozenset[str], str]] = {
 #: not import, and why.
 SUPERVISOR = (
     "_actor",
+    "_actor_specs",
     "_child_state",
     "_children",
     "_control",
+    "_control_plane",
     "_entry",
     "_process",
     "_restart",

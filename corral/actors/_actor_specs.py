@@ -1,0 +1,128 @@
+"""What the host hands each actor it starts: its ChildSpec, built from its role.
+
+Every difference between actors is a field of their role (:class:`corral.config.ActorRole`),
+so :class:`ActorSpecs` reads the role and ``corral.toml``, never an actor's name: the restart
+type and shutdown timeout of its :class:`~corral.actors._specs.ChildSpec`, the options it is
+handed (the host's runners, the workspace, which other actors run) and the variables that
+reach it hidden (:func:`corral._child_env.hide`). It is apart from
+:mod:`corral.actors.host` because it is pure: a test builds an actor's spec from a
+``Config`` without starting a host. :func:`check_actor_options` checks those options before
+the host starts anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from .._child_env import NETWORK_VARS, actor_env, hide, spec_variables
+from ..config import (
+    BUILTIN_ACTORS,
+    BUILTIN_OPTIONS,
+    ActorSettings,
+    Config,
+    RunnerSettings,
+    actor_plan,
+    check_options,
+    role_of,
+)
+from ..instance import Instance
+from ._specs import ChildSpec
+
+log = logging.getLogger("corral.host")
+
+
+@dataclass(frozen=True, slots=True)
+class ActorSpecs:
+    """The specs of one host's actors: its ``corral.toml``, its state dir and the runners it
+    serves (ids resolved), the same for every actor."""
+
+    config: Config
+    instance: Instance
+    runners: list[RunnerSettings]
+
+    def spec(self, name: str, target: str, settings: ActorSettings) -> ChildSpec:
+        """How the host starts actor ``name`` (``module:Class`` ``target``) and restarts it."""
+        role = role_of(name)
+        return ChildSpec(
+            name=name,
+            argv=[sys.executable, "-m", "corral.actors._entry"],
+            env=self._environ(name, target, settings),
+            restart=settings.restart or role.restart,
+            shutdown_timeout_s=settings.shutdown_timeout_s
+            or role.shutdown_timeout_s
+            or self.config.supervisor.shutdown_timeout_s,
+            label=f"actor {name!r}",
+        )
+
+    def _environ(self, name: str, target: str, settings: ActorSettings) -> dict[str, str]:
+        """An actor's environment: its environ block holds only :func:`actor_env` and the
+        state dir; its spec (the runner tokens in it), the proxy settings of an actor that
+        talks to servers and, for the actor that expands ``$VAR`` in agent specs, the host's
+        variables it expands them from reach it hidden (:func:`corral._child_env.hide`)."""
+        hidden = {"CORRAL_CHILD": json.dumps(self.child_record(name, target, settings))}
+        role = role_of(name)
+        if role.serves_runners:
+            hidden.update({k: os.environ[k] for k in NETWORK_VARS if k in os.environ})
+        if role.expands_vars:
+            hidden.update(spec_variables())
+        return hide({**actor_env(), "CORRAL_STATE_DIR": str(self.instance.state_dir)}, hidden)
+
+    def child_record(self, name: str, target: str, settings: ActorSettings) -> dict[str, Any]:
+        """The ``CORRAL_CHILD`` an actor reads first (:mod:`corral.actors._entry`): its name,
+        target, bus and state dir, and its options with what its role adds to them."""
+        options = dict(settings.options)
+        role = role_of(name)
+        if role.serves_runners and self.runners:
+            # The host's runners, after any listed in the actor's own options.
+            options["runners"] = [
+                *options.get("runners", []),
+                *msgspec.to_builtins(self.runners),
+            ]
+        if role.gets_workspace and self.config.workspace:
+            options["workspace"] = self.config.workspace
+        if role.knows_actors:
+            plan = {actor for actor, _, _ in actor_plan(self.config)}
+            for option, other in role.knows_actors.items():
+                options.setdefault(option, other in plan)
+        return {
+            "name": name,
+            "target": target,
+            "endpoint": self.instance.bus_endpoint,
+            "state_dir": str(self.instance.state_dir),
+            "options": options,
+            "bus": msgspec.to_builtins(self.config.bus),
+            "liveness": msgspec.to_builtins(self.config.liveness),
+            "parent_pid": os.getpid(),
+        }
+
+
+def check_actor_options(config: Config) -> None:
+    """Decode the options of every built-in actor the host will run with its options Struct.
+
+    The host does it before it starts anything, so that a typo in ``[actors.<name>.options]``
+    stops ``corral up`` with the key named instead of crash-looping the actor. An actor whose
+    ``target`` replaces the built-in class is left to check its own options, and so is one
+    whose module does not import here (its child process reports that, and crash-loops).
+
+    Raises:
+        ConfigError: naming the first bad key (``actors.dispatch.options.turn_timout_s``).
+    """
+    for name, target, settings in actor_plan(config):
+        where = BUILTIN_OPTIONS.get(name)
+        if where is None or target != BUILTIN_ACTORS[name]:
+            continue
+        module, _, attr = where.partition(":")
+        try:
+            schema = getattr(importlib.import_module(module), attr)
+        except Exception as exc:
+            log.warning("cannot import %s in the host: %s", where, exc)
+            continue
+        check_options(name, settings.options, schema)
