@@ -219,25 +219,31 @@ class Peer(Receiving):
         *,
         durable: bool = False,
         session_id: str | None = None,
+        session_ids: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> list[str]:
         """Send several messages with one checkpoint (the fast path); returns their ids.
 
         Stream messages go as :class:`~corral.bus.Bundle` frames. Durable messages are all
         in flight at once and the call returns when every one is durable; the broker
-        acknowledges a whole group commit in one message.
+        acknowledges a whole group commit in one message. ``session_ids``, one per message,
+        names each message's session where they differ (else ``session_id`` names all).
         """
         durability: Durability = "durable" if durable else "stream"
+        if session_ids is None:
+            session_ids = [session_id] * len(msgs)
+        elif len(session_ids) != len(msgs):
+            raise ValueError(f"{len(session_ids)} session ids for {len(msgs)} messages")
         envs = [
             self._envelope(
                 to,
                 msg,
                 durability=durability,
-                session_id=session_id,
+                session_id=sid,
                 correlation_id=None,
                 wants_reply=False,
             )
-            for msg in msgs
+            for msg, sid in zip(msgs, session_ids, strict=True)
         ]
         ids = [env.id for env, _ in envs]
         if not durable:

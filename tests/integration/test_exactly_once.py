@@ -11,6 +11,7 @@ edge per message, and the next turn is given the history with the first turn in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -516,3 +517,30 @@ async def test_d08_kill9_of_dispatch_and_its_worker_together_doubles_nothing(
         await tunnels.until_status(sid, timeout=60)
         assert tunnels.deltas(sid) == streamed + "done."
         assert _runs(tmp_path) == 1
+
+
+@pytest.mark.chaos
+async def test_j32_a_journal_that_dies_holding_a_turns_appends_still_journals_every_event_once(
+    host_factory, tunnels, server, tmp_path: Path
+) -> None:
+    """The journal actor is stopped for a whole streaming turn, then killed: what dispatch
+    sent it meanwhile is durable on the bus, so the next incarnation journals every event of
+    the run once, in the server's order. The appends used to go as stream messages (only a
+    run's last one was durable), lost with the journal that held them, and the worker, told
+    its events were confirmed once the gateway had them, had forgotten them too."""
+    agent_id, sid = _streaming_agent(server, tmp_path, STREAMED_TAIL)
+    host = host_factory(_config(tunnels, server, ""))
+    async with running(host):
+        t = await tunnels.wait_tunnel(RUNNER)
+        await bind(t, sid, agent_id)
+        journal = host.actor("journal")
+        os.kill(journal["pid"], signal.SIGSTOP)
+        try:
+            assert await _post(t, sid, message("first", agent_id, "streams")) == 202
+            await tunnels.until_status(sid, timeout=60)
+            assert tunnels.deltas(sid) == _tokens(0, 240), "the stream does not wait for it"
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the supervisor may have already
+                os.kill(journal["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(lambda: host.restarted("journal", journal))
+        await _journal_is_the_servers(host, tunnels, sid)

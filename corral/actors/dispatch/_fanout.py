@@ -6,10 +6,8 @@ streaming caller, in publish order, without a handler ever waiting on a peer.
   waits for its group commit, what is published meanwhile gathers and goes next (one commit,
   ack and buffer write per message); a round's messages are all in flight at once (the broker
   keeps their order), since one round trip per message would cap the rate.
-* **The journal**: one run per turn. Events gather for :data:`_JOURNAL_WINDOW_S` and go as one
-  stream append per run; a run's last append (its terminal edge) skips the window and goes
-  durably, after every earlier one. Each event carries its ``seq``
-  (``JournalEvent.session_seq``): the journal drops one at or below what the run holds.
+* **The journal**: one run per turn, in rounds of durable appends
+  (:class:`~._journal_feed.JournalFeed`).
 * **A ``?stream=true`` caller**: SSE :class:`~corral.routes.HttpChunk` frames through the
   outbox, closed by an empty ``end`` chunk; a worker event's frame carries its ``seq``, and
   the gateway drops one it has relayed (a replay after a restart).
@@ -17,9 +15,11 @@ streaming caller, in publish order, without a handler ever waiting on a peer.
 Saved before sent: while a session is held (:meth:`Fanout.held`, around the save that starts
 or ends a turn) its events wait, so its ``running``, terminal event and edge leave only once
 the record holding them is on disk; a tracked event is reported to ``on_delivered`` once every
-receiver has it, and :meth:`Fanout.republish` sends what a previous incarnation saved again,
-with its own ``seq``. :meth:`Fanout.publish` only queues (a handler awaiting a peer that is
-not reading would stall what drains it); ``run_events`` and ``run_journal`` send.
+receiver has it, and a worker event to ``on_sent`` once every receiver, the journal included,
+has it and every one before it (:class:`~._receipts.Receipts`); :meth:`Fanout.republish`
+sends what a previous incarnation saved again, with its own ``seq``. :meth:`Fanout.publish`
+only queues (a handler awaiting a peer that is not reading would stall what drains it);
+``run_events`` and the journal feed send.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from ...bus import Outbox, Peer, tag_of
 from ...harnesses.protocol import Output
 from ...routes import HttpChunk, sse_frame
 from ..gateway.messages import SessionEvent, SessionEvents
-from ..journal import JournalAppend, JournalEvent
+from ..journal import JournalEvent
+from ._journal_feed import JournalFeed
+from ._receipts import Receipts
 from ._session import PendingEvent, SessionRecord
 
 log = logging.getLogger("corral.actors.dispatch")
@@ -46,9 +48,6 @@ log = logging.getLogger("corral.actors.dispatch")
 #: message, and about how many bytes of them (well under the bus's default 4 MiB message limit).
 _EVENT_BATCH = 512
 _EVENT_BATCH_BYTES = 1024 * 1024
-#: How long journal events gather before they go out as one append per run: a flood of
-#: deltas otherwise costs one append (a bus message, a journal write) per delta.
-_JOURNAL_WINDOW_S = 0.02
 
 
 @dataclass(slots=True, kw_only=True)
@@ -76,33 +75,41 @@ class Fanout:
         self.outbox = Outbox(peer)
         self.subscribers = subscribers
         self.journal = journal
-        self._journal: dict[tuple[str, str], list[JournalEvent]] = {}
-        #: Runs' last appends, oldest first, for the journal loop to send durably, each with
-        #: the (session, seq) of its last event.
-        self._journal_final: list[tuple[JournalAppend, tuple[str, int]]] = []
+        self.receipts = Receipts()
+        self._journal = JournalFeed(peer, journal, self.receipts) if journal else None
         self._events: dict[str, list[SessionEvent]] = {}
         self._events_ready = trio.Event()
-        self._journal_ready = trio.Event()
         #: Holds per session (:meth:`held`), and the events published while held.
         self._holds: dict[str, int] = {}
         self._waiting: dict[str, list[_Queued]] = {}
-        #: Tracked events: how many receivers do not have each yet.
-        self._receivers: dict[tuple[str, int], int] = {}
-        #: Told ``(session_id, seq)`` of a tracked event once every receiver has it.
-        self.on_delivered: Callable[[str, int], None] | None = None
-        #: Told ``(session_id, k)`` once every subscriber has the session's worker events up
-        #: to sequence number ``k`` (one call per session and round): the worker forgets them.
-        self.on_sent: Callable[[str, int], None] | None = None
-        #: The worker sequence number of each queued worker event, by (session, seq).
-        self._worker_k: dict[tuple[str, int], int] = {}
         #: Batches of subscriber events queued and sent so far (:meth:`sent`).
         self._queued_n = self._sent_n = 0
         self._sent_more = trio.Event()
 
+    @property
+    def on_delivered(self) -> Callable[[str, int], None] | None:
+        """Told ``(session_id, seq)`` of a tracked event once every receiver has it."""
+        return self.receipts.on_delivered
+
+    @on_delivered.setter
+    def on_delivered(self, tell: Callable[[str, int], None] | None) -> None:
+        self.receipts.on_delivered = tell
+
+    @property
+    def on_sent(self) -> Callable[[str, int], None] | None:
+        """Told ``(session_id, k)`` once every receiver has the session's worker events up
+        to sequence number ``k``: the worker forgets them."""
+        return self.receipts.on_sent
+
+    @on_sent.setter
+    def on_sent(self, tell: Callable[[str, int], None] | None) -> None:
+        self.receipts.on_sent = tell
+
     def start(self, nursery: trio.Nursery) -> None:
         """Run the outbox and both sending loops in ``nursery``."""
         nursery.start_soon(self.outbox.run)
-        nursery.start_soon(self.run_journal)
+        if self._journal is not None:
+            nursery.start_soon(self._journal.run)
         nursery.start_soon(self.run_events)
 
     def publish(
@@ -203,42 +210,14 @@ class Fanout:
             )
         if receivers:
             self._queued_n += 1
-            if q.k is not None:
-                self._worker_k[(q.session_id, q.seq)] = q.k
-        self._events_ready.set()
+            self._events_ready.set()
+        journal = self._journal if q.run else None
         key = (q.session_id, q.seq)
-        final = bool(self.journal and q.run and q.terminal)
-        if q.track:
-            self._receivers[key] = receivers + final
-            if not self._receivers[key]:
-                self._received(key)
-        if not (self.journal and q.run):
-            return
-        pending = self._journal.setdefault((q.session_id, q.run), [])
-        # With its seq, which a replay after a restart keeps: the journal drops one it has.
-        pending.append(JournalEvent(event=kind, payload=event, session_seq=q.seq))
-        if not q.terminal:
-            self._journal_ready.set()
-            return
-        # The run's last append carries what is still pending, durably; the journal loop
-        # sends it.
-        del self._journal[(q.session_id, q.run)]
-        append = JournalAppend(session_id=q.session_id, run_id=q.run, events=pending)
-        self._journal_final.append((append, key))
-        self._journal_ready.set()
-
-    def _received(self, key: tuple[str, int]) -> None:
-        """One more receiver has the tracked event ``key``: the last one tells
-        ``on_delivered``."""
-        left = self._receivers.get(key)
-        if left is None:
-            return
-        if left > 1:
-            self._receivers[key] = left - 1
-            return
-        del self._receivers[key]
-        if self.on_delivered is not None:
-            self.on_delivered(*key)
+        self.receipts.expect(key, receivers + bool(journal), track=q.track, k=q.k)
+        if journal is not None and q.run is not None:
+            # With its seq, which a replay after a restart keeps: the journal drops one it has.
+            entry = JournalEvent(event=kind, payload=event, session_seq=q.seq)
+            journal.add(q.session_id, q.run, entry, terminal=q.terminal)
 
     def to_stream(
         self, stream_to: tuple[str, str] | None, msg: Output, seq: int | None = None
@@ -267,9 +246,7 @@ class Fanout:
             self._events_ready = trio.Event()
             pending, self._events = self._events, {}
             upto = self._queued_n
-            sent: dict[str, int] = {}
             failed: set[str] = set()
-            worker_k = self._worker_k
             for name, events in pending.items():
                 try:
                     await self.peer.cast_many(name, event_batches(events), durable=True, timeout=60)
@@ -282,104 +259,34 @@ class Fanout:
                         name,
                         exc,
                     )
-                    for event in events:
-                        self._receivers.pop((event.session_id, event.seq), None)
-                        failed.add(event.session_id)
+                    self.receipts.lost((event.session_id, event.seq) for event in events)
+                    failed.update(event.session_id for event in events)
                     continue
-                if worker_k:
-                    for event in events:
-                        k = worker_k.get((event.session_id, event.seq))
-                        if k is not None:
-                            sent[event.session_id] = k  # in publish order: the last is the top
-                if self._receivers:
-                    for event in events:
-                        self._received((event.session_id, event.seq))
-            for events in pending.values():
-                for event in events if worker_k else ():
-                    worker_k.pop((event.session_id, event.seq), None)
-            if self.on_sent is not None:
-                for session_id, k in sent.items():
-                    if session_id not in failed:
-                        self.on_sent(session_id, k)
+                self.receipts.received((event.session_id, event.seq) for event in events)
+            self.receipts.tell_sent(failed)
             self._sent_n = upto
             self._sent_more.set()
             self._sent_more = trio.Event()
 
     async def sent(self) -> None:
-        """Return once every event queued for the subscribers so far has been sent (the
-        broker took it, or its send failed and was logged), and the journal's events queued
-        so far are on the bus too, without their window: an answer that must not overtake
-        an edge — DELETE's after the deleted turn's ``idle`` — waits on it, and so does the
-        save of a turn's end, after which nothing sends the events before it again (their
-        journal append used to wait in the window, and a dispatch killed then lost them)."""
+        """Return once every event queued so far has been sent to the subscribers and the
+        journal (the broker has it, or its send failed and was logged), the journal's without
+        its window: an answer that must not overtake an edge — DELETE's after the deleted
+        turn's ``idle`` — waits on it, and so does the save of a turn's end, after which
+        nothing sends the events before it again."""
         upto = self._queued_n
         while self._sent_n < upto:
             await self._sent_more.wait()
-        if self._journal:
-            self._flush_journal()
-            await self.outbox.flush()
-
-    async def run_journal(self) -> None:
-        """Flush journal events after a short window, so that an append carries many; send
-        runs' last appends durably, each after every earlier append of its run.
-
-        The window costs nothing a client sees: the stream does not wait for the journal. A
-        run's last append skips it.
-        """
-        while True:
-            await self._journal_ready.wait()
-            if not self._journal_final:
-                await trio.sleep(_JOURNAL_WINDOW_S)
-            self._journal_ready = trio.Event()
-            self._flush_journal()
-            if not self._journal_final:
-                continue
-            # The run's stream appends go first: a durable one sent meanwhile could overtake
-            # them (the journal orders appends only within a durability class).
-            await self.outbox.flush()
-            while self._journal_final:
-                # Shielded, and taken off the list only once answered: a stop in the middle
-                # neither loses the append nor leaves aclose() to send it twice.
-                with trio.CancelScope(shield=True):
-                    append, key = self._journal_final[0]
-                    if await self._append_final(append):
-                        self._received(key)
-                    else:
-                        self._receivers.pop(key, None)  # as a subscriber's failure
-                self._journal_final.pop(0)
+        if self._journal is not None:
+            await self._journal.sent()
 
     async def aclose(self) -> None:
         """On an orderly stop: send whatever is still queued, giving each peer 2 s."""
-        self._flush_journal()
-        await self.outbox.flush()
-        while self._journal_final:
-            await self._append_final(self._journal_final.pop(0)[0], timeout=2)
+        if self._journal is not None:
+            await self._journal.aclose()
         for name, events in self._events.items():
             with contextlib.suppress(Exception):
                 await self.peer.cast_many(name, event_batches(events), durable=True, timeout=2)
-
-    def _flush_journal(self) -> None:
-        """Queue one append per run for everything pending."""
-        pending, self._journal = self._journal, {}
-        for (session_id, run), events in pending.items():
-            self.outbox.put_nowait(
-                self.journal or "journal",
-                JournalAppend(session_id=session_id, run_id=run, events=events),
-                session_id=session_id,
-            )
-
-    async def _append_final(self, append: JournalAppend, timeout: float | None = None) -> bool:
-        """Send a run's last append durably; whether the journal has it (a failure is
-        logged: the stream goes on)."""
-        journal = self.journal or "journal"
-        try:
-            await self.peer.cast(
-                journal, append, durable=True, session_id=append.session_id, timeout=timeout
-            )
-        except Exception as exc:
-            log.warning("journal append failed: %s", exc)
-            return False
-        return True
 
 
 def event_batches(events: list[SessionEvent]) -> list[SessionEvents]:

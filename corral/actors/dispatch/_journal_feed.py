@@ -1,0 +1,133 @@
+"""The run journal's feed from dispatch: one run per turn, appended in rounds.
+
+Events gather for :data:`WINDOW_S` and go as one append per run, a round's appends all in
+flight at once; each round goes once the broker has the one before, so a run's appends stay in
+order. A run's last append (its terminal edge) ends the window early, as does
+:meth:`JournalFeed.sent`.
+
+Appends are durable. A worker forgets the events dispatch tells it are confirmed, and the
+journal is one of the receivers it waits for (:class:`~._receipts.Receipts`): a stream append
+that dispatch died holding, or that a restarting journal never read, would be gone from the run
+for good. Each event carries its ``seq`` (``JournalEvent.session_seq``) and the journal drops
+one at or below what the run holds, so a round sent again — a worker's events resent to the
+next incarnation, a round an orderly stop cut — is harmless.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import trio
+
+from ...bus import Peer
+from ..journal import JournalAppend, JournalEvent
+from ._receipts import Key, Receipts
+
+log = logging.getLogger("corral.actors.dispatch")
+
+#: How long journal events gather before they go out as one append per run: a flood of
+#: deltas otherwise costs one append (a bus message, a journal write) per delta.
+WINDOW_S = 0.02
+
+
+class JournalFeed:
+    """Journal events per run, waiting for their round."""
+
+    def __init__(self, peer: Peer, journal: str, receipts: Receipts) -> None:
+        self.peer = peer
+        self.journal = journal
+        self.receipts = receipts
+        self._pending: dict[tuple[str, str], list[JournalEvent]] = {}
+        #: Runs' last appends, oldest first.
+        self._final: list[JournalAppend] = []
+        #: The round in flight (sent again by :meth:`aclose` if a stop cuts it).
+        self._sending: list[JournalAppend] = []
+        #: Events queued and sent so far (:meth:`sent`).
+        self._queued_n = self._sent_n = 0
+        self._ready = trio.Event()
+        self._now = trio.Event()
+        self._more = trio.Event()
+
+    def add(self, session_id: str, run: str, event: JournalEvent, *, terminal: bool) -> None:
+        """Queue ``event`` for the run; the run's ``terminal`` event closes it."""
+        self._queued_n += 1
+        pending = self._pending.setdefault((session_id, run), [])
+        pending.append(event)
+        if terminal:
+            del self._pending[(session_id, run)]
+            self._final.append(JournalAppend(session_id=session_id, run_id=run, events=pending))
+        self._ready.set()
+
+    async def run(self) -> None:
+        """Send queued events in rounds (see the module)."""
+        while True:
+            await self._ready.wait()
+            if not self._final:
+                with trio.move_on_after(WINDOW_S):
+                    await self._now.wait()
+            self._ready = trio.Event()
+            self._now = trio.Event()
+            upto = self._queued_n
+            self._sending = self._take()
+            await self._send(self._sending)
+            self._sending = []
+            self._sent_n = upto
+            self._more.set()
+            self._more = trio.Event()
+
+    async def sent(self) -> None:
+        """Return once every event queued so far has been sent (the broker has it, or its
+        send failed and was logged), without its window."""
+        upto = self._queued_n
+        if self._sent_n >= upto:
+            return
+        self._now.set()
+        self._ready.set()
+        while self._sent_n < upto:
+            await self._more.wait()
+
+    async def aclose(self) -> None:
+        """On an orderly stop: send whatever is still queued, within 2 s."""
+        appends = self._sending + self._take()
+        if appends:
+            with contextlib.suppress(Exception):
+                await self._cast(appends, timeout=2)
+
+    def _take(self) -> list[JournalAppend]:
+        pending, self._pending = self._pending, {}
+        final, self._final = self._final, []
+        appends = [
+            JournalAppend(session_id=session_id, run_id=run, events=events)
+            for (session_id, run), events in pending.items()
+        ]
+        return appends + final
+
+    async def _send(self, appends: list[JournalAppend]) -> None:
+        """Send one round and count the journal as a receiver of what the broker took; a
+        failure is logged, and the stream goes on."""
+        if not appends:
+            return
+        keys: list[Key] = [
+            (append.session_id, event.session_seq or 0)
+            for append in appends
+            for event in append.events
+        ]
+        try:
+            await self._cast(appends, timeout=60)
+        except Exception as exc:
+            log.warning("%d journal appends may not have been stored: %s", len(appends), exc)
+            self.receipts.lost(keys)
+            self.receipts.tell_sent(append.session_id for append in appends)
+            return
+        self.receipts.received(keys)
+        self.receipts.tell_sent()
+
+    async def _cast(self, appends: list[JournalAppend], *, timeout: float) -> None:
+        await self.peer.cast_many(
+            self.journal,
+            appends,
+            durable=True,
+            session_ids=[append.session_id for append in appends],
+            timeout=timeout,
+        )
