@@ -3,9 +3,9 @@
 The actor and what it handles are described in :mod:`corral.actors.harness._actor`.
 """
 
-from ._actor import EXIT_CANNOT_LOAD as EXIT_CANNOT_LOAD
 from ._actor import HarnessActor as HarnessActor
 from ._options import HarnessOptions as HarnessOptions
 from ._records import OwnedTurn as OwnedTurn
 from ._records import ParkedElicitation as ParkedElicitation
 from ._records import WorkerState as WorkerState
+from ._workers import EXIT_CANNOT_LOAD as EXIT_CANNOT_LOAD

@@ -1,0 +1,90 @@
+"""The state every part of the harness actor shares, and the helpers they all use.
+
+:class:`~._actor.HarnessActor` is built as a chain of parts, each a class in a module of its
+own, each adding one job to the one below it::
+
+    HarnessBase    (_base)          the workers, turns and parked elicitations; sending
+    WorkerPool     (_workers)       the session workers: spawned, called, heard, reaped
+    Elicitations   (_elicitations)  parked elicitations: verdicts, cancellation, recovery
+    TurnLife       (_turns)         the life of a turn: its start, its one terminal event
+    HarnessActor   (_actor)         lifecycle, adoption, what a worker's exit does
+
+A part calls only what is below it in the chain, so each reads (and type-checks) alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+
+from ...bus import Dedup, Message
+from ...harnesses.protocol import ElicitationParked, Holdings, ResponseFailed, TurnStart
+from .._actor import Actor, ActorContext
+from .._children import ChildSupervisor
+from .._deferred import Deferred
+from .._specs import Backoff, Liveness, SupFlags
+from ._adopt import host_record
+from ._options import HarnessOptions
+from ._records import OwnedTurn, ParkedElicitation, WorkerState
+
+log = logging.getLogger("corral.actors.harness")
+
+
+class HarnessBase(Actor):
+    """The harness actor's state: its options, its workers' supervisor and what it holds."""
+
+    def __init__(self, ctx: ActorContext, peer: Any) -> None:
+        super().__init__(ctx, peer)
+        opts = msgspec.convert(ctx.options, HarnessOptions)
+        self.idle_timeout_s = opts.idle_timeout_s
+        self.start_timeout_s = opts.start_timeout_s
+        live = peer.liveness
+        self.liveness_s = opts.worker_liveness_s or live.interval_s * live.liveness
+        self.crash_backoff_s = opts.crash_backoff_s
+        self.extra_harnesses: dict[str, str] = dict(opts.harnesses)
+        self.run_dir = ctx.data_dir / "workers"
+        self.started_turns = Dedup(ctx.data_dir / "started-turns")
+        # A worker is needed again only by its session's next turn: after a crash it is
+        # restarted then (on demand), backed off and counted per session like any restart.
+        self.children = ChildSupervisor(
+            SupFlags(
+                intensity=opts.worker_intensity,
+                period_s=opts.worker_period_s,
+                intensity_per="child",
+                # Every wait is capped at 10 s, the first one too.
+                backoff=Backoff(first_s=min(opts.crash_backoff_s, 10.0), max_s=10.0),
+                liveness=Liveness(window_s=self.liveness_s, check_s=0.25),
+            ),
+            run_dir=self.run_dir,
+            record=host_record(),
+        )
+        self.workers: dict[str, WorkerState] = {}
+        self.turns: dict[str, OwnedTurn] = {}
+        #: A session's newest start, waiting for the stale turn this actor still holds to
+        #: end (:meth:`_supersede`).
+        self.waiting: dict[str, tuple[TurnStart, Deferred]] = {}
+        self.parked: dict[str, ParkedElicitation] = {}
+        #: What the workers adopted from a previous incarnation hold, by session, until
+        #: their turns' redelivered starts are owned again (:func:`._adopt.take_back`).
+        self.holdings: dict[str, Holdings] = {}
+        #: Turns whose terminal is being sent (their start is acked once it is out).
+        self.ending: set[str] = set()
+        #: Turns a previous incarnation left behind and this one already ended.
+        self.ended_turns: set[str] = set()
+        #: Turns this incarnation took a start of (held now, or ended), newest last, bounded.
+        self.taken: OrderedDict[str, None] = OrderedDict()
+        self.stats = {"spawned": 0, "crashed": 0, "reaped": 0, "turns": 0}
+
+    async def _emit(self, to: str, event: Message, session_id: str) -> None:
+        try:
+            await self.peer.cast(to, event, durable=True, session_id=session_id)
+        except Exception:
+            log.exception("could not deliver %s to %s", type(event).__name__, to)
+
+
+def turn_failed(msg: TurnStart | ElicitationParked, code: str, message: str) -> ResponseFailed:
+    """The ``response.failed`` that ends ``msg``'s turn with error ``code``."""
+    return ResponseFailed(turn_id=msg.turn_id, error={"code": code, "message": message})
