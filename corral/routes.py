@@ -30,6 +30,10 @@ class HttpRequest(Request["HttpResponse"], tag="http.request"):
     query: str = ""
     headers: list[tuple[str, str]] = []
     body: bytes = b""
+    #: The runner id of the tunnel it came through: it reaches only the sessions bound through
+    #: that id (docs/security.md, "Runner isolation"). None for a request an actor of this
+    #: host makes itself (dispatch closing a deleted session's terminals), which the tunnel
+    #: never forwards: it may reach every session.
     runner_id: str | None = None
     #: Who gets the HttpChunk messages of a streaming answer.
     reply_to: str = "gateway"
@@ -83,6 +87,12 @@ def error_response(status: int, code: str, message: str) -> HttpResponse:
     makes its proxy fail with a 500 of its own.
     """
     return json_response(status, {"error": {"code": code, "message": message}})
+
+
+def no_session(session_id: str) -> HttpResponse:
+    """The 404 of a session this runner does not have: one it never bound, and as well one
+    bound through another runner id of this host (nothing tells the two apart)."""
+    return error_response(404, "not_found", f"No session '{session_id}' on this runner.")
 
 
 def empty_response(status: int) -> HttpResponse:

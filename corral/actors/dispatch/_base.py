@@ -73,8 +73,10 @@ class DispatchBase(Actor):
         }
         self.fanout.on_delivered = self._delivered
 
-    async def _session(self, session_id: str, runner_id: str | None) -> Session:
-        """The session of this id: held, read back from the store, or new."""
+    async def _session(self, session_id: str, runner_id: str | None) -> Session | None:
+        """The session of this id for a request through ``runner_id``: held, read back from
+        the store, or new (bound through ``runner_id``); None if another runner id bound it.
+        A session no id has bound yet is bound through this one."""
         session = await self._known(session_id)
         if session is None:
             # Numbered past a deleted session of the same id: the gateway drops events whose
@@ -83,6 +85,18 @@ class DispatchBase(Actor):
             session = self.sessions[session_id] = Session(
                 SessionRecord(id=session_id, created_at=time.time(), runner_id=runner_id, seq=seq)
             )
+        elif not session.record.reachable_by(runner_id):
+            return None
+        elif session.record.runner_id is None:
+            session.record.runner_id = runner_id
+        return session
+
+    async def _known_to(self, session_id: str, runner_id: str | None) -> Session | None:
+        """The session of this id if it exists and a request through ``runner_id`` may reach
+        it (:meth:`SessionRecord.reachable_by`): another runner id's is as unknown."""
+        session = await self._known(session_id)
+        if session is None or not session.record.reachable_by(runner_id):
+            return None
         return session
 
     async def _known(self, session_id: str) -> Session | None:

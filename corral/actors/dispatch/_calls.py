@@ -19,7 +19,7 @@ import uuid
 from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...harnesses.protocol import ToolResult
-from ...routes import HttpRequest, HttpResponse, json_response
+from ...routes import HttpRequest, HttpResponse, json_response, no_session
 from .._actor import handles
 from .._deferred import Deferred
 from ..policy.messages import ToolCall, ToolOutcome
@@ -159,6 +159,8 @@ class ToolCalls(TurnFlow):
         if self.options.policy is None:
             return error(501, "not_implemented", "Runner-side tools are not enabled.")
         session = await self._session(session_id, msg.runner_id)
+        if session is None:
+            return no_session(session_id)
         try:
             spec = await self._resolve_spec(session, session.record.agent_id)
         except Exception as exc:

@@ -20,7 +20,7 @@ import trio
 from ..._input import check_session_id
 from ..._jsonlines import JsonObject
 from ...harnesses.protocol import Approval, InputAccepted, Interrupt
-from ...routes import HttpRequest, HttpResponse, empty_response, json_response
+from ...routes import HttpRequest, HttpResponse, empty_response, json_response, no_session
 from ._events import (
     ApprovalEvent,
     BadEvent,
@@ -31,7 +31,7 @@ from ._events import (
     flatten_approval,
     parse_event,
 )
-from ._routes import error, from_harness
+from ._routes import from_harness, no_route
 from ._session import Session, SessionRecord
 from ._stream import StreamOrder
 from ._turn import Phase, Trigger, transition
@@ -66,7 +66,9 @@ class SessionRoutes(StreamOrder):
         check_session_id(session_id)  # an id in a path is checked before routing
         init = body.get("session_init") if isinstance(body.get("session_init"), dict) else None
         snapshot = (init or {}).get("snapshot") or {}
-        session = await self._session(session_id, None)
+        session = await self._session(session_id, msg.runner_id)
+        if session is None:
+            return no_session(session_id)
         record = session.record
         # Re-init keeps the session's turn, buffer and state; only bindings refresh (D-32).
         # That is also how ``resume_interrupted_turn`` is honoured: a turn still running here
@@ -76,7 +78,6 @@ class SessionRoutes(StreamOrder):
         # ``suppress_recovery_turn`` needs nothing: corral never starts a recovery turn.
         record.agent_id = body.get("agent_id") or record.agent_id
         record.sub_agent_name = body.get("sub_agent_name") or record.sub_agent_name
-        record.runner_id = msg.runner_id or record.runner_id
         if init is not None:
             record.harness_override = snapshot.get("harness_override") or record.harness_override
             record.model_override = snapshot.get("model_override") or record.model_override
@@ -111,10 +112,22 @@ class SessionRoutes(StreamOrder):
         }
 
     async def get_session(self, msg: HttpRequest, session_id: str) -> HttpResponse:
+        session = await self._known_to(session_id, msg.runner_id)
+        if session is None:
+            return no_session(session_id)
+        return json_response(200, self._view(session))
+
+    async def session_runner(self, msg: HttpRequest, session_id: str) -> HttpResponse:
+        """``GET /runner/sessions/{id}``: the runner id the session is bound through, for the
+        gateway, which answers a session's stream and routes its resources itself. Only for a
+        request from inside the host: the tunnel forwards ``/v1/sessions...`` alone, and a
+        request with a runner id is answered as an unknown route."""
+        if msg.runner_id is not None:
+            return no_route(msg.method, msg.path)
         session = await self._known(session_id)
         if session is None:
-            return error(404, "not_found", f"No session '{session_id}' on this runner.")
-        return json_response(200, self._view(session))
+            return no_session(session_id)
+        return json_response(200, {"runner_id": session.record.runner_id})
 
     async def delete_session(self, msg: HttpRequest, session_id: str) -> HttpResponse:
         """``DELETE /v1/sessions/{id}`` (PROTOCOL_0_19.md §I.1): stop and forget the session.
@@ -123,9 +136,12 @@ class SessionRoutes(StreamOrder):
         is gone, so its worker's ``response.cancelled`` finds no turn and makes no second
         edge); buffered messages are dropped; a tombstone goes to ``sessions.log`` (fsynced)
         before the answer, so a restart does not resurrect the session; the tools actor closes
-        its terminals. An unknown session gets the same answer (idempotent).
+        its terminals. An unknown session gets the same answer (idempotent); one bound through
+        another runner id is not touched (its terminals neither) and answers 404.
         """
         session = await self._known(session_id)
+        if session is not None and not session.record.reachable_by(msg.runner_id):
+            return no_session(session_id)
         if session is not None:
             turn = session.turn
             transition(session.phase, Trigger.DELETE)
@@ -171,6 +187,8 @@ class SessionRoutes(StreamOrder):
     async def post_event(self, msg: HttpRequest, session_id: str) -> HttpResponse | None:
         event = parse_event(msg.body)
         session = await self._session(session_id, msg.runner_id)
+        if session is None:
+            return no_session(session_id)
         stream = parse_qs(msg.query).get("stream", [""])[0].lower() == "true"
         if isinstance(event, MessageEvent):
             # Its idempotency key: the server's id of the saved user item (the real server and

@@ -12,6 +12,11 @@ runs — a handler's work must not hold the actor's one-at-a-time message loop:
 :func:`match` is the only place a path is cut into segments. ``{name}`` matches one segment;
 a trailing or leading ``/`` is ignored. Every error body is the 0.19 shape
 ``{"error": {"code", "message"}}`` (PROTOCOL_0_19.md §H.2: the server reads ``error.message``).
+
+Every session route answers a session bound through another runner id of this host as one it
+does not have (:meth:`~._session.SessionRecord.reachable_by`, :func:`corral.routes.no_session`);
+``GET /runner/sessions/{id}`` tells the gateway which id bound a session, for the routes it and
+the tools actor answer (docs/security.md, "Runner isolation").
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/v1/sessions/{session_id}", "delete_session", "session"),
     Route("POST", "/v1/sessions/{session_id}/events", "post_event", "session", needs_harness=True),
     Route("POST", "/v1/sessions/{session_id}/mcp/execute", "mcp_execute", "background"),
+    # The gateway's question (never a tunnel's: it forwards ``/v1/sessions...`` alone).
+    Route("GET", "/runner/sessions/{session_id}", "session_runner", "inline"),
 )
 
 

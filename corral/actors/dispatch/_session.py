@@ -48,6 +48,8 @@ class SessionRecord(msgspec.Struct, kw_only=True):
 
     id: str
     agent_id: str | None = None
+    #: The runner id it was bound through, fixed by the first request that carried one: a
+    #: request through any other id of this host finds no such session.
     runner_id: str | None = None
     sub_agent_name: str | None = None
     harness_override: str | None = None
@@ -93,6 +95,12 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     #: A tombstone: the session was deleted (``DELETE /v1/sessions/{id}``); it is forgotten
     #: when the log is read, so a restart cannot bring it back.
     deleted: bool = False
+
+    def reachable_by(self, runner_id: str | None) -> bool:
+        """Whether a request through ``runner_id`` may reach the session: one bound through
+        that id, or through none yet (the first request with an id binds it), or a request
+        from inside the host (no id)."""
+        return runner_id is None or self.runner_id in (None, runner_id)
 
     def begin_turn(
         self, turn_id: str, stream_to: list[str] | None, messages: list[JsonObject]

@@ -7,8 +7,9 @@ and the policy's :class:`~corral.actors.policy.messages.ToolOutcome`.
 Message → reply:
     HttpRequest        → HttpResponse  a route of the table in ``_routes.ROUTES`` (from the
                                        gateway): create, read, delete a session, its events
-                                       (``?stream=true``: 200 SSE, then HttpChunks), and
-                                       ``mcp/execute``; the reply may come later
+                                       (``?stream=true``: 200 SSE, then HttpChunks),
+                                       ``mcp/execute``, and which runner id bound a session;
+                                       the reply may come later
     ProgressOutput     → none          a ``response.*`` event of the session's active turn,
                                        from its worker; one of another turn is dropped
     TerminalOutput     → none          (durable, from the harness actor) the active turn's

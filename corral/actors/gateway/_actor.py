@@ -31,6 +31,12 @@ anything else                               404
 
 Every error the gateway answers itself has the 0.19 shape ``{"error": {"code", "message"}}``.
 
+Runner isolation. Each request carries the runner id of its tunnel. Dispatch answers a session
+bound through another runner id of this host as unknown on the routes it answers; on a host of
+several runner ids, the gateway asks dispatch which id bound a session before it opens the
+session's stream, answers its ``skills`` or ``background-title``, or routes its resources to the
+tools actor, and answers the same 404 for another id's (docs/security.md).
+
 Session streams. Dispatch publishes every session event to the gateway, in
 :class:`~corral.actors.gateway.messages.SessionEvents` batches, with a per-session ``seq``
 that only grows.
@@ -63,6 +69,7 @@ import base64
 import json
 import logging
 import math
+import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -74,7 +81,14 @@ from ..._input import check_session_id
 from ...bus import Incoming
 from ...config import check_runners
 from ...harnesses import HARNESSES, availability
-from ...routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
+from ...routes import (
+    HttpChunk,
+    HttpRequest,
+    HttpResponse,
+    error_response,
+    json_response,
+    no_session,
+)
 from ...runners import resolve_runner_ids
 from .._actor import Actor, ActorContext, handles
 from ._frames import RequestFrame
@@ -111,6 +125,25 @@ class _Typed(msgspec.Struct):
 
 
 _decode_typed = msgspec.json.Decoder(_Typed).decode
+
+
+class _Bound(msgspec.Struct):
+    """Dispatch's answer to ``GET /runner/sessions/{id}``."""
+
+    runner_id: str | None = None
+
+
+_decode_bound = msgspec.json.Decoder(_Bound).decode
+
+
+def _bound_of(reply: HttpResponse | None) -> _Bound | None:
+    """Dispatch's 200 to ``GET /runner/sessions/{id}`` read, or None for any other answer."""
+    if reply is None or reply.status != 200:
+        return None
+    try:
+        return _decode_bound(reply.body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def stream_type(event: bytes) -> str | None:
@@ -199,6 +232,8 @@ class GatewayActor(Actor):
         #: The newest open /stream of each session (only it takes events), and all of them.
         self._streams: dict[str, _Stream] = {}
         self._open: dict[str, set[_Stream]] = {}
+        #: The runner id each session was bound through, as dispatch said (:meth:`_kept_out`).
+        self._bound: dict[str, str] = {}
         #: Sessions the server deleted (through this gateway): their later events go nowhere.
         self._deleted: set[str] = set()
         #: Events kept off the server's stream, per type; events dropped after a delete.
@@ -305,6 +340,11 @@ class GatewayActor(Actor):
             except BadInput as exc:
                 await responder.respond(refused(frame, exc))
                 return
+        if session_id and _beside_dispatch(method, rest):
+            refusal = await self._kept_out(tunnel, session_id)
+            if refusal is not None:
+                await responder.respond(refusal)
+                return
         if session_id:
             if method == "GET" and rest == ["stream"]:
                 try:
@@ -393,6 +433,46 @@ class GatewayActor(Actor):
         finally:
             del self._chunks[key]
 
+    async def _kept_out(self, tunnel: Tunnel, session_id: str) -> HttpResponse | None:
+        """None if a request through ``tunnel`` may reach the session on a route dispatch does
+        not answer (its stream, its resources, the gateway's own answers); else its answer:
+        an unknown session's 404, or 503 while dispatch cannot say.
+
+        Dispatch holds the runner id each session was bound through and keeps every other id
+        out of the routes it answers; for these the gateway asks it, once per session (a
+        binding never changes). Where every request comes through one runner id there is no
+        other to keep out, and nothing is asked. On a host of several, a session this
+        runner id has not bound (unknown to dispatch) is not found either: the server inits
+        a session before it opens its stream or asks for its resources (§B.3).
+        """
+        if len(self.tunnels) < 2:
+            return None
+        bound = self._bound.get(session_id)
+        if bound is None:
+            request = HttpRequest(
+                request_id=f"bound_{uuid.uuid4().hex}",
+                method="GET",
+                path=f"/runner/sessions/{session_id}",
+            )
+            try:
+                reply = await self.peer.call(
+                    self.options.dispatch, request, timeout=self.options.dispatch_timeout_s
+                )
+            except BusError as exc:
+                log.warning("no runner id known for session %s: %s", session_id, exc)
+                reply = None
+            if reply is not None and reply.status == 404:
+                return no_session(session_id)
+            answer = _bound_of(reply)
+            if answer is None:
+                message = "The runner cannot serve this session right now; try again shortly."
+                return error_response(503, "runner_unavailable", message)
+            bound = answer.runner_id
+            if bound is None:
+                return None  # bound through no runner id yet: dispatch binds it on first use
+            self._bound[session_id] = bound
+        return None if bound == tunnel.runner_id else no_session(session_id)
+
     def _owner(self, method: str, rest: list[str]) -> tuple[str, bool, float]:
         """Who answers a forwarded route, whether the request is durable, and its deadline."""
         opts = self.options
@@ -407,6 +487,7 @@ class GatewayActor(Actor):
     async def _session_deleted(self, session_id: str) -> None:
         """Dispatch deleted the session: forget its undelivered events, end its streams."""
         self._deleted.add(session_id)
+        self._bound.pop(session_id, None)
         forgotten = self.buffer.forget(session_id)
         streams = list(self._open.get(session_id, ()))
         log.info(
@@ -504,6 +585,16 @@ def _request_body(frame: RequestFrame) -> bytes:
     if frame.encoding == "base64":
         return base64.b64decode(frame.body, validate=True)
     return frame.body.encode()
+
+
+def _beside_dispatch(method: str, rest: list[str]) -> bool:
+    """A session route dispatch does not answer (so does not check the runner id of):
+    the stream, the gateway's own answers, and the resources the tools actor serves."""
+    return (
+        rest[:1] == ["resources"]
+        or (method == "GET" and rest == ["stream"])
+        or _local_answer(method, rest) is not None
+    )
 
 
 def _local_answer(method: str, rest: list[str]) -> HttpResponse | None:
