@@ -128,6 +128,13 @@ class ChaosFigures(msgspec.Struct, frozen=True, kw_only=True):
     #: None when no kill landed while a turn was in flight.
     kill_to_next_event_p50_ms: float | None
     kill_to_next_event_p99_ms: float | None
+    #: The same, per kind of process killed: ``{kind: {"n", "p50_ms", "p99_ms"}}``.
+    kill_to_next_event_by_kind: dict[str, dict[str, float | None]]
+    #: The baseline: the same measure from moments drawn at random over the kills' span
+    #: (seeded), where nothing was just killed. What a kill adds is the difference; under
+    #: the storm's load a turn waits for the cores between its events too.
+    any_moment_to_next_event_p50_ms: float | None
+    any_moment_to_next_event_p99_ms: float | None
     failures_by_code: dict[str, int]
     #: Stream reopenings (the driver's stream dropped: the control plane died, say).
     stream_reopened: int
@@ -355,18 +362,39 @@ def _leftovers(host: ChaosHost, timeout: float = 10.0) -> list[int]:
     return left
 
 
-def _kill_latencies(runs: list[SessionRun], kills: list[Kill]) -> list[float]:
-    """Seconds from each kill to the next event of every turn in flight at that moment."""
+def _next_event_latencies(runs: list[SessionRun], moments: list[float]) -> list[float]:
+    """Seconds from each moment to the next event of every turn in flight at it."""
     out = []
     for run in runs:
         times = [e.at for e in run.log.events]
-        for kill in kills:
-            if not any(a <= kill.at and (b is None or b > kill.at) for a, b in run.turns):
+        for at in moments:
+            if not any(a <= at and (b is None or b > at) for a, b in run.turns):
                 continue
-            i = bisect.bisect_right(times, kill.at)
+            i = bisect.bisect_right(times, at)
             if i < len(times):
-                out.append(times[i] - kill.at)
+                out.append(times[i] - at)
     return sorted(out)
+
+
+def _by_kind(runs: list[SessionRun], kills: list[Kill]) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    for kind in sorted({k.kind for k in kills}):
+        latencies = _next_event_latencies(runs, [k.at for k in kills if k.kind == kind])
+        out[kind] = {
+            "n": len(latencies),
+            "p50_ms": _ms(latencies, 0.5),
+            "p99_ms": _ms(latencies, 0.99),
+        }
+    return out
+
+
+def _any_moments(kills: list[Kill], seed: int) -> list[float]:
+    """Four times as many moments as kills, uniform over the kills' span (none without)."""
+    if len(kills) < 2:
+        return []
+    rng = random.Random(f"any-moment-{seed}")
+    first, last = kills[0].at, kills[-1].at
+    return sorted(rng.uniform(first, last) for _ in range(4 * len(kills)))
 
 
 def _figures(
@@ -379,7 +407,8 @@ def _figures(
     started: float,
 ) -> ChaosFigures:
     hung = sum(r.hung for r in runs)
-    latencies = _kill_latencies(runs, kills)
+    latencies = _next_event_latencies(runs, [k.at for k in kills])
+    anytime = _next_event_latencies(runs, _any_moments(kills, options.seed))
     # A refused message ran no turn: it is not a turn that ended once.
     once_pct = 100.0 * tally.terminal_once / tally.messages if tally.messages else 100.0
     driver_errors = sum(1 for r in runs if r.error)
@@ -428,6 +457,9 @@ def _figures(
         kills=dict(sorted(Counter(k.kind for k in kills).items())),
         kill_to_next_event_p50_ms=_ms(latencies, 0.5),
         kill_to_next_event_p99_ms=_ms(latencies, 0.99),
+        kill_to_next_event_by_kind=_by_kind(runs, kills),
+        any_moment_to_next_event_p50_ms=_ms(anytime, 0.5),
+        any_moment_to_next_event_p99_ms=_ms(anytime, 0.99),
         failures_by_code=dict(sorted(tally.failures.items())),
         stream_reopened=sum(r.log.reopened for r in runs),
         message_reposts=sum(r.reposts for r in runs),
@@ -479,12 +511,18 @@ def result_document(figures: ChaosFigures) -> Document:
         figure("orphan processes", figures.orphans, "processes"),
         figure("kills", sum(figures.kills.values()), "kills"),
     ]
-    for q, value in (
-        ("p50", figures.kill_to_next_event_p50_ms),
-        ("p99", figures.kill_to_next_event_p99_ms),
+    # A kill's figures have the same measure from random moments as their baseline.
+    for q, value, base in (
+        ("p50", figures.kill_to_next_event_p50_ms, figures.any_moment_to_next_event_p50_ms),
+        ("p99", figures.kill_to_next_event_p99_ms, figures.any_moment_to_next_event_p99_ms),
     ):
         if value is not None:
-            results.append(figure(f"kill to the turn's next event {q}", value, ms))
+            results.append(figure(f"kill to the turn's next event {q}", value, ms, base))
+        if base is not None:
+            results.append(figure(f"any moment to the turn's next event {q}", base, ms))
+    for kind, by in figures.kill_to_next_event_by_kind.items():
+        if by["p99_ms"] is not None:
+            results.append(figure(f"kill of {kind} to the turn's next event p99", by["p99_ms"], ms))
     return {
         "benchmark": "chaos",
         "baseline": {

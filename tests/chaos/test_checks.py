@@ -146,3 +146,25 @@ def test_a_process_left_under_the_hosts_directory_is_found(tmp_path: Path) -> No
         proc.kill()
         proc.wait()
     assert proc.pid not in processes_under(tmp_path)
+
+
+def test_kill_latency_counts_turns_in_flight_per_kind_against_a_random_moment_baseline() -> None:
+    """From a kill, the wait to the next event of each turn in flight then (a turn not in
+    flight is not counted), per kind of process; the baseline draws moments over the kills'
+    span, seeded, so two runs of one seed measure it alike."""
+    from corral.bench.chaos import Kill, SessionRun, _any_moments, _by_kind, _next_event_latencies
+
+    stream = Stream().status("running").add("response.output_text.delta").status("idle")
+    # Events at t = 0, 1, 2; the turn runs from 0 to 2, another from 10 to 12 (no events).
+    run = SessionRun(log=stream.log, turns=[(0.0, 2.0), (10.0, None)])
+    kills = [Kill(0.25, "dispatch", 1), Kill(1.5, "gateway", 2), Kill(5.0, "dispatch", 3)]
+    assert _next_event_latencies([run], [k.at for k in kills]) == [0.5, 0.75]
+    by_kind = _by_kind([run], kills)
+    assert by_kind == {
+        "dispatch": {"n": 1, "p50_ms": 750.0, "p99_ms": 750.0},
+        "gateway": {"n": 1, "p50_ms": 500.0, "p99_ms": 500.0},
+    }
+    moments = _any_moments(kills, seed=7)
+    assert len(moments) == 12 and all(0.25 <= m <= 5.0 for m in moments)
+    assert moments == sorted(moments) == _any_moments(kills, seed=7) != _any_moments(kills, 8)
+    assert _any_moments(kills[:1], seed=7) == []
