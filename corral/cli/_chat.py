@@ -30,16 +30,11 @@ from rich.text import Text
 
 from .._jsonlines import JsonObject
 from ..config import resolve_state_dir
-from ._client import (
-    ApiError,
-    ControlPlane,
-    NoControlPlane,
-    NoCredential,
-    StreamEvent,
-    TurnFollower,
-    run_turn,
-)
+from ._client import ApiError, ControlPlane, run_turn
+from ._locate import NoControlPlane, NoCredential
 from ._output import EXIT_FAILURE, NoHost, emit_json, json_option, state_dir_option
+from ._sse import StreamEvent
+from ._turn_follower import TurnFollower
 
 T = TypeVar("T")
 

@@ -1,53 +1,43 @@
-"""The client side of ``corral agents/send/chat``: find the control plane, call it, follow turns.
+"""The client side of ``corral agents/send/chat``: call the control plane, follow turns.
 
-The embedded control plane writes ``<state dir>/server/server.json`` once it listens; that
-file is how every client command finds it, as ``corral status`` finds the host through
-``host.json``. The HTTP API is the plane's client API (``/v1/agents``, ``/v1/sessions``,
-``/v1/sessions/{id}/stream`` as resumable Server-Sent Events). Every call carries the
-plane's client token as ``Authorization: Bearer``: ``CORRAL_TOKEN`` if set, else
-``<state dir>/server/client_token`` (0600, the plane's owner only). A user or machine that
-cannot read the state dir gives both the URL (``--url``/``CORRAL_URL``) and ``CORRAL_TOKEN``
-(docs/security.md).
+The HTTP API is the plane's client API (``/v1/agents``, ``/v1/sessions``,
+``/v1/sessions/{id}/stream`` as resumable Server-Sent Events). :class:`ControlPlane` finds
+the plane and its client token through the state dir (:mod:`._locate`), and every call
+re-reads ``server.json`` after a connection failure and retries until
+:attr:`~ControlPlane.connect_wait_s`, so a control plane that the host is restarting costs a
+pause, not an error.
 
-Following one turn without races or repeats is the whole point of this module:
+Following one turn without races or repeats is the whole point of :func:`run_turn`:
 
 * The session's ``last_event_id`` is read first, the stream is opened *after* it, and only
   then is the message posted — so no event of the turn can slip out before the client
   listens, whatever the timing.
 * A dropped stream (the control plane restarted, a proxy cut it, it went silent past
   :data:`STREAM_READ_TIMEOUT_S`) is reopened with ``Last-Event-ID`` = the last event seen,
-  and :class:`TurnFollower` drops any event it has already seen, so each event is shown
-  exactly once.
-* The turn is over at its terminal ``session.status`` (``idle`` or ``failed``) after its
-  ``running`` — the runner publishes exactly one per turn (a buffered follow-up message runs
-  on with no ``idle`` in between, and is covered by the same edge) — or when the control plane
-  says the runner refused the message (``session.delivery_failed`` for its item): the message
-  POST is answered ``queued`` at once, before the runner has seen it.
+  and :class:`~._turn_follower.TurnFollower` drops any event it has already seen, so each
+  event is shown exactly once, and says when the turn is over.
 
-The event logic (:class:`SseParser`, :class:`TurnFollower`) is plain code with no I/O, so it
-is tested on recorded event lists. :class:`ControlPlane` does the I/O: every call re-reads
-``server.json`` after a connection failure and retries until :attr:`connect_wait_s`, so a
-control plane that the host is restarting costs a pause, not an error.
+The event logic (:mod:`._sse`, :mod:`._turn_follower`) is plain code with no I/O, apart from
+this module, so it is tested on recorded event lists.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 import httpx
 import trio
 
 from .._jsonlines import JsonObject
 from ..actors._control import request
-from ..actors._process import alive
 from ..instance import Instance
+from ._locate import TOKEN_ENV, NoControlPlane, NoCredential, locate, read_client_token
+from ._sse import SseParser, StreamEvent
+from ._turn_follower import TurnFollower
 
 log = logging.getLogger("corral.cli.client")
 
@@ -58,20 +48,6 @@ STREAM_READ_TIMEOUT_S = 60.0
 CONNECT_WAIT_S = 30.0
 #: How long one call waits for its answer.
 REQUEST_TIMEOUT_S = 30.0
-#: The turn edges that end a turn.
-TERMINAL_STATUSES = ("idle", "failed")
-#: The client token, for a caller that cannot read the state dir (another user, host).
-TOKEN_ENV = "CORRAL_TOKEN"
-#: Where to send help about the credential.
-SECURITY_DOC = "docs/security.md"
-
-
-class NoControlPlane(Exception):
-    """No control plane is found or reachable through the state dir (exit code 3)."""
-
-
-class NoCredential(Exception):
-    """The client token (or the control plane's address) cannot be read (exit code 1)."""
 
 
 class ApiError(Exception):
@@ -106,314 +82,6 @@ class ApiError(Exception):
             error=error,
             detail=detail,
         )
-
-
-# --- events ----------------------------------------------------------------------------------
-
-
-def _event_number(event_id: str | None) -> int | None:
-    if event_id is None:
-        return None
-    try:
-        return int(event_id)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class StreamEvent:
-    """One event of a session stream: its id, type and JSON payload."""
-
-    id: str | None
-    type: str
-    data: JsonObject
-
-    def record(self) -> JsonObject:
-        """The event as ``corral send --json`` lists it: the payload, its ``type`` and its
-        stream id as ``event_id`` (a number when the id is one)."""
-        number = _event_number(self.id)
-        return {
-            "event_id": number if number is not None else self.id,
-            **self.data,
-            "type": self.type,
-        }
-
-
-class SseParser:
-    """Turns the lines of a ``text/event-stream`` body into :class:`StreamEvent` s.
-
-    Comments (``: keepalive``) and events without data are skipped; ``data`` that is not a
-    JSON object becomes ``{"data": <text>}`` rather than an error, so one odd frame cannot
-    end a turn the user is watching.
-    """
-
-    def __init__(self) -> None:
-        self._id: str | None = None
-        self._event: str | None = None
-        self._data: list[str] = []
-
-    def feed(self, line: str) -> StreamEvent | None:
-        """Take one line (without its line ending); return an event when one is complete."""
-        if line == "":
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self._id = value
-        return None
-
-    def _dispatch(self) -> StreamEvent | None:
-        data, event, self._data, self._event = self._data, self._event, [], None
-        if not data:
-            return None
-        text = "\n".join(data)
-        try:
-            payload = json.loads(text)
-        except ValueError:
-            payload = {"data": text}
-        if not isinstance(payload, dict):
-            payload = {"data": payload}
-        kind = event or str(payload.get("type") or "message")
-        # The id persists across events (SSE rules); the last one seen is the resume point.
-        return StreamEvent(id=self._id, type=kind, data=payload)
-
-
-class SendResult(TypedDict):
-    """The document ``corral send --json`` prints."""
-
-    session_id: str
-    #: ``idle`` or ``failed``; None: the turn did not end.
-    status: str | None
-    text: str
-    #: The server's error object of a failed turn.
-    error: JsonObject | None
-    #: What the stream delivered of the turn, as :meth:`StreamEvent.record` lists them.
-    events: list[JsonObject]
-
-
-@dataclass
-class TurnFollower:
-    """Collects the events of one turn and says when it is over.
-
-    Feed it every event the stream delivers after the cursor the turn started from; it
-    drops events it has already seen (a reconnect replays from the last id), and is
-    :attr:`done` at the first ``session.status`` ``idle``/``failed`` after a ``running``, or
-    at a ``session.delivery_failed`` for :attr:`item_id` (the turn's message, once posted).
-
-    With :attr:`item_id` known, the turn is the one of that message. A message to a busy
-    session runs as its own turn after the running one (PROTOCOL_0_19.md §E.3), so with
-    :attr:`busy` the running turn's events are dropped up to its end (its terminal edge, or
-    the ``running`` of the next turn); the control plane's ``session.input.consumed`` of the
-    message says ``buffered`` when the runner queued it, which also catches a turn another
-    client started after the cursor was read. The turn ends at its own edge, or at the
-    ``running`` of a turn after it (messages buffered behind it run on, no ``idle`` between).
-    """
-
-    session_id: str
-    #: The id of the user message that starts the turn (from the POST's answer).
-    item_id: str | None = None
-    #: The session ran a turn when the cursor was read: the message waits behind it.
-    busy: bool = False
-    events: list[JsonObject] = field(default_factory=list)
-    status: str | None = None
-    error: JsonObject | None = None
-    running: bool = False
-    done: bool = False
-    #: The id of the newest event seen: the resume point of the next turn.
-    last_id: str | None = None
-    _text: list[str] = field(default_factory=list)
-    _seen: set[str] = field(default_factory=set)
-    _newest: int | None = None
-    _failure: JsonObject | None = None
-
-    @property
-    def text(self) -> str:
-        """The assistant text streamed so far."""
-        return "".join(self._text)
-
-    def feed(self, event: StreamEvent) -> bool:
-        """Record ``event``; False if it is a repeat, came after the end or belongs to
-        another turn, and was dropped."""
-        if self.done or not self._new(event):
-            return False
-        if self.item_id is None:
-            return self._record(event)
-        if event.type == "session.input.consumed":
-            data = v if isinstance(v := event.data.get("data"), dict) else {}
-            if data.get("item_id") == self.item_id and data.get("runner_status") == "buffered":
-                if self.running:
-                    # Another client's turn began between the cursor and this message,
-                    # which waits behind it: that turn is not this one.
-                    self._forget()
-                else:
-                    self.busy = True
-                return False
-        if self.busy and not self.running:
-            if _is_running(event):
-                self.busy = False  # the turn of the message, straight after the running one
-            elif event.type == "session.status" and event.data.get("status") in TERMINAL_STATUSES:
-                self.busy = False  # the running turn is over; the next to start is this one
-                return False
-            elif event.type != "session.delivery_failed":
-                return False
-        return self._record(event)
-
-    def _forget(self) -> None:
-        """Drop what was collected of a turn that turned out to be another's."""
-        self.events.clear()
-        self._text.clear()
-        self.running, self._failure, self.busy = False, None, True
-
-    def _new(self, event: StreamEvent) -> bool:
-        """Whether ``event`` was not seen before (and note it as seen)."""
-        if event.id is not None:
-            number = _event_number(event.id)
-            if event.id in self._seen or (
-                number is not None and self._newest is not None and number <= self._newest
-            ):
-                return False
-            self._seen.add(event.id)
-            self.last_id = event.id
-            if number is not None:
-                self._newest = number
-        return True
-
-    def _record(self, event: StreamEvent) -> bool:
-        """Add ``event`` to the turn; False if it is the start of the turn after it."""
-        if self.item_id is not None and self.running and _is_running(event):
-            # The next turn (messages buffered behind this one) began: this one is over.
-            self.done = True
-            self.status = "failed" if self._failure is not None else "idle"
-            self.error = self._failure
-            return False
-        self.events.append(event.record())
-        data = event.data
-        if event.type == "response.output_text.delta":
-            self._text.append(str(data.get("delta") or ""))
-        elif event.type == "response.failed":
-            response = data.get("response")
-            error = data.get("error") or (response or {}).get("error")
-            if isinstance(error, dict):
-                self._failure = error
-        elif event.type == "session.delivery_failed" and (
-            self.item_id is not None and data.get("item_id") == self.item_id
-        ):
-            # The runner refused the message (or never took it): no turn will start.
-            self.status = "failed"
-            self.done = True
-            self.error = {
-                "code": "delivery_failed",
-                "message": str(data.get("detail") or "the runner did not take the message"),
-            }
-        elif event.type == "session.status":
-            status = data.get("status")
-            if status == "running":
-                self.running = True
-            elif status in TERMINAL_STATUSES and self.running:
-                self.status = str(status)
-                self.done = True
-                if status == "failed":
-                    error = data.get("error")
-                    self.error = (
-                        error
-                        if isinstance(error, dict)
-                        else self._failure or {"code": "failed", "message": "the turn failed"}
-                    )
-        return True
-
-    def result(self) -> SendResult:
-        """The document ``corral send --json`` prints."""
-        return {
-            "session_id": self.session_id,
-            "status": self.status,
-            "text": self.text,
-            "error": self.error,
-            "events": self.events,
-        }
-
-
-def _is_running(event: StreamEvent) -> bool:
-    return event.type == "session.status" and event.data.get("status") == "running"
-
-
-# --- finding and calling the control plane ---------------------------------------------------
-
-
-def server_file(state_dir: Path) -> Path:
-    """Where the control plane of a state dir writes its address."""
-    return state_dir / "server" / "server.json"
-
-
-def client_token_file(state_dir: Path) -> Path:
-    """Where the control plane of a state dir keeps its client token."""
-    return state_dir / "server" / "client_token"
-
-
-def _unreadable(path: Path) -> NoCredential:
-    return NoCredential(
-        f"cannot read {path}: permission denied. The host runs as another user: ask its "
-        f"operator for the token (`corral token`) and set {TOKEN_ENV} and --url/CORRAL_URL "
-        f"({SECURITY_DOC})"
-    )
-
-
-def read_client_token(state_dir: Path) -> str:
-    """The client token kept in ``state_dir``.
-
-    Raises:
-        NoCredential: the file is missing, unreadable or empty.
-    """
-    path = client_token_file(state_dir)
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        raise NoCredential(
-            f"no client token at {path}: no control plane has run on {state_dir} yet "
-            f"(`corral up` makes one), or set {TOKEN_ENV}"
-        ) from None
-    except PermissionError:
-        raise _unreadable(path) from None
-    except OSError as exc:
-        raise NoCredential(f"cannot read {path}: {exc.strerror}") from None
-    if not token:
-        raise NoCredential(f"{path} holds no client token; make one with `corral token rotate`")
-    return token
-
-
-def locate(state_dir: Path) -> str | None:
-    """The control plane's base URL, or None while the host is (re)starting it.
-
-    Raises:
-        NoControlPlane: neither a live control plane nor a live host is on ``state_dir``.
-        NoCredential: the state dir is another user's.
-    """
-    path = server_file(state_dir)
-    try:
-        info = json.loads(path.read_text())
-    except PermissionError:
-        raise _unreadable(path) from None
-    except (OSError, ValueError):
-        info = None
-    if isinstance(info, dict) and info.get("url"):
-        pid = info.get("pid")
-        if not isinstance(pid, int) or alive(pid, None):
-            return str(info["url"]).rstrip("/")
-    try:
-        host = Instance(state_dir).read_host()
-    except PermissionError:
-        raise _unreadable(Instance(state_dir).host_file) from None
-    if host and isinstance(host.get("pid"), int) and alive(host["pid"], host.get("start_time")):
-        return None
-    raise NoControlPlane(
-        f"no running host found on {state_dir}: no corral control plane answers there "
-        "(start one with `corral up`)"
-    )
 
 
 class ControlPlane:

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from ..config import resolve_state_dir
-from ._client import NoCredential, client_token_file, read_client_token
+from ._locate import NoCredential, client_token_file, read_client_token
 from ._output import emit_json, json_option, state_dir_option
 
 
