@@ -43,7 +43,7 @@ import trio
 from .._child_env import base_env
 from ._replies import Change, ChangesPage, FileDiff
 from .env_files import ENTRY_OBJECT, MAX_READ_BYTES, FsError, Target, open_file
-from .os_tools import in_thread
+from .threads import in_thread
 
 __all__ = ["GIT_TIMEOUT_S", "MAX_CHANGES", "changed_files", "file_diff"]
 

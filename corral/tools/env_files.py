@@ -12,7 +12,7 @@ root (:func:`resolve`):
   browse the whole host; corral's browser stays in the root, like its tools);
 * NUL bytes are ``400 invalid_path``.
 
-Writes go through :func:`~corral.tools.os_tools.atomic_write` (a temporary file and a
+Writes go through :func:`~corral.tools.os_files.atomic_write` (a temporary file and a
 rename, ``O_NOFOLLOW``), as the tools' writes do; deletes never follow the last component.
 
 Bounds, so one request can neither stall the tools actor nor exceed a bus message
@@ -23,7 +23,7 @@ Bounds, so one request can neither stall the tools actor nor exceed a bus messag
   holds at most ``limit`` entries and about :data:`MAX_BODY_BYTES` of them;
 * a search looks at :data:`SEARCH_SCAN_BUDGET` entries for at most
   :data:`SEARCH_TIME_BUDGET_S` seconds, then answers what it found with ``truncated``;
-* an edit loads at most :data:`~corral.tools.os_tools.MAX_EDIT_BYTES`.
+* an edit loads at most :data:`~corral.tools.os_files.MAX_EDIT_BYTES`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ._replies import (
     PathDeleted,
     SearchPage,
 )
-from .os_tools import MAX_EDIT_BYTES, atomic_write
+from .os_files import MAX_EDIT_BYTES, atomic_write
 from .paths import is_inside
 
 __all__ = [

@@ -79,7 +79,8 @@ from ._replies import (
 from .changed_files import ENVIRONMENT_ID
 from .env_files import FsError
 from .os_env import effective_os_env, unsupported_reason
-from .os_tools import DEFAULT_SHELL_TIMEOUT_S, in_thread, run_shell
+from .shell import DEFAULT_SHELL_TIMEOUT_S, run_shell
+from .threads import in_thread
 
 __all__ = [
     "ENVIRONMENT_NAME",

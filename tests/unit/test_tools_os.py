@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import trio
 
-from corral.tools import os_tools
+from corral.tools import os_files
+from corral.tools import shell as shell_runs
 from corral.tools._api import ToolContext, ToolError
 from corral.tools.os_tools import TOOLS
 
@@ -294,7 +295,7 @@ async def test_t03_large_file_is_capped(tmp_path: Path, root: Path) -> None:
 async def test_t03_line_count_is_bounded(tmp_path: Path, root: Path) -> None:
     ctx = make_ctx(tmp_path, spec=spec_at(root))
     line = b"x" * 1023 + b"\n"
-    (root / "huge.txt").write_bytes(b"first\n" + line * (os_tools.MAX_COUNT_BYTES // 1024 + 128))
+    (root / "huge.txt").write_bytes(b"first\n" + line * (os_files.MAX_COUNT_BYTES // 1024 + 128))
     out = await call(ctx, "sys_os_read", path="huge.txt", limit=1)
     assert out["content"] == "first\n"
     assert out["total_lines"] is None and out["next_offset"] == 2
@@ -434,7 +435,7 @@ async def test_t04_timed_out_command_loses_its_whole_process_group(tmp_path: Pat
 async def test_t04_term_ignoring_command_is_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(os_tools, "KILL_GRACE_S", 0.3)
+    monkeypatch.setattr(shell_runs, "KILL_GRACE_S", 0.3)
     work = tmp_path / "w"
     work.mkdir()
     ctx = make_ctx(tmp_path, spec=spec_at(work))
