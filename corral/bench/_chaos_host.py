@@ -43,6 +43,8 @@ AGENT = "chaos"
 WORKER = "worker"
 CONTROL_PLANE = "control-plane"
 TUNNEL = "tunnel"
+#: ``--kind none``: kill nothing (the control run of a workload).
+NOTHING = "none"
 #: Characters of one delta token: ``kkk.jj|`` (turn, index).
 TOKEN = 7
 

@@ -42,6 +42,7 @@ from ._chaos_client import Event, PlaneClient, PlaneGone, SessionLog
 from ._chaos_host import (
     AGENT,
     CONTROL_PLANE,
+    NOTHING,
     TUNNEL,
     WORKER,
     ChaosHost,
@@ -63,7 +64,8 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True):
     sessions: int = 10
     turns: int = 10
     mode: Mode = "kill"
-    #: ``any``, an actor's name, ``worker`` or ``control-plane`` (kill mode); ``tunnel``.
+    #: ``any``, an actor's name, ``worker`` or ``control-plane`` (kill mode); ``tunnel``;
+    #: ``none``: nothing is killed (the control run of the same workload).
     kind: str = "any"
     seed: int = 0
     #: Seconds between two kills, drawn uniformly from this range.
@@ -79,7 +81,7 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True):
             return [TUNNEL]
         if self.kind == "any":
             return [*ACTORS, WORKER, CONTROL_PLANE]
-        return [self.kind]
+        return [] if self.kind == NOTHING else [self.kind]
 
 
 class ChaosFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,8 +133,9 @@ class ChaosFigures(msgspec.Struct, frozen=True, kw_only=True):
     #: The same, per kind of process killed: ``{kind: {"n", "p50_ms", "p99_ms"}}``.
     kill_to_next_event_by_kind: dict[str, dict[str, float | None]]
     #: The baseline: the same measure from moments drawn at random over the kills' span
-    #: (seeded), where nothing was just killed. What a kill adds is the difference; under
-    #: the storm's load a turn waits for the cores between its events too.
+    #: (the run's, with no kills; seeded), where nothing was just killed. What a kill adds
+    #: is the difference; under the storm's load a turn waits for the cores between its
+    #: events too.
     any_moment_to_next_event_p50_ms: float | None
     any_moment_to_next_event_p99_ms: float | None
     failures_by_code: dict[str, int]
@@ -282,7 +285,7 @@ async def _killer(
 ) -> None:
     kinds = options.kinds()
     low, high = options.interval
-    while not done.is_set():
+    while kinds and not done.is_set():
         with trio.move_on_after(rng.uniform(low, high)):
             await done.wait()
         if done.is_set():
@@ -388,13 +391,15 @@ def _by_kind(runs: list[SessionRun], kills: list[Kill]) -> dict[str, dict[str, f
     return out
 
 
-def _any_moments(kills: list[Kill], seed: int) -> list[float]:
-    """Four times as many moments as kills, uniform over the kills' span (none without)."""
-    if len(kills) < 2:
-        return []
+def _any_moments(kills: list[Kill], seed: int, span: tuple[float, float]) -> list[float]:
+    """Four times as many moments as kills, uniform over the kills' span; with fewer than
+    two kills, 400 over ``span`` (the run's)."""
     rng = random.Random(f"any-moment-{seed}")
-    first, last = kills[0].at, kills[-1].at
-    return sorted(rng.uniform(first, last) for _ in range(4 * len(kills)))
+    if len(kills) >= 2:
+        first, last, n = kills[0].at, kills[-1].at, 4 * len(kills)
+    else:
+        (first, last), n = span, 400
+    return sorted(rng.uniform(first, last) for _ in range(n))
 
 
 def _figures(
@@ -408,7 +413,8 @@ def _figures(
 ) -> ChaosFigures:
     hung = sum(r.hung for r in runs)
     latencies = _next_event_latencies(runs, [k.at for k in kills])
-    anytime = _next_event_latencies(runs, _any_moments(kills, options.seed))
+    span = (started, time.perf_counter())
+    anytime = _next_event_latencies(runs, _any_moments(kills, options.seed, span))
     # A refused message ran no turn: it is not a turn that ended once.
     once_pct = 100.0 * tally.terminal_once / tally.messages if tally.messages else 100.0
     driver_errors = sum(1 for r in runs if r.error)

@@ -33,6 +33,7 @@ CHAOS_KINDS = [
     "worker",
     "control-plane",
     "tunnel",
+    "none",
 ]
 
 
@@ -49,7 +50,10 @@ CHAOS_KINDS = [
 @click.option(
     "--kind",
     type=click.Choice(CHAOS_KINDS),
-    help="chaos: what to kill (default any; tunnel: drop the tunnel, as --mode tunnel).",
+    help=(
+        "chaos: what to kill (default any; tunnel: drop the tunnel, as --mode tunnel; "
+        "none: nothing, the same workload as a control run)."
+    ),
 )
 @click.option("--seed", type=int, help="chaos: the killer's random seed.")
 @click.option(

@@ -164,7 +164,12 @@ def test_kill_latency_counts_turns_in_flight_per_kind_against_a_random_moment_ba
         "dispatch": {"n": 1, "p50_ms": 750.0, "p99_ms": 750.0},
         "gateway": {"n": 1, "p50_ms": 500.0, "p99_ms": 500.0},
     }
-    moments = _any_moments(kills, seed=7)
+    span = (0.0, 12.0)
+    moments = _any_moments(kills, 7, span)
     assert len(moments) == 12 and all(0.25 <= m <= 5.0 for m in moments)
-    assert moments == sorted(moments) == _any_moments(kills, seed=7) != _any_moments(kills, 8)
-    assert _any_moments(kills[:1], seed=7) == []
+    assert (
+        moments == sorted(moments) == _any_moments(kills, 7, span) != _any_moments(kills, 8, span)
+    )
+    # A control run (--kind none) has no kills: its moments span the run.
+    control = _any_moments([], 7, span)
+    assert len(control) == 400 and min(control) < 1.0 and max(control) > 11.0

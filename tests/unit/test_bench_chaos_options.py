@@ -27,3 +27,19 @@ def test_turn_timeout_flag_sets_the_runs_turn_timeout(monkeypatch: pytest.Monkey
         refused = CliRunner().invoke(bench_command, ["chaos", "--turn-timeout", bad])
         assert refused.exit_code == 2, (bad, refused.output)
     assert len(seen) == 1
+
+
+def test_kind_none_is_the_control_run_that_kills_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--kind none`` runs the same workload with no kill: its figures are what the storm's
+    load alone costs, to read the kill figures against."""
+    seen: list[chaos.ChaosOptions] = []
+
+    def run(params: dict[str, Any]) -> dict[str, Any]:
+        seen.append(chaos.options_of(params))
+        return {"ok": True, "baseline": {}, "results": []}
+
+    monkeypatch.setattr(chaos, "run", run)
+    out = CliRunner().invoke(bench_command, ["chaos", "--kind", "none", "--json"])
+    assert out.exit_code == 0, out.output
+    assert seen[0].kind == "none" and seen[0].kinds() == []
+    assert chaos.ChaosOptions().kinds()[-2:] == ["worker", "control-plane"]
