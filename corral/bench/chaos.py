@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -138,6 +139,9 @@ class ChaosFigures(msgspec.Struct, frozen=True, kw_only=True):
     #: events too.
     any_moment_to_next_event_p50_ms: float | None
     any_moment_to_next_event_p99_ms: float | None
+    #: What the tail is made of: the longest waits between two events of a turn in flight,
+    #: each with the events around it and the kills during it (:func:`_longest_waits`).
+    longest_waits: list[dict[str, Any]]
     failures_by_code: dict[str, int]
     #: Stream reopenings (the driver's stream dropped: the control plane died, say).
     stream_reopened: int
@@ -391,6 +395,42 @@ def _by_kind(runs: list[SessionRun], kills: list[Kill]) -> dict[str, dict[str, f
     return out
 
 
+def _brief(event: Event) -> str:
+    status = event.data.get("status")
+    return f"{event.type} {status}" if isinstance(status, str) else event.type
+
+
+def _longest_waits(runs: list[SessionRun], kills: list[Kill], n: int = 10) -> list[dict[str, Any]]:
+    """The ``n`` longest waits between consecutive events of a turn in flight, longest
+    first: seconds, the event before and after, and the kills, by kind, while it lasted."""
+    waits: list[tuple[float, str, Event, Event]] = []
+    for run in runs:
+        events = run.log.events
+        for before, after in itertools.pairwise(events):
+            gap = after.at - before.at
+            if waits and len(waits) >= n and gap <= waits[-1][0]:
+                continue
+            if any(a <= before.at and (b is None or b >= after.at) for a, b in run.turns):
+                waits.append((gap, run.log.session_id, before, after))
+                waits.sort(key=lambda w: -w[0])
+                del waits[n:]
+    kill_times = [k.at for k in kills]
+    out = []
+    for gap, session_id, before, after in waits:
+        lo = bisect.bisect_right(kill_times, before.at)
+        hi = bisect.bisect_left(kill_times, after.at)
+        out.append(
+            {
+                "seconds": round(gap, 2),
+                "session_id": session_id,
+                "from": _brief(before),
+                "to": _brief(after),
+                "kills": dict(sorted(Counter(k.kind for k in kills[lo:hi]).items())),
+            }
+        )
+    return out
+
+
 def _any_moments(kills: list[Kill], seed: int, span: tuple[float, float]) -> list[float]:
     """Four times as many moments as kills, uniform over the kills' span; with fewer than
     two kills, 400 over ``span`` (the run's)."""
@@ -466,6 +506,7 @@ def _figures(
         kill_to_next_event_by_kind=_by_kind(runs, kills),
         any_moment_to_next_event_p50_ms=_ms(anytime, 0.5),
         any_moment_to_next_event_p99_ms=_ms(anytime, 0.99),
+        longest_waits=_longest_waits(runs, kills),
         failures_by_code=dict(sorted(tally.failures.items())),
         stream_reopened=sum(r.log.reopened for r in runs),
         message_reposts=sum(r.reposts for r in runs),

@@ -173,3 +173,26 @@ def test_kill_latency_counts_turns_in_flight_per_kind_against_a_random_moment_ba
     # A control run (--kind none) has no kills: its moments span the run.
     control = _any_moments([], 7, span)
     assert len(control) == 400 and min(control) < 1.0 and max(control) > 11.0
+
+
+def test_the_longest_waits_of_turns_in_flight_name_their_events_and_the_kills_meanwhile() -> None:
+    from corral.bench.chaos import Kill, SessionRun, _longest_waits
+
+    stream = Stream().status("running").add("response.output_text.delta").status("idle")
+    stream.log.events[2].at = 9.0  # waited 8 s after the delta
+    stream.status("running")  # at 3.0: another turn, not in flight here
+    run = SessionRun(log=stream.log, turns=[(0.0, 9.0)])
+    kills = [Kill(2.0, "gateway", 1), Kill(4.0, "gateway", 2), Kill(5.0, "policy", 3)]
+    (longest, second) = _longest_waits([run], kills, n=2)
+    assert longest == {
+        "seconds": 8.0,
+        "session_id": "s1",
+        "from": "response.output_text.delta",
+        "to": "session.status idle",
+        "kills": {"gateway": 2, "policy": 1},
+    }
+    assert (second["seconds"], second["from"], second["kills"]) == (
+        1.0,
+        "session.status running",
+        {},
+    )
