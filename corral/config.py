@@ -196,6 +196,7 @@ BUILTIN: dict[str, ActorRole] = {
     "tools": ActorRole(
         target="corral.actors.tools:ToolsActor",
         options="corral.actors.tools:ToolsOptions",
+        serves_runners=True,
         gets_workspace=True,
     ),
     "policy": ActorRole(

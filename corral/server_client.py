@@ -68,6 +68,7 @@ __all__ = [
     "InputRequired",
     "ServerClient",
     "runner_id_for_token",
+    "safe_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -430,6 +431,22 @@ class ServerClient:
         kind = response.headers.get("content-type", "application/octet-stream")
         return content, kind.split(";")[0].strip()
 
+    async def read(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """``GET path`` (an idempotent read, retried as the others): the decoded JSON answer.
+
+        For the reads a runner-local tool makes for its caller (``GET /v1/agents``,
+        ``/v1/sessions/{id}/child_sessions`` ...); the caller checks the shape. ``path`` must be
+        built from ids that passed :func:`safe_id`.
+        """
+        return await self._json("GET", path, params=params, idempotent=True)
+
+    async def read_bytes(
+        self, path: str, *, max_bytes: int = MAX_FILE_BYTES
+    ) -> tuple[bytes, httpx.Headers]:
+        """``GET path``: the raw body of the answer and its headers (a bundle download)."""
+        response, content = await self._request("GET", path, idempotent=True, max_bytes=max_bytes)
+        return content, response.headers
+
     # -- plumbing --------------------------------------------------------------------------
 
     async def _object(
@@ -635,6 +652,11 @@ def _retry_after(value: str | None) -> float | None:
     except ValueError:
         return None
     return seconds if seconds >= 0 else None
+
+
+def safe_id(value: str, what: str) -> str:
+    """``value`` if it is safe as one URL path segment; else ``ValueError`` (value not echoed)."""
+    return _id(value, what)
 
 
 def _id(value: str, what: str) -> str:

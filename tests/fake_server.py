@@ -23,6 +23,12 @@ route                                                     answer
                                                           parse it (§E.1), else 400
 ``GET /v1/files/{id}/content``                            a file (placeholder route, not in §iii)
 ``GET /v1/sessions/{id}/resources/files/{fid}/content``   a file (the 0.19.1 route)
+``GET /v1/agents``                                        list page of agent objects (0.19.1)
+``GET /v1/sessions?agent_name``                           list page of session rows (0.19.1)
+``GET /v1/sessions/{id}/agent``                           the session's agent object
+``GET /v1/sessions/{id}/child_sessions``                  list page of its children
+``GET /v1/runners/{id}/status``                           ``{"runner_id", "online"}``
+                                                          (``online_runners``)
 =======================================================  =====================================
 
 Every request is recorded (:class:`Recorded`: method, path, query, headers, raw body) before it
@@ -108,6 +114,10 @@ class Agent:
     version: int = 1
     session_scoped: bool = True
     filename: str | None = None
+    description: str | None = None
+    harness: str | None = None
+    mcp_servers: list[dict[str, Any]] = field(default_factory=list)
+    policies: list[dict[str, Any]] = field(default_factory=list)
 
     def bundle(self) -> bytes:
         return make_bundle(self.yaml_text, filename=self.filename or f"{self.name}.yaml")
@@ -272,6 +282,8 @@ class FakeOmnigentServer:
         self.elicitations: dict[str, tuple[str, str, dict[str, Any]]] = {}
         #: "unauthenticated" (401, fresh server) | "unsupported" (400) | "ok" (a token)
         self.token_mode = "unauthenticated"
+        #: Runner ids ``GET /v1/runners/{id}/status`` calls online.
+        self.online_runners: set[str] = set()
         self.port = 0
         self._listeners: list[trio.SocketListener] = []
         self._request_ids = itertools.count(1)
@@ -535,6 +547,8 @@ class FakeOmnigentServer:
                 return _error(404, "not_found", f"file {match.group(1)!r} not found")
             content, kind = self.files[match.group(1)]
             return Reply(200, content, content_type=kind)
+        if (listing := self._listing(method, path, request)) is not None:
+            return listing
         match = re.fullmatch(r"/v1/sessions/([^/]+)(/.*)?", path)
         if match is None:
             return Reply(404, b'{"detail":"Not Found"}')
@@ -553,6 +567,58 @@ class FakeOmnigentServer:
             known = {m for (m, r) in _ROUTES if r == rest}
             return _method_not_allowed() if known else Reply(404, b'{"detail":"Not Found"}')
         return handler(self, session, request)
+
+    def _listing(self, method: str, path: str, request: Recorded) -> Reply | None:
+        """The 0.19.1 list and status routes a runner's session tools read; None: not one."""
+        if method != "GET":
+            return None
+        if path == "/v1/agents":
+            return _json(_page([self.agent_object(a) for a in self.agents.values()]))
+        if path == "/v1/sessions":
+            wanted = request.params.get("agent_name")
+            rows = [
+                _session_row(s)
+                for s in reversed(self.sessions.values())
+                if not wanted or s.get("agent_name") == wanted
+            ]
+            return _json(_page(rows))
+        if match := re.fullmatch(r"/v1/runners/([^/]+)/status", path):
+            runner_id = match.group(1)
+            return _json({"runner_id": runner_id, "online": runner_id in self.online_runners})
+        return None
+
+    def agent_object(self, agent: Agent) -> dict[str, Any]:
+        """An agent as 0.19.1's ``GET /v1/agents`` and ``.../agent`` show it."""
+        return {
+            "id": agent.agent_id,
+            "object": "agent",
+            "name": agent.name,
+            "version": agent.version,
+            "description": agent.description,
+            "created_at": NOW,
+            "updated_at": None,
+            "harness": agent.harness,
+            "mcp_servers": list(agent.mcp_servers),
+            "mcp_servers_editable": False,
+            "mcp_registry_editable": False,
+            "policies": list(agent.policies),
+            "skills": [],
+            "terminals": [],
+            "builtin": False,
+        }
+
+    def _session_agent(self, session: dict[str, Any], request: Recorded) -> Reply:
+        agent = self.agents.get(session["agent_id"])
+        if agent is None:
+            return _error(404, "not_found", "Not found.")
+        return _json(self.agent_object(agent))
+
+    def _child_sessions(self, session: dict[str, Any], request: Recorded) -> Reply:
+        parent = session["id"]
+        children = [
+            _child_row(s) for s in self.sessions.values() if s.get("parent_session_id") == parent
+        ]
+        return _json(_page(children))
 
     def _runner_token(self, runner_id: str) -> Reply:
         if self.token_mode == "unauthenticated":
@@ -738,6 +804,8 @@ _ROUTES: dict[tuple[str, str], Callable[[FakeOmnigentServer, dict[str, Any], Rec
     ("POST", "/policies/evaluate"): FakeOmnigentServer._policies,
     ("POST", "/mcp"): FakeOmnigentServer._mcp,
     ("POST", "/events"): FakeOmnigentServer._events,
+    ("GET", "/agent"): FakeOmnigentServer._session_agent,
+    ("GET", "/child_sessions"): FakeOmnigentServer._child_sessions,
 }
 
 _REASONS = {
@@ -763,6 +831,60 @@ def _json(
     # Most answers are compact JSON; the policy and MCP answers use ", " and ": " (§iii.8-9).
     text = json.dumps(value) if spaced else json.dumps(value, separators=(",", ":"))
     return Reply(status, text.encode(), headers=headers or {})
+
+
+def _page(data: list[dict[str, Any]]) -> dict[str, Any]:
+    """A 0.19.1 list page holding every row."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": False,
+    }
+
+
+def _session_row(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A row of 0.19.1's ``GET /v1/sessions``: a few snapshot fields; ``title``,
+    ``runner_id`` and ``parent_session_id`` only when set."""
+    row = {
+        key: snapshot.get(key)
+        for key in ("id", "agent_id", "agent_name", "status", "created_at", "updated_at")
+    }
+    row.update(labels=snapshot.get("labels", {}), permission_level=4, owner="local")
+    row.update(pending_elicitations_count=len(snapshot.get("pending_elicitations") or []))
+    row.update(archived=False, comments_count=0, viewer_unread=False)
+    for key in ("title", "runner_id", "parent_session_id"):
+        if snapshot.get(key) is not None:
+            row[key] = snapshot[key]
+    return row
+
+
+def _child_row(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A row of ``GET .../child_sessions`` (PROTOCOL_0_19 §J.8); ``tool`` and
+    ``session_name`` parsed from an ``<agent>:<name>`` title."""
+    title = snapshot.get("title")
+    tool, _, name = (title or "").partition(":")
+    if tool == "ui" and ":" in name:  # the web UI's "ui:<agent>:<label>"
+        tool, _, name = name.partition(":")
+    return {
+        "id": snapshot["id"],
+        "object": "child_session",
+        "parent_session_id": snapshot.get("parent_session_id"),
+        "title": title,
+        "task_summary": None,
+        "tool": tool if name else None,
+        "session_name": name or None,
+        "kind": "sub_agent",
+        "created_at": snapshot.get("created_at"),
+        "updated_at": snapshot.get("updated_at"),
+        "agent_id": snapshot.get("agent_id"),
+        "agent_name": snapshot.get("agent_name"),
+        "current_task_id": None,
+        "current_task_status": None,
+        "busy": False,
+        "labels": snapshot.get("labels", {}),
+    }
 
 
 def _error(status: int, code: str, message: str) -> Reply:

@@ -12,7 +12,9 @@ needs a credential, on loopback too: a loopback port is open to every user of th
 and the agents run commands as the user who runs corral. Each credential opens only its own
 side (:data:`Access`, the credential's reasons in ``_plane/_credential.py``): the client token
 never passes as the runner, nor the runner token as a client. ``GET /v1/sessions/{id}``,
-``.../items`` and ``.../labels`` serve both; on ``POST /v1/sessions/{id}/events`` the runner
+``.../items`` and ``.../labels`` serve both, and so do the reads of a runner's session tools
+(``GET /v1/agents``, ``GET /v1/sessions``, ``.../agent``, ``.../child_sessions``,
+``/v1/runners/{id}/status``: ``_discovery.py``); on ``POST /v1/sessions/{id}/events`` the runner
 posts ``external_conversation_item`` and clients the other types. A refusal is 401
 ``unauthorized`` with a fixed detail that never holds what was presented.
 
@@ -49,6 +51,7 @@ from .._exceptions import BadInput
 from .._input import check_session_id, load_json
 from .._jsonlines import JsonObject
 from ..server_client import runner_id_for_token
+from ._discovery import agent_object, list_page
 from ._plane import SERVER_VERSION, ControlPlane, Refused
 from ._store import UnknownCursor
 from ._tunnel import FRAME_PROTOCOL_VERSION, RunnerLink
@@ -319,12 +322,22 @@ class _Api:
         """``GET /healthz``: is the runner connected, and how the tunnel fares."""
         return JSONResponse(self.plane.health())
 
-    @endpoint("client")
+    @endpoint("any")
     async def agents(self, request: Request) -> Response:
-        """``GET /v1/agents``, sorted by name."""
+        """``GET /v1/agents``, sorted by name: the real server's list page (a runner's
+        ``sys_agent_list`` reads it) with the ``agents`` of ``corral agents``."""
         agents = await self.plane.agents()
-        listing = [agents[name].listing() for name in sorted(agents)]
-        return JSONResponse({"agents": listing})
+        names = sorted(agents)
+        listing = [agents[name].listing() for name in names]
+        objects = [agent_object(agents[name]) for name in names]
+        return JSONResponse(list_page(objects, agents=listing))
+
+    @endpoint("any")
+    async def runner_status(self, request: Request) -> Response:
+        """``GET /v1/runners/{id}/status``: whether that runner's tunnel is open."""
+        runner_id = request.path_params["runner_id"]
+        online = runner_id == self.plane.runner_id and self.plane.link is not None
+        return JSONResponse({"runner_id": runner_id, "online": online})
 
     @endpoint("runner")
     async def runner_token(self, request: Request) -> Response:
@@ -335,15 +348,21 @@ class _Api:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    @endpoint("client")
+    @endpoint("any")
     async def sessions(self, request: Request) -> Response:
-        """``GET /v1/sessions`` (newest first) and ``POST /v1/sessions``."""
+        """``GET /v1/sessions`` (newest first; ``agent_name`` filters) and the client's
+        ``POST /v1/sessions``."""
         if request.method == "GET":
             limit = _int_param(request, "limit", 100, 1, 1000)
+            wanted = request.query_params.get("agent_name")
             rows = await self.plane.store.list_sessions(limit)
-            return JSONResponse(
-                {"object": "list", "data": [self.plane.session_object(r) for r in rows]}
-            )
+            data = [
+                {**self.plane.session_object(r), "agent_name": r.agent, "parent_session_id": None}
+                for r in rows
+                if not wanted or r.agent == wanted
+            ]
+            return JSONResponse(list_page(data))
+        self._require(request, "client")
         body = _convert(await self._json(request), CreateSession)
         key = _idempotency_key(request)
         row = await self.plane.create_session(body.agent, body.title, key)
@@ -370,6 +389,21 @@ class _Api:
             return JSONResponse(await self.plane.snapshot(patched))
         row = await self.plane.session(request.path_params["session_id"])
         return JSONResponse(await self.plane.snapshot(row), headers={"cache-control": "no-store"})
+
+    @endpoint("any")
+    async def session_agent(self, request: Request) -> Response:
+        """``GET .../agent``: the session's agent object."""
+        row = await self.plane.session(request.path_params["session_id"])
+        agent = (await self.plane.agents()).get(row.agent)
+        if agent is None:
+            raise Refused(404, "not_found", f"The agent {row.agent!r} is not loaded.")
+        return JSONResponse(agent_object(agent))
+
+    @endpoint("any")
+    async def child_sessions(self, request: Request) -> Response:
+        """``GET .../child_sessions``: none, the plane creates no child sessions yet."""
+        await self.plane.session(request.path_params["session_id"])
+        return JSONResponse(list_page([]))
 
     @endpoint("runner")
     async def agent_contents(self, request: Request) -> Response:
@@ -651,9 +685,12 @@ def build_app(plane: ControlPlane) -> Starlette:
         ("/healthz", api.health, ["GET"]),
         ("/v1/agents", api.agents, ["GET"]),
         ("/v1/runners/{runner_id}/token", api.runner_token, ["POST"]),
+        ("/v1/runners/{runner_id}/status", api.runner_status, ["GET"]),
         ("/v1/sessions", api.sessions, ["GET", "POST"]),
         (s, api.session, ["GET", "PATCH", "DELETE"]),
+        (f"{s}/agent", api.session_agent, ["GET"]),
         (f"{s}/agent/contents", api.agent_contents, ["GET"]),
+        (f"{s}/child_sessions", api.child_sessions, ["GET"]),
         (f"{s}/items", api.items, ["GET"]),
         (f"{s}/labels", api.labels, ["GET"]),
         (f"{s}/policies/evaluate", api.evaluate, ["POST"]),

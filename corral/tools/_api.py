@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from .._jsonlines import JsonObject
 
 if TYPE_CHECKING:
+    from ..server_client import ServerClient
     from .async_calls import AsyncCalls
     from .inbox import Inbox
     from .terminals import Terminals
@@ -77,6 +78,9 @@ class ToolContext:
     terminals: Terminals | None = None
     #: Records the process groups tools start; None: not tracked.
     processes: ProcessTracker | None = None
+    #: The server of the session's runner, for the tools that answer by asking it (T-26);
+    #: None when the host knows no server for it.
+    server: ServerClient | None = None
     #: Runs another tool of the table, with this context.
     run_tool: RunTool | None = None
     #: Largest output a tool returns before it is cut with a marker.

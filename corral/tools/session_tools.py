@@ -1,15 +1,15 @@
 """Session and agent tools: their table entries and the gates that run before any server call.
 
 ``sys_session_*``, ``sys_agent_*``, ``sys_list_models`` and ``sys_cancel_task`` are
-runner-local (T-26): the runner answers them, talking to the server for the caller. Their
-server side is not on this runner yet, so each answers
-``{"error": "<name> is not available on this runner yet"}``. The local gates of two of
-them are real already, and run first, so that when the server side lands nothing reaches
-the server or the disk that these gates refuse:
+runner-local (T-26): the runner answers them, talking to the server for the caller. The
+read-only ones work (:mod:`corral.tools.session_reads`): ``sys_session_get_info``,
+``sys_session_list``, ``sys_session_get_history``, ``sys_agent_get``, ``sys_agent_list`` and
+``sys_agent_download``. The others answer ``{"error": "<name> is not available on this runner
+yet"}``. The local gates of two tools run before anything reaches the server or the disk:
 
 * ``sys_agent_download``: ``dest_filename``, when given, must be a bare file name (P-20)
   and must resolve, by real path, strictly inside the working directory, so a symlink of
-  that name pointing elsewhere is refused (P-21). Nothing is written.
+  that name pointing elsewhere is refused (P-21). Nothing is written then.
 * ``sys_session_create``: exactly one of ``agent_id`` and ``config_path`` (S-40);
   ``config_path`` must resolve inside the working directory (P-22) and is not read when it
   does not; a config file that does not exist gives ``config_not_found`` (S-41).
@@ -28,9 +28,17 @@ import trio
 from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError, ToolFamily, ToolSpec
 from .os_env import effective_cwd
-from .paths import download_destination, resolve_inside
+from .paths import resolve_inside
+from .session_reads import (
+    sys_agent_download,
+    sys_agent_get,
+    sys_agent_list,
+    sys_session_get_history,
+    sys_session_get_info,
+    sys_session_list,
+)
 
-__all__ = ["EXACTLY_ONE_MODE_MESSAGE", "PENDING", "TOOLS", "not_available"]
+__all__ = ["EXACTLY_ONE_MODE_MESSAGE", "PENDING", "READY", "TOOLS", "not_available"]
 
 #: S-40: the error when ``sys_session_create`` gets both modes or neither.
 EXACTLY_ONE_MODE_MESSAGE = (
@@ -52,15 +60,6 @@ def _optional_text(args: Mapping[str, object], name: str) -> str | None:
     if not isinstance(value, str):
         raise ToolError(f"{name} must be a string")
     return value
-
-
-async def sys_agent_download(ctx: ToolContext, args: JsonObject) -> str:
-    """Download a session's agent bundle into the working directory (S-44; gates P-20, P-21)."""
-    dest = args.get("dest_filename")
-    if dest is not None:
-        cwd = await effective_cwd(ctx)
-        await trio.to_thread.run_sync(download_destination, cwd, dest)
-    raise not_available("sys_agent_download")
 
 
 async def sys_session_create(ctx: ToolContext, args: JsonObject) -> str:
@@ -111,29 +110,38 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
     (
         "sys_session_list",
         "session",
-        "List the sessions of this session tree (children, siblings) with their status.",
-        _object({}),
-        None,
+        "List your sub-agent sessions (sub_agents: children; for a sub-agent also main and "
+        "its siblings) and every session you may see (sessions), with status and whether "
+        "its runner is online.",
+        _object({"agent_name": _text("Only sessions of this agent (the sessions view).")}),
+        sys_session_list,
     ),
     (
         "sys_session_get_history",
         "session",
-        "Read the recent items of another session's conversation.",
+        "Read the recent items of another session's conversation, oldest first, and the "
+        "prompts it is waiting on.",
         _object(
             {
-                "session_id": _SESSION_ID,
-                "tail": {"type": "integer", "minimum": 1, "description": "Items to return."},
+                "conversation_id": _text("Id of the session to read."),
+                "tail_items": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 100,
+                    "description": "Items to return (default 10).",
+                },
             },
-            ("session_id",),
+            ("conversation_id",),
         ),
-        None,
+        sys_session_get_history,
     ),
     (
         "sys_session_get_info",
         "session",
-        "Get a session's metadata: agent, title, status, parent.",
-        _object({"session_id": _SESSION_ID}, ("session_id",)),
-        None,
+        "Get a session's metadata (default: this session): agent, title, status, model, "
+        "parent, runner connectivity and the prompts it is waiting on.",
+        _object({"session_id": _text("Id of the session; default this session.")}),
+        sys_session_get_info,
     ),
     (
         "sys_session_create",
@@ -193,7 +201,7 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
         "agent",
         "Get the agent behind a session: name, version, harness, MCP servers, policies.",
         _object({"session_id": _SESSION_ID}, ("session_id",)),
-        None,
+        sys_agent_get,
     ),
     (
         "sys_agent_download",
@@ -215,7 +223,7 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
         "agent",
         "List built-in agents, agents of sessions, and local agent configs.",
         _object({}),
-        None,
+        sys_agent_list,
     ),
     (
         "sys_list_models",
@@ -245,5 +253,16 @@ TOOLS: list[ToolSpec] = [
     for name, family, description, parameters, run in _DEFINITIONS
 ]
 
-#: Tools of :data:`TOOLS` whose server side is not on this runner yet (all of them, for now).
-PENDING: frozenset[str] = frozenset(tool.name for tool in TOOLS)
+#: The tools of :data:`TOOLS` that work: the read-only ones.
+READY: frozenset[str] = frozenset(
+    {
+        "sys_agent_download",
+        "sys_agent_get",
+        "sys_agent_list",
+        "sys_session_get_history",
+        "sys_session_get_info",
+        "sys_session_list",
+    }
+)
+#: Tools of :data:`TOOLS` whose server side is not on this runner yet.
+PENDING: frozenset[str] = frozenset(tool.name for tool in TOOLS) - READY

@@ -16,7 +16,7 @@ from corral.tools.paths import (
     download_destination,
     resolve_inside,
 )
-from corral.tools.session_tools import EXACTLY_ONE_MODE_MESSAGE, PENDING, TOOLS
+from corral.tools.session_tools import EXACTLY_ONE_MODE_MESSAGE, PENDING, READY, TOOLS
 
 _TOOLS = {tool.name: tool for tool in TOOLS}
 
@@ -105,9 +105,7 @@ async def test_p21_bare_name_inside_passes_the_gate_and_writes_nothing(
     (workspace / "real.tar.gz").write_bytes(b"old")
     (workspace / "alias.tar.gz").symlink_to(workspace / "real.tar.gz")
     assert download_destination(workspace, "alias.tar.gz") == (workspace / "real.tar.gz")
-    with pytest.raises(
-        ToolError, match=r"^sys_agent_download is not available on this runner yet$"
-    ):
+    with pytest.raises(ToolError, match=r"^sys_agent_download requires server access$"):
         await run(ctx, "sys_agent_download", session_id="conv_x", dest_filename="bundle.tar.gz")
     assert sorted(p.name for p in workspace.iterdir()) == ["alias.tar.gz", "real.tar.gz"]
     assert (workspace / "real.tar.gz").read_bytes() == b"old"
@@ -185,7 +183,7 @@ async def test_agent_id_must_be_a_string(ctx: ToolContext) -> None:
 
 
 async def test_t26_pending_tools_say_so(ctx: ToolContext) -> None:
-    assert set(_TOOLS) == PENDING
+    assert set(_TOOLS) == PENDING | READY and not PENDING & READY
     for name in sorted(PENDING - {"sys_session_create"}):
         with pytest.raises(ToolError, match=f"^{name} is not available on this runner yet$"):
             await run(ctx, name, session_id="conv_x")

@@ -364,6 +364,7 @@ class PolicyActor(Actor):
             name=call.name,
             arguments=call.arguments,
             spec=call.spec,
+            runner_id=call.runner_id,
         )
         try:
             reply = await self.peer.call(

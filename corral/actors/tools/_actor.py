@@ -51,6 +51,7 @@ import trio
 
 from ..._jsonlines import JsonObject
 from ...bus import Incoming
+from ...config import RunnerSettings
 from ...routes import HttpChunk, HttpRequest, HttpResponse, error_response, json_response
 from ...tools import registry
 from ...tools._api import ToolContext, ToolError, ToolStatus
@@ -70,6 +71,7 @@ from ...tools.environment import (
 )
 from ...tools.inbox import Inbox
 from ...tools.os_env import default_os_env_root, workspace_from_env
+from ...tools.servers import Servers
 from ...tools.terminals import Terminals, deleted_event
 from ...tools.threads import in_thread
 from .._actor import Actor, ActorContext, handles
@@ -108,6 +110,11 @@ class ToolsOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     #: Largest tool output returned to the model, in characters.
     max_output_chars: int = 100_000
     dispatch: str = "dispatch"
+    #: A server for sessions of any runner (tests; hosts pass ``runners`` instead): the
+    #: session tools ask it for their caller (T-26).
+    server_url: str | None = None
+    token: str | None = None
+    runners: list[RunnerSettings] = []
 
 
 class ToolsActor(Actor):
@@ -138,6 +145,9 @@ class ToolsActor(Actor):
             max_output_chars=self.options.max_output_chars,
             processes=self.groups,
         )
+        self.servers = Servers(
+            self.options.runners, server_url=self.options.server_url, token=self.options.token
+        )
         self.http_jobs = trio.CapacityLimiter(MAX_HTTP_JOBS)
         self.scopes: dict[str, trio.CancelScope] = {}
         self.stats = {"calls": 0, "failed": 0, "timed_out": 0, "cut_off": 0, "replayed": 0}
@@ -155,6 +165,7 @@ class ToolsActor(Actor):
 
     async def terminate(self) -> None:
         await self.terminals.aclose()
+        await self.servers.aclose()
 
     def snapshot(self) -> dict[str, Any]:
         return {**super().snapshot(), **self.stats, "running": sorted(self.scopes)}
@@ -266,6 +277,7 @@ class ToolsActor(Actor):
             async_calls=self.async_calls,
             terminals=self.terminals,
             processes=self.groups,
+            server=self.servers.for_runner(msg.runner_id),
             max_output_chars=self.options.max_output_chars,
         )
 

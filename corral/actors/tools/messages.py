@@ -34,6 +34,8 @@ class ToolExec(Request["ToolExecResult"], tag="tools.exec"):
     spec: JsonObject = {}
     #: Overrides the tools actor's default per-call timeout when set.
     timeout_s: float | None = None
+    #: The runner id the session is bound through: whose server the session tools ask.
+    runner_id: str | None = None
 
 
 class ToolExecResult(Message, tag="tools.exec_result"):
