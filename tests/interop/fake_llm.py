@@ -13,6 +13,8 @@ provider serves every agent of a test module:
 ``slow``      40 words, 0.1 s apart (long enough to interrupt)
 ``tool``      a ``sys_os_shell`` call (``echo hello-from-tool``); after its output: ``tool said: …``
 ``toolread``  a ``sys_os_read`` call of ``hello.txt``; after its output: ``read: …``
+``sessioninfo``, ``sessionlist``, ``agentlist``  a ``sys_session_get_info``, ``sys_session_list``
+              or ``sys_agent_list`` call (no arguments); after its output: ``info: …`` ...
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
 
 Every request body is appended to ``--log`` as one JSON line, with the path it came to.
@@ -30,6 +32,9 @@ from typing import Any
 TOOLS = {
     "tool": ("sys_os_shell", {"command": "echo hello-from-tool"}, "tool said: "),
     "toolread": ("sys_os_read", {"path": "hello.txt"}, "read: "),
+    "sessioninfo": ("sys_session_get_info", {}, "info: "),
+    "sessionlist": ("sys_session_list", {}, "sessions: "),
+    "agentlist": ("sys_agent_list", {}, "agents: "),
 }
 
 
