@@ -27,11 +27,12 @@ the agent's display name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 import yaml
@@ -60,8 +61,10 @@ from .server_reads import (
 )
 
 __all__ = [
+    "Window",
     "agent_and_title",
     "bundle_filename",
+    "history_window",
     "project_item",
     "project_pending",
     "public_agent_name",
@@ -98,9 +101,11 @@ AGENT_CONFIGS = Path(".omnigent") / "agent-configs"
 LIST_LIMIT = "1000"
 CHILDREN_LIMIT = "100"
 HISTORY_DEFAULT_TAIL = 10
-HISTORY_MAX_TAIL = 100
-#: Characters of one history item's text, then `` [truncated]``.
+HISTORY_MAX_TAIL = 50
+#: Characters of one history item's text, then `` [truncated]`` (the default).
 HISTORY_ITEM_CHARS = 2000
+#: Characters of a whole history's items, at most.
+HISTORY_MAX_CHARS = HISTORY_MAX_TAIL * HISTORY_ITEM_CHARS
 _LEAN = {"include_items": "false", "include_liveness": "false"}
 
 
@@ -269,10 +274,20 @@ async def sys_session_list(ctx: ToolContext, args: JsonObject) -> str:
 # --- sys_session_get_history --------------------------------------------------------------------
 
 
-def _cut(text: str | None) -> str | None:
-    if text is None or len(text) <= HISTORY_ITEM_CHARS:
-        return text
-    return text[:HISTORY_ITEM_CHARS] + " [truncated]"
+class Window(NamedTuple):
+    """The part of each item's text a history shows: ``chars`` from ``offset`` (S-27)."""
+
+    chars: int = HISTORY_ITEM_CHARS
+    offset: int = 0
+
+    def cut(self, text: str | None) -> str | None:
+        """``text[offset:offset + chars]``, `` [truncated]`` when more follows."""
+        if text is None:
+            return None
+        window = text[self.offset : self.offset + self.chars]
+        if self.offset + self.chars >= len(text):
+            return window
+        return window + " [truncated]"
 
 
 def _text_of(content: object) -> str:
@@ -282,16 +297,20 @@ def _text_of(content: object) -> str:
     return " ".join(texts)
 
 
-def project_item(item: ItemRow) -> JsonObject:
+#: The part of an item a history shows when it is not asked for another.
+DEFAULT_WINDOW = Window()
+
+
+def project_item(item: ItemRow, window: Window = DEFAULT_WINDOW) -> JsonObject:
     """One stored item as a history shows it (S-27)."""
     if item.type == "function_call":
         args = item.arguments if isinstance(item.arguments, str) else None
-        return {"type": "function_call", "tool": item.name, "args": _cut(args)}
+        return {"type": "function_call", "tool": item.name, "args": window.cut(args)}
     if item.type == "function_call_output":
         output = item.output if isinstance(item.output, str) else json.dumps(item.output)
-        return {"type": "function_call_output", "output": _cut(output)}
+        return {"type": "function_call_output", "output": window.cut(output)}
     if item.type == "message":
-        return {"type": "message", "role": item.role, "text": _cut(_text_of(item.content))}
+        return {"type": "message", "role": item.role, "text": window.cut(_text_of(item.content))}
     return {"type": item.type}
 
 
@@ -325,18 +344,48 @@ def agent_and_title(title: str | None) -> tuple[str | None, str | None]:
     return head, tail
 
 
-def _tail(args: JsonObject) -> int:
-    value = args.get("tail_items", HISTORY_DEFAULT_TAIL)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ToolError("sys_session_get_history: 'tail_items' must be a positive integer")
-    return min(value, HISTORY_MAX_TAIL)
+def _whole(args: JsonObject, name: str, default: int, low: int) -> int:
+    """``args[name]`` as a whole number >= ``low`` (a numeric string or an integral float
+    too: providers do not all enforce the schema).
+
+    Raises:
+        ToolError: it is not one.
+    """
+    raw = args.get(name, default)
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        value = int(raw)
+    elif isinstance(raw, str):
+        with contextlib.suppress(ValueError):
+            value = int(raw)
+    if value is None:
+        raise ToolError(f"{name} must be a whole number, got {raw!r}")
+    if value < low:
+        raise ToolError(f"{name} must be >= {low}")
+    return value
+
+
+def history_window(args: JsonObject) -> tuple[int, Window]:
+    """The items a history reads and the part of each it shows: ``tail_items`` (default 10,
+    at most 50), ``content_max_chars`` (default 2000, the whole read within 50 x 2000) and
+    ``content_offset_chars`` (S-27).
+
+    Raises:
+        ToolError: one of them is not a whole number in range.
+    """
+    tail = min(_whole(args, "tail_items", HISTORY_DEFAULT_TAIL, 1), HISTORY_MAX_TAIL)
+    chars = min(_whole(args, "content_max_chars", HISTORY_ITEM_CHARS, 1), HISTORY_MAX_CHARS)
+    offset = _whole(args, "content_offset_chars", 0, 0)
+    return tail, Window(chars=min(chars, HISTORY_MAX_CHARS // tail), offset=offset)
 
 
 async def sys_session_get_history(ctx: ToolContext, args: JsonObject) -> str:
     """The target's last items, oldest first, then its parked prompts (S-27, S-28, E-05)."""
     tool = "sys_session_get_history"
     target = _target(args, "conversation_id", None, tool)
-    tail = _tail(args)
+    tail, window = history_window(args)
     server = server_of(ctx, tool)
     params = {"limit": str(tail), "order": "desc"}
     try:
@@ -350,7 +399,7 @@ async def sys_session_get_history(ctx: ToolContext, args: JsonObject) -> str:
     stored = rows(page, ItemRow)
     if stored is None:
         raise ToolError(f"{tool}: the server's answer was not understood")
-    items = [project_item(item) for item in reversed(stored)]
+    items = [project_item(item, window) for item in reversed(stored)]
     snap = await read_or_none(server, tool, session_path(target), SessionSnapshot, _LEAN)
     agent, title = agent_and_title(snap.title if snap is not None else None)
     pending = (snap.pending_elicitations or []) if snap is not None else []

@@ -127,8 +127,21 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
                 "tail_items": {
                     "type": "integer",
                     "minimum": 1,
-                    "maximum": 100,
-                    "description": "Items to return (default 10).",
+                    "maximum": 50,
+                    "description": "Recent items to return (default 10, at most 50).",
+                },
+                "content_max_chars": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 100_000,
+                    "description": "Characters shown of each item (default 2000; smaller "
+                    "when needed to keep the whole read within 100000).",
+                },
+                "content_offset_chars": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Characters skipped at the start of each item: with "
+                    "tail_items=1, step it by content_max_chars to read a long item.",
                 },
             },
             ("conversation_id",),

@@ -354,11 +354,34 @@ async def test_s28_history_access_errors(
     assert answer == {"error": error, "conversation_id": "conv_t"}
 
 
-async def test_s27_history_needs_a_target_and_a_positive_tail(ctx: ToolContext) -> None:
+async def test_s27_history_needs_a_target_and_whole_numbers(ctx: ToolContext) -> None:
     with pytest.raises(ToolError, match="requires a non-empty 'conversation_id'"):
         await run(ctx, "sys_session_get_history")
-    with pytest.raises(ToolError, match="'tail_items' must be a positive integer"):
+    with pytest.raises(ToolError, match=r"^tail_items must be >= 1$"):
         await run(ctx, "sys_session_get_history", conversation_id="c", tail_items=0)
+    with pytest.raises(ToolError, match=r"^content_max_chars must be a whole number, got 1\.5$"):
+        await run(ctx, "sys_session_get_history", conversation_id="c", content_max_chars=1.5)
+    with pytest.raises(ToolError, match=r"^content_offset_chars must be >= 0$"):
+        await run(ctx, "sys_session_get_history", conversation_id="c", content_offset_chars=-1)
+
+
+async def test_s27_history_tail_is_clamped_and_a_long_item_is_read_in_windows(
+    server: FakeOmnigentServer, ctx: ToolContext
+) -> None:
+    child(server, "conv_t", "researcher:auth", CALLER)
+    server.add_item("conv_t", assistant_message("abcdefghij"))
+    first = await run(
+        ctx, "sys_session_get_history", conversation_id="conv_t", tail_items="500",
+        content_max_chars=4,
+    )  # fmt: skip
+    assert first["items"] == [{"type": "message", "role": "assistant", "text": "abcd [truncated]"}]
+    (items,) = server.received("GET", "/v1/sessions/conv_t/items")
+    assert items.params["limit"] == "50"
+    last = await run(
+        ctx, "sys_session_get_history", conversation_id="conv_t", tail_items=1,
+        content_max_chars=4, content_offset_chars=8,
+    )  # fmt: skip
+    assert last["items"][0]["text"] == "ij"
 
 
 # -- sys_agent_* --------------------------------------------------------------------------------
