@@ -958,7 +958,8 @@ def test_up_hands_runners_and_workspace_to_actors(tmp_path: Path) -> None:
     dispatch = specs.child_record("dispatch", "x:Y", ActorSettings())["options"]
     assert dispatch["runners"] == gateway["runners"]
     tools = specs.child_record("tools", "x:Y", ActorSettings())["options"]
-    assert tools == {"workspace": str(tmp_path / "ws")}
+    # The tools actor asks each session's server for the session tools' reads (#17).
+    assert tools == {"workspace": str(tmp_path / "ws"), "runners": gateway["runners"]}
     # No runner anywhere: the embedded control plane is wanted (unless disabled).
     assert wants_control_plane(Config(), None) is (
         Path(__file__).parents[2].joinpath("corral/server/__main__.py").exists()

@@ -852,11 +852,16 @@ async def test_non_loopback_listener_takes_the_client_token_not_the_runners(
         assert (await ctx.client.get("/v1/agents")).status_code == 200  # the client token
         anonymous = {"authorization": ""}
         assert (await ctx.client.get("/v1/agents", headers=anonymous)).status_code == 401
-        # The runner's token is the runner's: it is no client credential, as bearer or header.
+        # The runner's token is the runner's: it is no client credential, as bearer or header
+        # (a client-only route: the runner's session tools may read the agents list, #17).
+        resolve = "/v1/sessions/s/elicitations/e/resolve"
         runner_bearer = {"Authorization": f"Bearer {ctx.token}"}
-        assert (await ctx.client.get("/v1/agents", headers=runner_bearer)).status_code == 401
+        refused = await ctx.client.post(resolve, headers=runner_bearer, json={"action": "accept"})
+        assert refused.status_code == 401
         runner_header = {"x-omnigent-runner-tunnel-token": ctx.token, "authorization": ""}
-        assert (await ctx.client.get("/v1/agents", headers=runner_header)).status_code == 401
+        refused = await ctx.client.post(resolve, headers=runner_header, json={"action": "accept"})
+        assert refused.status_code == 401
+        assert (await ctx.client.get("/v1/agents", headers=runner_header)).status_code == 200
         async with ctx.runner_client() as client:
             assert await client.version() == "0.19.1"
         runner = await ctx.runner()

@@ -133,7 +133,9 @@ class WorkerPool(HarnessBase):
         if error is not None:
             raise error
         if reply is None:
-            raise Unreachable(f"the worker {name!r} exited")
+            # Its exit beat the call's failure: say how it ended, as an exit seen first does.
+            last = child.last_exit if child is not None else None
+            raise Unreachable(f"the worker {name!r} {last['reason'] if last else 'exited'}")
         return reply
 
     async def _await_exit(self, name: str) -> None:
