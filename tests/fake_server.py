@@ -33,8 +33,9 @@ route                                                     answer
 
 Every request is recorded (:class:`Recorded`: method, path, query, headers, raw body) before it
 is answered. Faults are scripted per route with :meth:`FakeOmnigentServer.fail`: an error
-status, a hang until the client gives up, or a dropped connection. When ``token`` is set, calls
-without that ``X-Omnigent-Runner-Tunnel-Token`` get the server's 401.
+status, a hang until the client gives up, a dropped connection, or a hold: the request waits
+until the test releases it (``fault.released.set()``) and is then answered normally. When
+``token`` is set, calls without that ``X-Omnigent-Runner-Tunnel-Token`` get the server's 401.
 """
 
 from __future__ import annotations
@@ -97,13 +98,22 @@ class Fault:
     status: int = 503
     body: bytes = b'{"error":{"code":"unavailable","message":"try again"}}'
     headers: dict[str, str] = field(default_factory=dict)
-    mode: str = "status"  # "status" | "hang" | "drop"
+    mode: str = "status"  # "status" | "hang" | "drop" | "hold"
     times: int = 1
+    #: Matching requests let through untouched before the fault applies.
+    after: int = 0
+    #: mode "hold": set when a held request arrives; the test sets ``released`` to answer it.
+    arrived: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
 
     def matches(self, method: str, path: str) -> bool:
-        return (
-            self.times > 0 and self.method == method and re.fullmatch(self.path, path) is not None
-        )
+        """Whether the fault applies to this request (counting the ones let through)."""
+        if self.times <= 0 or self.method != method or re.fullmatch(self.path, path) is None:
+            return False
+        if self.after > 0:
+            self.after -= 1
+            return False
+        return True
 
 
 @dataclass
@@ -430,12 +440,16 @@ class FakeOmnigentServer:
         *,
         status: int = 503,
         times: int = 1,
+        after: int = 0,
         mode: str = "status",
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
     ) -> Fault:
-        """Misbehave on the next ``times`` requests matching ``method`` and ``path`` (regex)."""
-        fault = Fault(method, path, status=status, mode=mode, times=times, headers=headers or {})
+        """Misbehave on ``times`` requests matching ``method`` and ``path`` (regex), after
+        letting the next ``after`` of them through."""
+        fault = Fault(
+            method, path, status=status, mode=mode, times=times, after=after, headers=headers or {}
+        )
         if body is not None:
             fault.body = body
         self.faults.append(fault)
@@ -470,7 +484,12 @@ class FakeOmnigentServer:
                         return
                     if fault.mode == "drop":
                         return
-                    reply = Reply(fault.status, fault.body, headers=fault.headers)
+                    if fault.mode == "hold":
+                        fault.arrived.set()
+                        await trio.to_thread.run_sync(fault.released.wait, abandon_on_cancel=True)
+                        reply = self._route(request)
+                    else:
+                        reply = Reply(fault.status, fault.body, headers=fault.headers)
                 else:
                     reply = self._route(request)
                 await stream.send_all(self._encode(reply))
