@@ -17,6 +17,7 @@ import trio
 
 from corral.tools._api import ToolContext, ToolError
 from corral.tools.terminals import TOOLS, TerminalInstance, Terminals, parse_terminals
+from tests._tool_context import tool_context
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -50,15 +51,12 @@ def make_ctx(
     session_id: str = CONV,
     max_output_chars: int = 100_000,
 ) -> ToolContext:
-    return ToolContext(
+    return tool_context(
+        tmp_path,
         session_id=session_id,
-        call_id="call_1",
         spec=SPEC if spec is None else spec,
         workspace=workspace,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
         publish=published if published is not None else Published(),
-        data_dir=tmp_path / "data",
         terminals=terminals,
         max_output_chars=max_output_chars,
     )

@@ -15,6 +15,7 @@ import trio
 from corral.tools._api import ToolContext
 from corral.tools.async_calls import RESTARTED_OUTPUT, TOOLS, AsyncCalls
 from corral.tools.inbox import Inbox, Reviewed
+from tests._tool_context import tool_context
 
 SID = "conv_async"
 _TOOLS = {tool.name: tool for tool in TOOLS}
@@ -54,17 +55,10 @@ def make_ctx(
     session_id: str = SID,
     inbox: Inbox | None = None,
 ) -> ToolContext:
-    async def publish(event: dict[str, Any]) -> None:
-        raise AssertionError("async calls publish nothing")
-
-    return ToolContext(
+    return tool_context(
+        tmp_path,
         session_id=session_id,
         call_id=call_id,
-        spec={},
-        workspace=None,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=publish,
         data_dir=tmp_path,
         inbox=inbox if inbox is not None else (calls.inbox if calls is not None else None),
         async_calls=calls,
