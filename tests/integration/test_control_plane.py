@@ -36,7 +36,7 @@ from corral.config import PolicyRule, ServerSettings
 from corral.server import ControlPlane, PlaneOptions, serve
 from corral.server._state import StateDirBusy
 from corral.server_client import ServerClient
-from tests._fake_runner import FakeRunner
+from tests._fake_runner import HELLO, FakeRunner
 from tests.conftest import wait_until
 
 FAST = PlaneOptions(
@@ -64,14 +64,6 @@ executor:
   harness: openai
   model: m-beta
 """
-HELLO = {
-    "kind": "hello",
-    "runner_version": "0.11.0.dev0",
-    "frame_protocol_version": 1,
-    "harnesses": ["scripted"],
-    "envs": [],
-    "telemetry_opt_out": True,
-}
 
 
 @pytest.fixture
