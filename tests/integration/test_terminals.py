@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import trio
 from corral.tools._api import ToolContext, ToolError
 from corral.tools.terminals import TOOLS, TerminalInstance, Terminals, parse_terminals
 from tests._tool_context import tool_context
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -64,17 +65,6 @@ def make_ctx(
 
 async def call(ctx: ToolContext, name: str, **args: Any) -> dict[str, Any]:
     return json.loads(await _TOOLS[name].run(ctx, args))
-
-
-async def wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 10.0) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout``."""
-    with trio.move_on_after(timeout):
-        while True:
-            value = await probe()
-            if value:
-                return value
-            await trio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def count_lookups(terminals: Terminals) -> list[tuple[str, str, str]]:
