@@ -55,6 +55,7 @@ from urllib.parse import parse_qsl, unquote
 import trio
 
 from corral.spec import make_bundle
+from tests._http11 import read_request, until_eof
 
 SERVER_VERSION = "0.11.0.dev0"
 #: A fixed "now" for created_at fields, so recorded shapes are stable.
@@ -480,7 +481,7 @@ class FakeOmnigentServer:
                 if fault is not None:
                     fault.times -= 1
                     if fault.mode == "hang":
-                        await _until_eof(stream)
+                        await until_eof(stream)
                         return
                     if fault.mode == "drop":
                         return
@@ -501,35 +502,17 @@ class FakeOmnigentServer:
             await trio.aclose_forcefully(stream)
 
     async def _read_request(self, stream: trio.SocketStream, buffer: bytearray) -> Recorded | None:
-        while b"\r\n\r\n" not in buffer:
-            data = await stream.receive_some()
-            if not data:
-                return None
-            buffer += data
-        head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-        request_line, *header_lines = head.decode("latin-1").split("\r\n")
-        raw_headers = []
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            raw_headers.append((name.strip().lower(), value.strip()))
-        headers = dict(raw_headers)
-        length = int(headers.get("content-length", "0"))
-        body = bytearray(rest)
-        while len(body) < length:
-            data = await stream.receive_some()
-            if not data:
-                return None
-            body += data
-        buffer[:] = body[length:]
-        method, target, _ = request_line.split(" ", 2)
-        path, _, query = target.partition("?")
+        raw = await read_request(stream, buffer)
+        if raw is None:
+            return None
+        path, _, query = raw.target.partition("?")
         return Recorded(
-            method,
+            raw.method,
             unquote(path),
             query,
-            headers,
-            raw_headers,
-            bytes(body[:length]),
+            dict(raw.headers),
+            raw.headers,
+            raw.body,
             trio.current_time(),
         )
 
@@ -924,9 +907,3 @@ def _body(request: Recorded) -> Any:
         return request.json
     except ValueError:
         return None
-
-
-async def _until_eof(stream: trio.SocketStream) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        while await stream.receive_some():
-            pass
