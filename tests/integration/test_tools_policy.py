@@ -214,6 +214,12 @@ async def restarted(host: HostProcess, name: str, before: dict[str, Any]) -> Non
     await trio.to_thread.run_sync(host.restarted, name, before)
 
 
+def _held(host: HostProcess, actor: str) -> int:
+    """How many of ``actor``'s in-flight messages it holds (``corral mailboxes``)."""
+    (row,) = [m for m in host.ask("mailboxes")["mailboxes"] if m["actor"] == actor]
+    return int(row["held"])
+
+
 async def _ask(gw: FakeGateway, sid: str) -> dict[str, Any]:
     await gw.wait(lambda: of_type(gw, sid, "response.elicitation_request"), timeout=30)
     return of_type(gw, sid, "response.elicitation_request")[0]
@@ -349,6 +355,44 @@ async def test_an_approval_for_a_prompt_whose_park_died_waits_for_the_call_to_pa
         assert parks == []
         assert not (tmp_path / "once.txt").exists()
     assert "Traceback" not in host.log()
+
+
+@pytest.mark.chaos
+async def test_an_approved_call_outlives_its_policy_actors_restarts_while_it_runs(
+    host_factory, server, tmp_path
+) -> None:
+    """E-01 for policy: an approved call runs in the tools actor while policy is killed
+    twice. The approval and the call wait on other processes, so a restart is not a failed
+    attempt of them: with ``max_attempts = 1`` the broker used to dead-letter the approval at
+    the first restart and the turn waited on its park for good (the ``--kind policy`` storm:
+    3 hung turns). The command runs once and the turn ends."""
+    host = _thost(host_factory, server, "[bus]\nmax_attempts = 1\n")
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
+    command = "echo run >> runs; touch started; while [ ! -e go ]; do sleep 0.05; done; echo ran"
+    agent_id, sid = agent(server, tmp_path, [tool("sys_os_shell", command=command)])
+    async with fake_gateway(host.endpoint) as gw:
+        await gw.init(sid, agent_id)
+        await gw.message(sid, "go")
+        ask = await _ask(gw, sid)
+        await _verdict(gw, sid, ask["elicitation_id"], "accept")
+        await trio.to_thread.run_sync(
+            lambda: wait_until((tmp_path / "started").exists, 30, "the command started")
+        )
+        for _ in range(2):
+            # Killed once each incarnation holds the approval again (a kill before that is
+            # one attempt of it, as for any message in hand).
+            await trio.to_thread.run_sync(
+                lambda: wait_until(lambda: _held(host, "policy") == 1, 10, "the approval held")
+            )
+            before = host.actor("policy")
+            os.kill(before["pid"], signal.SIGKILL)
+            await restarted(host, "policy", before)
+        (tmp_path / "go").touch()
+        assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+        (output,) = outputs(gw, sid)
+    assert "ran" in output
+    assert (tmp_path / "runs").read_text() == "run\n"
+    assert "dead letter" not in host.log()
 
 
 @pytest.mark.chaos

@@ -265,6 +265,11 @@ class PolicyActor(Actor):
             return _outcome(
                 call, "failed", f"The tool {call.name!r} is not available on this runner."
             )
+        # Past the local gates, what is left of the call is waiting on other processes (the
+        # server's verdict, which may be held for a person; the tools actor's run), so a
+        # restart of this actor meanwhile is not a failed attempt of it: a call in flight
+        # through five restarts would be dead-lettered, and its turn left waiting.
+        await deferred.hold()
         if call.origin == "mcp":
             return await self._run(call)  # the server evaluated it before calling us
         event = {
@@ -351,6 +356,11 @@ class PolicyActor(Actor):
             if parked.verdict is not None:
                 parked.verdict.ack()
             return
+        if parked.verdict is not None:
+            # Acked once the call's outcome is durable: until then it waits on the tools
+            # actor, and this actor's restarts are not failed attempts of it (held, as the
+            # call is past its gates).
+            await parked.verdict.hold()
         await self._publish(
             call.session_id,
             {
@@ -522,6 +532,7 @@ class PolicyActor(Actor):
         self, msg: PolicyEvaluate, deferred: Deferred, scope: trio.CancelScope
     ) -> None:
         event = {"type": msg.phase, "data": msg.data}
+        await deferred.hold()  # the server may hold the evaluation for a person (§F.3)
         with scope:
             try:
                 action, reason, failed = await self._verdict(
