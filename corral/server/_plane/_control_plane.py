@@ -38,6 +38,7 @@ from ._answers import (
     SessionSnapshot,
 )
 from ._binding import RunnerBinding, _Binding
+from ._coalesce import Coalesced
 from ._credential import ClientToken
 from ._options import PlaneOptions
 from ._outbox import OutboxDelivery, _Delivery
@@ -82,7 +83,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         self._changed: dict[str, trio.Event] = {}
         self._outbox_wake: dict[str, trio.Event] = {}
         self._deliveries: collections.OrderedDict[int, _Delivery] = collections.OrderedDict()
-        self._agents_lock = trio.Lock()
+        self._agents = Coalesced(lambda: trio.to_thread.run_sync(self.catalog.load))
         self._specs: dict[str, AgentSpec | None] = {}
         self._copy_policies: dict[str, list[AgentPolicy]] = {}
         self._tools = ToolCalls(self)
@@ -131,9 +132,9 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
     # -- agents ----------------------------------------------------------------------------
 
     async def agents(self) -> dict[str, Agent]:
-        """Re-read the agent directories (cheap: a few small files) and return the agents."""
-        async with self._agents_lock:
-            return await trio.to_thread.run_sync(self.catalog.load)
+        """Re-read the agent directories (a few small files, read once for all who ask at
+        the same time) and return the agents."""
+        return await self._agents()
 
     def _spec_of(self, session: SessionRow) -> AgentSpec | None:
         key = yaml_version(session.agent_yaml)
