@@ -53,6 +53,7 @@ from .._jsonlines import JsonObject
 from ..server_client import runner_id_for_token
 from ._discovery import agent_object, list_page
 from ._plane import SERVER_VERSION, ControlPlane, Refused
+from ._session_writes import create_child, write_routes
 from ._store import UnknownCursor
 from ._tunnel import FRAME_PROTOCOL_VERSION, RunnerLink
 
@@ -350,8 +351,8 @@ class _Api:
 
     @endpoint("any")
     async def sessions(self, request: Request) -> Response:
-        """``GET /v1/sessions`` (newest first; ``agent_name`` filters) and the client's
-        ``POST /v1/sessions``."""
+        """``GET /v1/sessions`` (newest first; ``agent_name`` filters), the client's
+        ``POST /v1/sessions`` and the runner's (a child session)."""
         if request.method == "GET":
             limit = _int_param(request, "limit", 100, 1, 1000)
             wanted = request.query_params.get("agent_name")
@@ -362,7 +363,8 @@ class _Api:
                 if not wanted or r.agent == wanted
             ]
             return JSONResponse(list_page(data))
-        self._require(request, "client")
+        if request.state.caller == "runner":  # sys_session_create's child (_session_writes)
+            return await create_child(self, request)
         body = _convert(await self._json(request), CreateSession)
         key = _idempotency_key(request)
         row = await self.plane.create_session(body.agent, body.title, key)
@@ -468,8 +470,12 @@ class _Api:
         if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
             raise Refused(422, "invalid_request", "An event is an object with a string 'type'.")
         kind = raw["type"]
-        # The runner posts its own items; messages, verdicts and controls are a client's.
-        self._require(request, "runner" if kind == "external_conversation_item" else "client")
+        # The runner posts its own items, and messages to the sessions it drives (a child's
+        # first message, PROTOCOL_0_19 §J.4); verdicts and controls are a client's.
+        if kind == "external_conversation_item":
+            self._require(request, "runner")
+        elif kind != "message":
+            self._require(request, "client")
         row = await self.plane.session(request.path_params["session_id"])
         data = raw.get("data", {})
         answer: Mapping[str, object]
@@ -698,6 +704,7 @@ def build_app(plane: ControlPlane) -> Starlette:
         (f"{s}/events", api.events, ["POST"]),
         (f"{s}/elicitations/{{elicitation_id}}/resolve", api.resolve, ["POST"]),
         (f"{s}/stream", api.stream, ["GET"]),
+        *write_routes(api, endpoint),
     ]
     routes: list[Route | WebSocketRoute] = [
         Route(path, handler, methods=methods) for path, handler, methods in table

@@ -34,6 +34,8 @@ from ._sessions import (
     _delete_session,
     _events_after,
     _get_session,
+    _grant,
+    _grants,
     _list_items,
     _list_sessions,
     _patch_session,
@@ -145,6 +147,14 @@ class Store:
     ) -> SessionRow | None:
         """Merge ``labels`` into the session's and set ``title`` (each when not None)."""
         return await self._write(_patch_session, session_id, labels, title)
+
+    async def grant(self, session_id: str, user_id: str, level: int) -> None:
+        """Store (or replace) ``user_id``'s access ``level`` to a session."""
+        await self._write(_grant, session_id, user_id, level)
+
+    async def grants(self, session_id: str) -> list[tuple[str, int]]:
+        """The session's grants as ``(user_id, level)``, by user."""
+        return await self._read(_grants, session_id)
 
     # -- items -----------------------------------------------------------------------------
 
