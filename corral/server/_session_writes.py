@@ -15,7 +15,7 @@ so the tools send one request whichever server they run against:
                                                    ``{"session_id", "agent_id", "agent_name"}``
 ``PUT /v1/sessions/{id}/permissions``              ``{"user_id", "level": 1..3}`` stored;
                                                    ``{"user_id", "conversation_id", "level"}``
-``GET /v1/sessions/{id}/permissions``              list page of those grants
+``GET /v1/sessions/{id}/permissions``              ``{"permissions": [...], "next_cursor"}``
 =================================================  =============================================
 
 ``sys_session_close`` needs no route of its own: it reads snapshots (a child's carries its
@@ -45,7 +45,6 @@ from starlette.responses import JSONResponse, Response
 from .._jsonlines import JsonObject
 from ..spec import SpecError, load_bundle, spec_to_dict
 from ._conversation import new_id
-from ._discovery import list_page
 from ._plane import Refused
 from ._store import SessionRow
 
@@ -208,7 +207,7 @@ async def permissions(api: _Api, request: Request) -> Response:
     if request.method == "GET":
         grants = await api.plane.store.grants(row.id)
         data = [{"user_id": u, "conversation_id": row.id, "level": lv} for u, lv in grants]
-        return JSONResponse(list_page(data))
+        return JSONResponse({"permissions": data, "next_cursor": None})
     raw = await api._json(request, api.options.runner_max_body_bytes)
     try:
         grant = msgspec.convert(raw, Grant)

@@ -119,7 +119,7 @@ def test_s38_s36_s47_a_scripted_agent_creates_a_child_that_runs(plane_host: Host
         snap = http.get(f"/v1/sessions/{child}").json()
         assert (snap["parent_session_id"], snap["root_conversation_id"]) == (sid, sid)
         assert snap["title"] == "auth" and snap["agent_name"] == "helper"
-        grants = http.get(f"/v1/sessions/{sid}/permissions").json()["data"]
+        grants = http.get(f"/v1/sessions/{sid}/permissions").json()["permissions"]
         assert grants == [{"user_id": "__public__", "conversation_id": sid, "level": 1}]
         # The child is bound to the same runner: its first message ran a turn of its own.
         wait_until(lambda: "helper here" in _assistant_texts(http, child), 30, "the child's turn")
