@@ -12,12 +12,9 @@ against:
                                         ``corral agents`` reads
 ``GET /v1/sessions``                    list page of sessions; ``agent_name`` filters
 ``GET /v1/sessions/{id}/agent``         the session's agent object
-``GET /v1/sessions/{id}/child_sessions`` list page of its child sessions
+``GET /v1/sessions/{id}/child_sessions`` list page of its child sessions (``_session_writes``)
 ``GET /v1/runners/{id}/status``         ``{"runner_id", "online"}``
 ======================================  ======================================================
-
-The control plane creates no child sessions yet, so every session's children are an empty
-page, as a real server answers for a session that delegated nothing.
 """
 
 from __future__ import annotations

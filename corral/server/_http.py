@@ -53,7 +53,7 @@ from .._jsonlines import JsonObject
 from ..server_client import runner_id_for_token
 from ._discovery import agent_object, list_page
 from ._plane import SERVER_VERSION, ControlPlane, Refused
-from ._session_writes import create_child, write_routes
+from ._session_writes import child_page, create_child, write_routes
 from ._store import UnknownCursor
 from ._tunnel import FRAME_PROTOCOL_VERSION, RunnerLink
 
@@ -358,7 +358,11 @@ class _Api:
             wanted = request.query_params.get("agent_name")
             rows = await self.plane.store.list_sessions(limit)
             data = [
-                {**self.plane.session_object(r), "agent_name": r.agent, "parent_session_id": None}
+                {
+                    **self.plane.session_object(r),
+                    "agent_name": r.agent,
+                    "parent_session_id": r.parent_session_id,
+                }
                 for r in rows
                 if not wanted or r.agent == wanted
             ]
@@ -403,9 +407,9 @@ class _Api:
 
     @endpoint("any")
     async def child_sessions(self, request: Request) -> Response:
-        """``GET .../child_sessions``: none, the plane creates no child sessions yet."""
-        await self.plane.session(request.path_params["session_id"])
-        return JSONResponse(list_page([]))
+        """``GET .../child_sessions``: the session's open children (``_session_writes``)."""
+        row = await self.plane.session(request.path_params["session_id"])
+        return JSONResponse(await child_page(self, row))
 
     @endpoint("runner")
     async def agent_contents(self, request: Request) -> Response:

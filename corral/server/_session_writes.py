@@ -18,10 +18,11 @@ so the tools send one request whichever server they run against:
 ``GET /v1/sessions/{id}/permissions``              ``{"permissions": [...], "next_cursor"}``
 =================================================  =============================================
 
+``GET /v1/sessions/{id}/child_sessions`` lists a session's children (:func:`child_page`).
 ``sys_session_close`` needs no route of its own: it reads snapshots (a child's carries its
 ``parent_session_id`` and ``root_conversation_id``) and sends the ``PATCH`` the runner's
-labels already use. A child is bound to the runner like any session, so its first message
-is delivered as a client's is.
+labels already use; a closed child then leaves its parent's list. A child is bound to the
+runner like any session, so its first message is delivered as a client's is.
 
 The share refusals answer the real server's envelope ``{"error": {"code", "message"}}``,
 whose message the tool shows the model (S-37). The plane has one user: a grant is kept and
@@ -45,6 +46,7 @@ from starlette.responses import JSONResponse, Response
 from .._jsonlines import JsonObject
 from ..spec import SpecError, load_bundle, spec_to_dict
 from ._conversation import new_id
+from ._discovery import list_page
 from ._plane import Refused
 from ._store import SessionRow
 
@@ -53,9 +55,12 @@ if TYPE_CHECKING:
 
     from ._http import Access, Handler, _Api
 
-__all__ = ["PUBLIC_USER", "create_child", "parse_form", "write_routes"]
+__all__ = ["PUBLIC_USER", "child_page", "child_row", "create_child", "parse_form", "write_routes"]
 
 PUBLIC_USER = "__public__"
+#: How ``sys_session_close`` marks a child: the label, and the legacy title infix.
+CLOSED_LABEL = "omnigent.closed"
+CLOSED_TITLE_INFIX = ":closed:"
 #: The most a ``__public__`` grant may give: read (the real server's default ceiling).
 PUBLIC_MAX_LEVEL = 1
 #: A title is at most this long (as a client's create).
@@ -199,6 +204,43 @@ async def _child_from_bundle(api: _Api, parts: dict[str, tuple[str | None, bytes
     await _store_child(api, row)
     answer = {"session_id": row.id, "agent_id": row.agent_id, "agent_name": name}
     return JSONResponse(answer, status_code=201)
+
+
+def _is_closed(row: SessionRow) -> bool:
+    return row.labels.get(CLOSED_LABEL) == "true" or CLOSED_TITLE_INFIX in (row.title or "")
+
+
+def child_row(row: SessionRow) -> JsonObject:
+    """A child as ``GET .../child_sessions`` shows it (PROTOCOL_0_19 §J.8); ``tool`` and
+    ``session_name`` from an ``<agent>:<name>`` title (``ui:<agent>:<name>`` too)."""
+    tool, _, name = (row.title or "").partition(":")
+    if tool == "ui" and ":" in name:
+        tool, _, name = name.partition(":")
+    return {
+        "id": row.id,
+        "object": "child_session",
+        "parent_session_id": row.parent_session_id,
+        "title": row.title,
+        "task_summary": None,
+        "tool": tool if name else None,
+        "session_name": name or None,
+        "kind": "sub_agent",
+        "created_at": int(row.created_at),
+        "updated_at": int(row.updated_at),
+        "agent_id": row.agent_id,
+        "agent_name": row.agent,
+        "current_task_id": None,
+        "current_task_status": None,
+        "busy": row.status == "running",
+        "labels": row.labels,
+    }
+
+
+async def child_page(api: _Api, parent: SessionRow) -> JsonObject:
+    """``GET .../child_sessions``: the parent's children, a closed one left out as the real
+    server leaves out an archived one (a named send then makes a fresh child)."""
+    children = await api.plane.store.children(parent.id)
+    return list_page([child_row(c) for c in children if not _is_closed(c)])
 
 
 async def permissions(api: _Api, request: Request) -> Response:

@@ -2,7 +2,8 @@
 scripted agent's ``sys_session_create`` / ``sys_session_share`` / ``sys_list_models`` go
 harness → dispatch → policy → tools → the plane, and the plane's child runs on the same
 runner (S-36, S-38, S-47); ``sys_session_close`` and both create modes are run against the
-plane's HTTP routes as the tools actor asks them (S-29..S-31, S-37, S-39, S-41, P-18)."""
+plane's HTTP routes as the tools actor asks them (S-24, S-29..S-31, S-37, S-39, S-41,
+P-18)."""
 
 from __future__ import annotations
 
@@ -172,6 +173,12 @@ async def test_s29_s31_p18_close_through_the_plane(
         "conversation_id"
     ]
     foreign = await _run(_ctx(other, plane, tmp_path), "sys_session_create", agent_id=helper)
+    # S-24: the plane lists the caller's child, by its (agent, title).
+    entry = {"agent": "researcher", "title": "auth", "conversation_id": child}
+    listing = await _run(ctx, "sys_session_list")
+    assert listing["sub_agents"] == [entry]
+    (row,) = [r for r in listing["sessions"] if r["session_id"] == child]
+    assert row["parent_session_id"] == sid
     # S-30: a child of another tree is refused, and not written.
     out = await _run(ctx, "sys_session_close", conversation_id=foreign["conversation_id"])
     assert out == {"error": "session_out_of_tree", "conversation_id": foreign["conversation_id"]}
@@ -184,6 +191,8 @@ async def test_s29_s31_p18_close_through_the_plane(
     snap = await plane.session_snapshot(child)
     assert snap["title"] == f"researcher:auth:closed:{child}"
     assert snap["labels"]["omnigent.closed"] == "true"
+    # Closed, it leaves the caller's children: a named send would make a fresh one.
+    assert (await _run(ctx, "sys_session_list"))["sub_agents"] == []
     with _runner_http(plane_host) as http:
         untouched = http.get(f"/v1/sessions/{foreign['conversation_id']}").json()
     assert untouched["labels"] == {} and "closed" not in (untouched["title"] or "")

@@ -30,6 +30,7 @@ from ._schema import _SCHEMA, SCHEMA_VERSION, T, _connect, _in_transaction, _mig
 from ._sessions import (
     _add_item,
     _add_user_message,
+    _children,
     _create_session,
     _delete_session,
     _events_after,
@@ -128,6 +129,10 @@ class Store:
     async def list_sessions(self, limit: int) -> list[SessionRow]:
         """Sessions, newest first."""
         return await self._read(_list_sessions, limit)
+
+    async def children(self, parent_id: str) -> list[SessionRow]:
+        """The sessions whose parent is ``parent_id``, newest first."""
+        return await self._read(_children, parent_id)
 
     async def sessions_for_runner(self, runner_id: str) -> list[str]:
         """Ids of the sessions bound to ``runner_id``: those with undelivered forwards first,

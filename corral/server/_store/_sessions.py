@@ -90,6 +90,15 @@ def _list_sessions(con: sqlite3.Connection, limit: int) -> list[SessionRow]:
     return [_session_row(r) for r in rows]
 
 
+def _children(con: sqlite3.Connection, parent_id: str) -> list[SessionRow]:
+    rows = con.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE parent_session_id = ? "
+        "ORDER BY created_at DESC, rowid DESC",
+        (parent_id,),
+    ).fetchall()
+    return [_session_row(r) for r in rows]
+
+
 def _sessions_for_runner(con: sqlite3.Connection, runner_id: str) -> list[str]:
     rows = con.execute(
         """
