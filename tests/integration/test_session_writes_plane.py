@@ -49,6 +49,9 @@ SPAWNER = f"""
     """
 
 
+PROVIDERS = "providers:\n  claude:\n    kind: subscription\n    cli: claude\n    default: true\n"
+
+
 @pytest.fixture(scope="module")
 def plane_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess]:
     root = tmp_path_factory.mktemp("writes")
@@ -56,9 +59,16 @@ def plane_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess
     agents.mkdir()
     (agents / "helper.yaml").write_text(textwrap.dedent(HELPER))
     (agents / "spawner.yaml").write_text(textwrap.dedent(SPAWNER))
+    # sys_list_models reads omnigent's providers file; the variable must reach the tools actor.
+    omnigent_home = root / "omnigent-home"
+    omnigent_home.mkdir()
+    (omnigent_home / "config.yaml").write_text(PROVIDERS)
     host = HostProcess(root / "state", _config(agents))
     try:
-        yield _start(host)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("OMNIGENT_CONFIG_HOME", str(omnigent_home))
+            _start(host)
+        yield host
     finally:
         _stop(host)
 
@@ -116,6 +126,7 @@ def test_s38_s36_s47_a_scripted_agent_creates_a_child_that_runs(plane_host: Host
     }
     assert shared == {"shared": True, "session_id": sid, "user_id": "__public__", "level": "read"}
     assert set(models) == {"self"}  # no declared sub-agents: the caller's own row
+    assert (models["self"]["source"], len(models["self"]["models"])) == ("static", 5)
     with _runner_http(plane_host) as http:
         snap = http.get(f"/v1/sessions/{child}").json()
         assert (snap["parent_session_id"], snap["root_conversation_id"]) == (sid, sid)
