@@ -557,3 +557,29 @@ async def test_s48_list_models_requires_agent_spec(
     out = await _TOOLS["sys_list_models"].run(ctx, {})
     assert out.startswith("Error:") and "agent spec" in out
     assert out == "Error: sys_list_models requires an agent spec"
+
+
+@pytest.mark.parametrize(
+    ("config", "note"),
+    [
+        ("providers:\n  a:\n    kind: key\n    default: true\n", "'key' provider"),
+        ("providers:\n  a: {kind: subscription, cli: claude}\n  b: {kind: key}\n", "no model"),
+        ("providers: [not, a, mapping]\n", "no model provider"),
+        (": not yaml :\n  - [\n", "no model provider"),
+    ],
+    ids=["api-key", "two-without-default", "not-a-mapping", "broken-yaml"],
+)
+async def test_s47_a_provider_it_cannot_list_is_a_none_row_saying_why(
+    client: ServerClient,
+    tmp_path: Path,
+    workspace: Path,
+    providers: Path,
+    config: str,
+    note: str,
+) -> None:
+    providers.write_text(config)
+    ctx = make_ctx(tmp_path, workspace, client, _worker_spec("claude-native"))
+    payload = await run(ctx, "sys_list_models")
+    for row in payload.values():
+        assert (row["source"], row["verified"], row["models"]) == ("none", False, [])
+        assert note in row["note"]
