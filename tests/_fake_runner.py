@@ -36,6 +36,15 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 from corral.server_client import runner_id_for_token
 
 HEARTBEAT = {"type": "session.heartbeat"}
+#: The ``hello`` it sends unless told another: a 0.11 runner's (PROTOCOL_FACTS §i.2).
+HELLO = {
+    "kind": "hello",
+    "runner_version": "0.11.0.dev0",
+    "frame_protocol_version": 1,
+    "harnesses": ["scripted"],
+    "envs": [],
+    "telemetry_opt_out": True,
+}
 
 
 @dataclass
@@ -67,14 +76,7 @@ class FakeRunner:
         base = server_url.replace("http://", "ws://", 1).rstrip("/")
         self.url = f"{base}/v1/runners/{self.runner_id}/tunnel"
         self.origin = origin
-        self.hello = hello or {
-            "kind": "hello",
-            "runner_version": "0.11.0.dev0",
-            "frame_protocol_version": 1,
-            "harnesses": ["scripted"],
-            "envs": [],
-            "telemetry_opt_out": True,
-        }
+        self.hello = hello or HELLO
         self.requests: list[Seen] = []
         self.pings: list[int] = []
         self.cancels: list[str] = []

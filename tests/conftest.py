@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,22 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(0.02)
+
+
+async def wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 10.0) -> Any:
+    """:func:`wait_until` in a trio test, for an async ``probe`` (a tool call, a file read in
+    a thread): poll it every 50 ms until it returns something truthy; fail after ``timeout``.
+
+    Not faster: the terminal tests' tmux probes then miss a short-lived command's output now
+    and then (2 of 10 runs of ``test_spec_and_model_strings_never_reach_a_shell`` at 20 ms,
+    none of 10 at 50 ms)."""
+    with trio.move_on_after(timeout):
+        while True:
+            value = await probe()
+            if value:
+                return value
+            await trio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def corral(

@@ -19,6 +19,8 @@ from typing import Any
 
 import trio
 
+from tests._http11 import read_request, until_eof
+
 NO_REPLY = 500
 
 
@@ -183,28 +185,11 @@ class FakeOpenAI:
             await trio.aclose_forcefully(stream)
 
     async def _read_request(self, stream: trio.SocketStream, buffer: bytearray) -> Request | None:
-        while b"\r\n\r\n" not in buffer:
-            data = await stream.receive_some()
-            if not data:
-                return None
-            buffer += data
-        head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-        request_line, *header_lines = head.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        body = bytearray(rest)
-        while len(body) < length:
-            data = await stream.receive_some()
-            if not data:
-                return None
-            body += data
-        buffer[:] = body[length:]
-        method, path, _ = request_line.split(" ", 2)
-        payload = json.loads(body[:length]) if length else None
-        return Request(method, path, headers, payload, trio.current_time())
+        raw = await read_request(stream, buffer)
+        if raw is None:
+            return None
+        payload = json.loads(raw.body) if raw.body else None
+        return Request(raw.method, raw.target, dict(raw.headers), payload, trio.current_time())
 
     async def _send(self, stream: trio.SocketStream, reply: Reply) -> bool:
         """Send ``reply``; False if the connection is finished afterwards."""
@@ -217,7 +202,7 @@ class FakeOpenAI:
         await stream.send_all(_head(200, {**headers, **reply.headers}) + b"\r\n")
         for n, frame in enumerate(reply.frames):
             if n == reply.hang_after:
-                await _until_eof(stream)
+                await until_eof(stream)
                 return False
             if n == reply.drop_after:
                 return False
@@ -225,7 +210,7 @@ class FakeOpenAI:
                 await trio.sleep(reply.pace_s)
             await stream.send_all(f"{len(frame):x}\r\n".encode() + frame + b"\r\n")
         if reply.hang_after is not None:
-            await _until_eof(stream)
+            await until_eof(stream)
             return False
         if reply.drop_after is not None:
             return False
@@ -236,11 +221,3 @@ class FakeOpenAI:
 def _head(status: int, headers: dict[str, str]) -> bytes:
     lines = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n").encode()
-
-
-async def _until_eof(stream: trio.SocketStream) -> None:
-    try:
-        while await stream.receive_some():
-            pass
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass

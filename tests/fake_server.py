@@ -39,8 +39,9 @@ route                                                     answer
 
 Every request is recorded (:class:`Recorded`: method, path, query, headers, raw body) before it
 is answered. Faults are scripted per route with :meth:`FakeOmnigentServer.fail`: an error
-status, a hang until the client gives up, or a dropped connection. When ``token`` is set, calls
-without that ``X-Omnigent-Runner-Tunnel-Token`` get the server's 401.
+status, a hang until the client gives up, a dropped connection, or a hold: the request waits
+until the test releases it (``fault.released.set()``) and is then answered normally. When
+``token`` is set, calls without that ``X-Omnigent-Runner-Tunnel-Token`` get the server's 401.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ import trio
 
 from corral.server._session_writes import parse_form
 from corral.spec import load_bundle, make_bundle
+from tests._http11 import read_request, until_eof
 
 SERVER_VERSION = "0.11.0.dev0"
 #: A fixed "now" for created_at fields, so recorded shapes are stable.
@@ -104,13 +106,22 @@ class Fault:
     status: int = 503
     body: bytes = b'{"error":{"code":"unavailable","message":"try again"}}'
     headers: dict[str, str] = field(default_factory=dict)
-    mode: str = "status"  # "status" | "hang" | "drop"
+    mode: str = "status"  # "status" | "hang" | "drop" | "hold"
     times: int = 1
+    #: Matching requests let through untouched before the fault applies.
+    after: int = 0
+    #: mode "hold": set when a held request arrives; the test sets ``released`` to answer it.
+    arrived: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
 
     def matches(self, method: str, path: str) -> bool:
-        return (
-            self.times > 0 and self.method == method and re.fullmatch(self.path, path) is not None
-        )
+        """Whether the fault applies to this request (counting the ones let through)."""
+        if self.times <= 0 or self.method != method or re.fullmatch(self.path, path) is None:
+            return False
+        if self.after > 0:
+            self.after -= 1
+            return False
+        return True
 
 
 @dataclass
@@ -439,12 +450,16 @@ class FakeOmnigentServer:
         *,
         status: int = 503,
         times: int = 1,
+        after: int = 0,
         mode: str = "status",
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
     ) -> Fault:
-        """Misbehave on the next ``times`` requests matching ``method`` and ``path`` (regex)."""
-        fault = Fault(method, path, status=status, mode=mode, times=times, headers=headers or {})
+        """Misbehave on ``times`` requests matching ``method`` and ``path`` (regex), after
+        letting the next ``after`` of them through."""
+        fault = Fault(
+            method, path, status=status, mode=mode, times=times, after=after, headers=headers or {}
+        )
         if body is not None:
             fault.body = body
         self.faults.append(fault)
@@ -475,11 +490,16 @@ class FakeOmnigentServer:
                 if fault is not None:
                     fault.times -= 1
                     if fault.mode == "hang":
-                        await _until_eof(stream)
+                        await until_eof(stream)
                         return
                     if fault.mode == "drop":
                         return
-                    reply = Reply(fault.status, fault.body, headers=fault.headers)
+                    if fault.mode == "hold":
+                        fault.arrived.set()
+                        await trio.to_thread.run_sync(fault.released.wait, abandon_on_cancel=True)
+                        reply = self._route(request)
+                    else:
+                        reply = Reply(fault.status, fault.body, headers=fault.headers)
                 else:
                     reply = self._route(request)
                 await stream.send_all(self._encode(reply))
@@ -491,35 +511,17 @@ class FakeOmnigentServer:
             await trio.aclose_forcefully(stream)
 
     async def _read_request(self, stream: trio.SocketStream, buffer: bytearray) -> Recorded | None:
-        while b"\r\n\r\n" not in buffer:
-            data = await stream.receive_some()
-            if not data:
-                return None
-            buffer += data
-        head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-        request_line, *header_lines = head.decode("latin-1").split("\r\n")
-        raw_headers = []
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            raw_headers.append((name.strip().lower(), value.strip()))
-        headers = dict(raw_headers)
-        length = int(headers.get("content-length", "0"))
-        body = bytearray(rest)
-        while len(body) < length:
-            data = await stream.receive_some()
-            if not data:
-                return None
-            body += data
-        buffer[:] = body[length:]
-        method, target, _ = request_line.split(" ", 2)
-        path, _, query = target.partition("?")
+        raw = await read_request(stream, buffer)
+        if raw is None:
+            return None
+        path, _, query = raw.target.partition("?")
         return Recorded(
-            method,
+            raw.method,
             unquote(path),
             query,
-            headers,
-            raw_headers,
-            bytes(body[:length]),
+            dict(raw.headers),
+            raw.headers,
+            raw.body,
             trio.current_time(),
         )
 
@@ -963,9 +965,3 @@ def _body(request: Recorded) -> Any:
         return request.json
     except ValueError:
         return None
-
-
-async def _until_eof(stream: trio.SocketStream) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        while await stream.receive_some():
-            pass

@@ -118,11 +118,17 @@ class Peer(Receiving):
         to: str,
         msg: Message,
         *,
-        durability: Durability,
-        session_id: str | None,
-        correlation_id: str | None,
-        wants_reply: bool,
+        durability: Durability = "stream",
+        session_id: str | None = None,
+        correlation_id: str | None = None,
+        wants_reply: bool = False,
     ) -> tuple[Envelope, bytes]:
+        """``msg`` to ``to`` in an envelope, and its frame: by default a stream message that
+        is no reply and wants none.
+
+        Raises:
+            MessageTooLarge: the frame is over ``bus.max_message_bytes``; nothing was sent.
+        """
         env = Envelope(
             id=new_id(),
             sender=self.name,
@@ -157,14 +163,7 @@ class Peer(Receiving):
         correlation_id: str | None = None,
     ) -> str:
         """Send a stream message now or raise :class:`trio.WouldBlock`; returns its id."""
-        env, frame = self._envelope(
-            to,
-            msg,
-            durability="stream",
-            session_id=session_id,
-            correlation_id=correlation_id,
-            wants_reply=False,
-        )
+        env, frame = self._envelope(to, msg, session_id=session_id, correlation_id=correlation_id)
         self._sock().send_nowait([frame])
         self._last_send = time.monotonic()
         self.stats["sent"] += 1
@@ -184,25 +183,12 @@ class Peer(Receiving):
         A stream cast returns once handed to ZeroMQ. A durable cast returns once the broker
         has made it durable, and raises if the broker refused it.
         """
+        env, frame = self._envelope(
+            to, msg, durability="durable" if durable else "stream", session_id=session_id
+        )
         if not durable:
-            env, frame = self._envelope(
-                to,
-                msg,
-                durability="stream",
-                session_id=session_id,
-                correlation_id=None,
-                wants_reply=False,
-            )
             await self._send(frame)
             return env.id
-        env, frame = self._envelope(
-            to,
-            msg,
-            durability="durable",
-            session_id=session_id,
-            correlation_id=None,
-            wants_reply=False,
-        )
         deadline = timeout if timeout is not None else self.bus.request_timeout_s
         with self._waiters.expect([env.id], acceptance=True) as (waiter,):
             with trio.move_on_after(deadline):
@@ -235,14 +221,7 @@ class Peer(Receiving):
         elif len(session_ids) != len(msgs):
             raise ValueError(f"{len(session_ids)} session ids for {len(msgs)} messages")
         envs = [
-            self._envelope(
-                to,
-                msg,
-                durability=durability,
-                session_id=sid,
-                correlation_id=None,
-                wants_reply=False,
-            )
+            self._envelope(to, msg, durability=durability, session_id=sid)
             for msg, sid in zip(msgs, session_ids, strict=True)
         ]
         ids = [env.id for env, _ in envs]
@@ -272,14 +251,7 @@ class Peer(Receiving):
     def _bundle(self, to: str, run: list[bytes], session_id: str | None) -> bytes:
         if len(run) == 1:
             return run[0]
-        _, frame = self._envelope(
-            to,
-            Bundle(frames=run),
-            durability="stream",
-            session_id=session_id,
-            correlation_id=None,
-            wants_reply=False,
-        )
+        _, frame = self._envelope(to, Bundle(frames=run), session_id=session_id)
         return frame
 
     async def call(
@@ -306,7 +278,6 @@ class Peer(Receiving):
             msg,
             durability="durable" if durable else "stream",
             session_id=session_id,
-            correlation_id=None,
             wants_reply=True,
         )
         deadline = timeout if timeout is not None else self.bus.request_timeout_s
@@ -324,14 +295,7 @@ class Peer(Receiving):
             await self._answer(to.env, msg)
 
     async def _answer(self, env: Envelope, msg: Message) -> None:
-        _, frame = self._envelope(
-            env.sender,
-            msg,
-            durability="stream",
-            session_id=env.session_id,
-            correlation_id=env.id,
-            wants_reply=False,
-        )
+        _, frame = self._envelope(env.sender, msg, session_id=env.session_id, correlation_id=env.id)
         await self._send(frame)
 
     async def _send(self, frame: bytes) -> None:
@@ -340,14 +304,7 @@ class Peer(Receiving):
         self.stats["sent"] += 1
 
     async def _control(self, msg: Message) -> None:
-        _, frame = self._envelope(
-            BROKER,
-            msg,
-            durability="stream",
-            session_id=None,
-            correlation_id=None,
-            wants_reply=False,
-        )
+        _, frame = self._envelope(BROKER, msg)
         await self._send(frame)
 
     # --- acknowledging ---------------------------------------------------------------------

@@ -10,7 +10,9 @@ It stays a separate program in spirit: it imports the floor (``config``, ``spec`
 ``server_client`` for the runner id, ``logs``) and never ``corral.actors``; it talks to the
 host only through the tunnel and HTTP, exactly as a foreign server would.
 
-Modules: ``_serve`` (entry point, hypercorn), ``_http`` (the Starlette app), ``_plane``
+Modules: ``_serve`` (entry point, hypercorn), ``_http`` (the Starlette app and its route
+table; the routes by concept in ``_discovery``, ``_session_routes``, ``_runner_routes``,
+``_event_routes``, ``_tunnel_handshake``, what they share in ``_endpoint``), ``_plane``
 (sessions, the runner binding, relays, the outbox), ``_mcp`` (tool calls and approvals),
 ``_tunnel`` (the WebSocket link), ``_store`` (SQLite), ``_conversation`` (items from the
 runner's events), ``_agents`` (agent YAMLs), ``_policy`` (rules), ``_state`` (files in the

@@ -15,6 +15,8 @@ against:
 ``GET /v1/sessions/{id}/child_sessions`` list page of its child sessions (``_session_writes``)
 ``GET /v1/runners/{id}/status``         ``{"runner_id", "online"}``
 ======================================  ======================================================
+
+Each route lets in the runner and clients alike (``corral agents`` reads ``/v1/agents`` too).
 """
 
 from __future__ import annotations
@@ -22,10 +24,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
 from .._jsonlines import JsonObject
 from ._agents import Agent
+from ._endpoint import Api, endpoint, int_param
+from ._plane import Refused
 
-__all__ = ["agent_object", "list_page", "policy_summary"]
+__all__ = [
+    "agent_object",
+    "agents",
+    "list_page",
+    "list_sessions",
+    "policy_summary",
+    "runner_status",
+    "session_agent",
+]
 
 
 def list_page(data: Sequence[Mapping[str, Any]], **extra: Any) -> JsonObject:
@@ -70,3 +85,50 @@ def agent_object(agent: Agent) -> JsonObject:
         "terminals": [],
         "builtin": False,
     }
+
+
+@endpoint("any")
+async def agents(api: Api, request: Request) -> Response:
+    """``GET /v1/agents``, sorted by name: the real server's list page (a runner's
+    ``sys_agent_list`` reads it) with the ``agents`` of ``corral agents``."""
+    loaded = await api.plane.agents()
+    names = sorted(loaded)
+    listing = [loaded[name].listing() for name in names]
+    objects = [agent_object(loaded[name]) for name in names]
+    return JSONResponse(list_page(objects, agents=listing))
+
+
+@endpoint("any")
+async def runner_status(api: Api, request: Request) -> Response:
+    """``GET /v1/runners/{id}/status``: whether that runner's tunnel is open."""
+    runner_id = request.path_params["runner_id"]
+    online = runner_id == api.plane.runner_id and api.plane.link is not None
+    return JSONResponse({"runner_id": runner_id, "online": online})
+
+
+@endpoint("any")
+async def list_sessions(api: Api, request: Request) -> Response:
+    """``GET /v1/sessions``: newest first; ``agent_name`` filters."""
+    limit = int_param(request, "limit", 100, 1, 1000)
+    wanted = request.query_params.get("agent_name")
+    rows = await api.plane.store.list_sessions(limit)
+    data = [
+        {
+            **api.plane.session_object(r),
+            "agent_name": r.agent,
+            "parent_session_id": r.parent_session_id,
+        }
+        for r in rows
+        if not wanted or r.agent == wanted
+    ]
+    return JSONResponse(list_page(data))
+
+
+@endpoint("any")
+async def session_agent(api: Api, request: Request) -> Response:
+    """``GET .../agent``: the session's agent object."""
+    row = await api.plane.session(request.path_params["session_id"])
+    agent = (await api.plane.agents()).get(row.agent)
+    if agent is None:
+        raise Refused(404, "not_found", f"The agent {row.agent!r} is not loaded.")
+    return JSONResponse(agent_object(agent))

@@ -18,7 +18,7 @@ so the tools send one request whichever server they run against:
 ``GET /v1/sessions/{id}/permissions``              ``{"permissions": [...], "next_cursor"}``
 =================================================  =============================================
 
-``GET /v1/sessions/{id}/child_sessions`` lists a session's children (:func:`child_page`).
+``GET /v1/sessions/{id}/child_sessions`` lists a session's children (:func:`child_sessions`).
 ``sys_session_close`` needs no route of its own: it reads snapshots (a child's carries its
 ``parent_session_id`` and ``root_conversation_id``) and sends the ``PATCH`` the runner's
 labels already use; a closed child then leaves its parent's list. A child is bound to the
@@ -35,8 +35,7 @@ import email.parser
 import email.policy
 import json
 import time
-import types
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import msgspec
 import yaml
@@ -47,15 +46,18 @@ from .._jsonlines import JsonObject
 from ..spec import SpecError, load_bundle, spec_to_dict
 from ._conversation import new_id
 from ._discovery import list_page
+from ._endpoint import Api, convert, endpoint
 from ._plane import Refused
 from ._store import SessionRow
 
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from ._http import Access, Handler, _Api
-
-__all__ = ["PUBLIC_USER", "child_page", "child_row", "create_child", "parse_form", "write_routes"]
+__all__ = [
+    "PUBLIC_USER",
+    "child_row",
+    "child_sessions",
+    "create_child",
+    "parse_form",
+    "permissions",
+]
 
 PUBLIC_USER = "__public__"
 #: How ``sys_session_close`` marks a child: the label, and the legacy title infix.
@@ -97,13 +99,6 @@ class Grant(msgspec.Struct, kw_only=True):
     level: Annotated[int, msgspec.Meta(ge=1, le=3)]
 
 
-def _convert(value: Any, kind: type[Any]) -> Any:
-    try:
-        return msgspec.convert(value, kind)
-    except msgspec.ValidationError as exc:
-        raise Refused(422, "invalid_request", str(exc).replace("`", "")) from None
-
-
 def _envelope(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
@@ -128,7 +123,7 @@ def parse_form(content_type: str, body: bytes) -> dict[str, tuple[str | None, by
     return parts
 
 
-async def _parent(api: _Api, parent_id: str) -> SessionRow:
+async def _parent(api: Api, parent_id: str) -> SessionRow:
     parent = await api.plane.store.get_session(parent_id)
     if parent is None:
         raise Refused(404, "not_found", f"No session {parent_id!r} to be the parent.")
@@ -136,7 +131,7 @@ async def _parent(api: _Api, parent_id: str) -> SessionRow:
 
 
 def _child_row(
-    api: _Api, parent: SessionRow, *, agent: str, agent_id: str, yaml_text: str, title: str | None
+    api: Api, parent: SessionRow, *, agent: str, agent_id: str, yaml_text: str, title: str | None
 ) -> SessionRow:
     now = time.time()
     return SessionRow(
@@ -153,18 +148,18 @@ def _child_row(
     )
 
 
-async def _store_child(api: _Api, row: SessionRow) -> None:
+async def _store_child(api: Api, row: SessionRow) -> None:
     await api.plane.store.create_session(row)
     api.plane._bind(row.id)
 
 
-async def create_child(api: _Api, request: Request) -> Response:
+async def create_child(api: Api, request: Request) -> Response:
     """The runner's ``POST /v1/sessions``: a child session, JSON or multipart (S-38, S-39)."""
     limit = api.options.runner_max_body_bytes
     kind = request.headers.get("content-type", "")
     if kind.startswith("multipart/form-data"):
-        return await _child_from_bundle(api, parse_form(kind, await api._body(request, limit)))
-    body: CreateChild = _convert(await api._json(request, limit), CreateChild)
+        return await _child_from_bundle(api, parse_form(kind, await api.body(request, limit)))
+    body: CreateChild = convert(await api.json(request, limit), CreateChild)
     parent = await _parent(api, body.parent_session_id)
     agents = {a.agent_id: a for a in (await api.plane.agents()).values()}
     agent = agents.get(body.agent_id)
@@ -182,14 +177,14 @@ async def create_child(api: _Api, request: Request) -> Response:
     return JSONResponse(await api.plane.snapshot(row), status_code=201)
 
 
-async def _child_from_bundle(api: _Api, parts: dict[str, tuple[str | None, bytes]]) -> Response:
+async def _child_from_bundle(api: Api, parts: dict[str, tuple[str | None, bytes]]) -> Response:
     if "metadata" not in parts or "bundle" not in parts:
         raise Refused(422, "invalid_request", "A bundle create needs 'metadata' and 'bundle'.")
     try:
         raw = json.loads(parts["metadata"][1])
     except ValueError:
         raise Refused(422, "invalid_request", "metadata is not JSON.") from None
-    metadata: BundleMetadata = _convert(raw, BundleMetadata)
+    metadata: BundleMetadata = convert(raw, BundleMetadata)
     parent = await _parent(api, metadata.parent_session_id)
     try:
         spec = load_bundle(parts["bundle"][1])
@@ -236,21 +231,24 @@ def child_row(row: SessionRow) -> JsonObject:
     }
 
 
-async def child_page(api: _Api, parent: SessionRow) -> JsonObject:
-    """``GET .../child_sessions``: the parent's children, a closed one left out as the real
-    server leaves out an archived one (a named send then makes a fresh child)."""
+@endpoint("any")
+async def child_sessions(api: Api, request: Request) -> Response:
+    """``GET .../child_sessions``: the session's open children, a closed one left out as the
+    real server leaves out an archived one (a named send then makes a fresh child)."""
+    parent = await api.plane.session(request.path_params["session_id"])
     children = await api.plane.store.children(parent.id)
-    return list_page([child_row(c) for c in children if not _is_closed(c)])
+    return JSONResponse(list_page([child_row(c) for c in children if not _is_closed(c)]))
 
 
-async def permissions(api: _Api, request: Request) -> Response:
+@endpoint("any")
+async def permissions(api: Api, request: Request) -> Response:
     """``PUT .../permissions`` (a grant) and ``GET .../permissions`` (the grants)."""
     row = await api.plane.session(request.path_params["session_id"])
     if request.method == "GET":
         grants = await api.plane.store.grants(row.id)
         data = [{"user_id": u, "conversation_id": row.id, "level": lv} for u, lv in grants]
         return JSONResponse({"permissions": data, "next_cursor": None})
-    raw = await api._json(request, api.options.runner_max_body_bytes)
+    raw = await api.json(request, api.options.runner_max_body_bytes)
     try:
         grant = msgspec.convert(raw, Grant)
     except msgspec.ValidationError as exc:
@@ -260,12 +258,3 @@ async def permissions(api: _Api, request: Request) -> Response:
         return _envelope(400, "invalid_input", message)
     await api.plane.store.grant(row.id, grant.user_id, grant.level)
     return JSONResponse({"user_id": grant.user_id, "conversation_id": row.id, "level": grant.level})
-
-
-def write_routes(
-    api: _Api, endpoint: Callable[[Access], Callable[[Handler], Handler]]
-) -> list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]]:
-    """This module's routes for ``build_app``'s table: each handler wrapped by its
-    ``endpoint`` and bound to ``api``, as the table's own handlers are."""
-    handler = types.MethodType(endpoint("any")(permissions), api)
-    return [("/v1/sessions/{session_id}/permissions", handler, ["GET", "PUT"])]

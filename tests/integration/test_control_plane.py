@@ -36,7 +36,7 @@ from corral.config import PolicyRule, ServerSettings
 from corral.server import ControlPlane, PlaneOptions, serve
 from corral.server._state import StateDirBusy
 from corral.server_client import ServerClient
-from tests._fake_runner import FakeRunner
+from tests._fake_runner import HELLO, FakeRunner
 from tests.conftest import wait_until
 
 FAST = PlaneOptions(
@@ -64,14 +64,6 @@ executor:
   harness: openai
   model: m-beta
 """
-HELLO = {
-    "kind": "hello",
-    "runner_version": "0.11.0.dev0",
-    "frame_protocol_version": 1,
-    "harnesses": ["scripted"],
-    "envs": [],
-    "telemetry_opt_out": True,
-}
 
 
 @pytest.fixture
@@ -264,6 +256,21 @@ def turn(text_parts: list[str], response_id: str = "resp_1") -> list[dict[str, A
     )
     events.append({"type": "session.status", "status": "idle"})
     return events
+
+
+def interrupted_note(response_id: str) -> dict[str, Any]:
+    """The ``external_conversation_item`` the runner posts after an interrupted turn (§E.4)."""
+    return {
+        "type": "external_conversation_item",
+        "data": {
+            "item_type": "message",
+            "item_data": {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "[System: interrupted]"}],
+            },
+            "response_id": response_id,
+        },
+    }
 
 
 # --- the tunnel ------------------------------------------------------------------------------
@@ -799,20 +806,7 @@ async def test_runner_http_api(tmp_path: Path, agents_dir: Path) -> None:
             patched = await client.patch_session(sid, {"labels": {"omnigent.ui": "terminal"}})
             assert patched["labels"] == {"omnigent.ui": "terminal"}
             assert await client.labels(sid) == {"omnigent.ui": "terminal"}
-            answer = await client.post_event(
-                sid,
-                {
-                    "type": "external_conversation_item",
-                    "data": {
-                        "item_type": "message",
-                        "item_data": {
-                            "role": "user",
-                            "content": [{"type": "input_text", "text": "[System: interrupted]"}],
-                        },
-                        "response_id": "cancel_1",
-                    },
-                },
-            )
+            answer = await client.post_event(sid, interrupted_note("cancel_1"))
             assert answer["queued"] is False
             [item] = await client.items(sid)
             assert item["id"] == answer["item_id"]

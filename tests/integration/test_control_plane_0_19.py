@@ -25,6 +25,7 @@ from tests.integration.test_control_plane import (
     Sse,
     agents_dir,
     bound,
+    interrupted_note,
     make_settings,
     open_sse,
     running,
@@ -71,20 +72,7 @@ async def first_turn(ctx: Ctx, text: str, *events: dict[str, Any]) -> tuple[Any,
 async def note_interrupted(ctx: Ctx, sid: str, hex_id: str) -> dict[str, Any]:
     """What the runner posts after an interrupted turn (§E.4), through its HTTP client."""
     async with ctx.runner_client() as client:
-        return await client.post_event(
-            sid,
-            {
-                "type": "external_conversation_item",
-                "data": {
-                    "item_type": "message",
-                    "item_data": {
-                        "role": "user",
-                        "content": [{"type": "input_text", "text": "[System: interrupted]"}],
-                    },
-                    "response_id": f"cancel_{hex_id}",
-                },
-            },
-        )
+        return await client.post_event(sid, interrupted_note(f"cancel_{hex_id}"))
 
 
 # --- §E.4: an interrupted turn --------------------------------------------------------------

@@ -188,3 +188,28 @@ async def test_an_event_through_another_runner_id_runs_no_turn_and_changes_nothi
         assert (await a.request("GET", f"/v1/sessions/{sid}")).status == 200
         assert (await a.request("DELETE", f"/v1/sessions/{sid}")).status == 200
         assert (await a.request("GET", f"/v1/sessions/{sid}")).body == unknown(sid)
+
+
+async def test_a_removed_runner_ids_sessions_are_not_reached_through_the_one_left(
+    host_factory, tunnels, server
+) -> None:
+    """A session bound through iso-a, then the host restarted with iso-a's ``[[runners]]``
+    entry removed: through iso-b, now the host's only runner id, every route of the session
+    (its stream and resources, which the gateway answers beside dispatch, included) is the
+    unknown session's 404 (docs/security.md)."""
+    host = host_factory(host_config(tunnels, [{"id": r} for r in RUNNERS[:2]], server=server))
+    agent_id = server.add_agent(scripted_yaml("iso", '{text: "hello from a"}'))
+    sid = server.add_session(agent_id)["id"]
+    async with running(host):
+        a = await tunnels.wait_tunnel("iso-a")
+        await bind(a, sid, agent_id)
+        await write_file(a, sid)
+    host.config_path.write_text(host_config(tunnels, [{"id": "iso-b"}], server=server))
+    async with running(host):
+        b = await tunnels.wait_tunnel("iso-b", count=2)
+        for method, path, body, query in probes(sid, agent_id):
+            got = await b.request(method, path, body, query=query)
+            where = (method, path, query)
+            assert (got.status, got.body) == (404, unknown(sid)), (where, got.body)
+        assert b.violations == []
+    assert "written by a" in next(host.state_dir.rglob("a-only.txt")).read_text()

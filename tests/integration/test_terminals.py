@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,8 @@ import trio
 
 from corral.tools._api import ToolContext, ToolError
 from corral.tools.terminals import TOOLS, TerminalInstance, Terminals, parse_terminals
+from tests._tool_context import tool_context
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -50,15 +52,12 @@ def make_ctx(
     session_id: str = CONV,
     max_output_chars: int = 100_000,
 ) -> ToolContext:
-    return ToolContext(
+    return tool_context(
+        tmp_path,
         session_id=session_id,
-        call_id="call_1",
         spec=SPEC if spec is None else spec,
         workspace=workspace,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
         publish=published if published is not None else Published(),
-        data_dir=tmp_path / "data",
         terminals=terminals,
         max_output_chars=max_output_chars,
     )
@@ -66,17 +65,6 @@ def make_ctx(
 
 async def call(ctx: ToolContext, name: str, **args: Any) -> dict[str, Any]:
     return json.loads(await _TOOLS[name].run(ctx, args))
-
-
-async def wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 10.0) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout``."""
-    with trio.move_on_after(timeout):
-        while True:
-            value = await probe()
-            if value:
-                return value
-            await trio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def count_lookups(terminals: Terminals) -> list[tuple[str, str, str]]:

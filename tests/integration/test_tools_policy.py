@@ -299,6 +299,59 @@ async def test_kill9_policy_while_parked_the_verdict_still_lands(thost, server, 
 
 
 @pytest.mark.chaos
+@pytest.mark.parametrize("second", ["POLICY_ACTION_ASK", "POLICY_ACTION_DENY"])
+async def test_an_approval_for_a_prompt_whose_park_died_waits_for_the_call_to_park_again(
+    host_factory, server, tmp_path, second: str
+) -> None:
+    """Policy publishes an ASK's prompt and dies before its park is committed (``crash_at =
+    "asked"``). The person answers the prompt while the next incarnation is evaluating the
+    redelivered call again: the approval must wait for the call's new park under the same id
+    and resume it, not find nobody (404) and leave the re-asked prompt to a person who has
+    already answered (seen in the chaos storm: 2 turns hung parked). The tool then runs
+    exactly once. If the server's verdict changed meanwhile (DENY), that verdict decides and
+    the approval is let go."""
+    host = _thost(host_factory, server, 'crash_at = "asked"\n')
+    server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
+    # The first evaluation answers at once; the next incarnation's is held until the test
+    # has answered the prompt.
+    held = server.fail("POST", r"/v1/sessions/.*/policies/evaluate", mode="hold", after=1)
+    agent_id, sid = agent(server, tmp_path, [tool("sys_os_write", path="once.txt", content="x")])
+    try:
+        async with fake_gateway(host.endpoint) as gw:
+            await gw.init(sid, agent_id)
+            await gw.message(sid, "go")
+            ask = await _ask(gw, sid)
+            eid = ask["elicitation_id"]
+            assert await trio.to_thread.run_sync(held.arrived.wait, 30), "no re-evaluation"
+            assert host.log().count("crash_at asked: exiting now") == 1
+            await _verdict(gw, sid, eid, "accept")  # 204, not 404
+            server.policy = phase_policy(PHASE_TOOL_CALL=second)
+            held.released.set()
+            assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
+            prompts = of_type(gw, sid, "response.elicitation_request")
+            assert {e["elicitation_id"] for e in prompts} == {eid}
+            resolved = of_type(gw, sid, "response.elicitation_resolved")
+            (output,) = outputs(gw, sid)
+        listing = await trio.to_thread.run_sync(
+            lambda: host.wait_for(lambda e: e, 10, "a listing", op="elicitations")
+        )
+        parks = [(e["elicitation_id"], e["state"], e["reason"]) for e in listing["elicitations"]]
+    finally:
+        held.released.set()
+    if second == "POLICY_ACTION_ASK":
+        assert [(e["elicitation_id"], e["action"]) for e in resolved] == [(eid, "accept")]
+        assert json.loads(output)["created"] is True
+        assert parks == [(eid, "resolved", "accept")], "one park, resolved by the answer"
+        assert (tmp_path / "once.txt").read_text() == "x"
+    else:
+        assert resolved == []
+        assert json.loads(output) == {"error": "rule for PHASE_TOOL_CALL"}
+        assert parks == []
+        assert not (tmp_path / "once.txt").exists()
+    assert "Traceback" not in host.log()
+
+
+@pytest.mark.chaos
 async def test_kill9_tools_during_a_long_shell_call_ends_it_with_an_error(
     thost, server, tmp_path
 ) -> None:

@@ -10,6 +10,7 @@ from corral.harnesses._observe import Observer
 from corral.harnesses.protocol import Approval, OutputTextDelta, to_json
 from corral.harnesses.scripted import ScriptError, script_turns, turn_index
 from corral.harnesses.spawn_env import SpawnEnvError, build_spawn_env, env_prefix
+from tests.unit._journal import observation
 
 
 def test_h05_registry_can_be_extended_and_restored() -> None:
@@ -92,17 +93,6 @@ def test_events_encode_to_the_protocol_json() -> None:
     }
 
 
-def _obs(model: str) -> dict:
-    return {
-        "session_id": "session-a",
-        "stream_id": "run-a",
-        "model": model,
-        "provider": "custom",
-        "fallback_active": True,
-        "phase": "observed_output",
-    }
-
-
 def test_j20_j25_observer() -> None:
     o = Observer("session-a", "run-a")
     o.serve("primary", "anthropic", False)
@@ -110,9 +100,9 @@ def test_j20_j25_observer() -> None:
     assert first is not None and first["model"] == "primary" and first["fallback_active"] is False
     assert o.before_output() is None, "no duplicate while valid (J-25)"
     o.serve("backup", "custom", True)
-    assert o.before_output() == _obs("backup")
+    assert o.before_output() == observation("backup")
     assert o.on_status("Switched to fallback: backup (custom)") is True
-    assert o.at_completion(failed=False) == _obs("backup"), "corrective observation (J-24)"
+    assert o.at_completion(failed=False) == observation("backup"), "corrective observation (J-24)"
     assert o.at_completion(failed=False) is None
 
 
@@ -125,7 +115,7 @@ def test_j26_j28_j31_observer() -> None:
     assert o.at_completion(failed=True) is None, "failed run: none (J-28)"
     o2 = Observer("session-a", "run-a")
     o2.serve("backup", "custom", True)
-    assert o2.at_completion(failed=False) == _obs("backup"), "non-streaming success (J-31)"
+    assert o2.at_completion(failed=False) == observation("backup"), "non-streaming success (J-31)"
 
 
 def test_script_validation_names_the_step() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from corral.journal import JournalWriter, RunJournal
+from tests.unit._journal import RECORD_KEYS
 
 
 def test_a_key_is_stored_last_and_only_when_given(tmp_path: Path) -> None:
@@ -18,18 +19,7 @@ def test_a_key_is_stored_last_and_only_when_given(tmp_path: Path) -> None:
     assert "key" not in plain
     assert keyed["key"] == "msg-1/0"
     lines = journal.path("s", "r").read_bytes().splitlines()
-    assert list(json.loads(lines[0])) == [
-        "version",
-        "event_id",
-        "seq",
-        "run_id",
-        "session_id",
-        "event",
-        "created_at",
-        "terminal",
-        "terminal_state",
-        "payload",
-    ]
+    assert list(json.loads(lines[0])) == RECORD_KEYS
     assert list(json.loads(lines[1]))[-1] == "key"
     assert journal.read("s", "r")["events"] == [plain, keyed]
 

@@ -15,19 +15,7 @@ from corral.journal import (
     is_stream_event,
     terminal_state_for,
 )
-
-RECORD_KEYS = [
-    "version",
-    "event_id",
-    "seq",
-    "run_id",
-    "session_id",
-    "event",
-    "created_at",
-    "terminal",
-    "terminal_state",
-    "payload",
-]
+from tests.unit._journal import RECORD_KEYS
 
 
 def test_j01_append_returns_the_record_read_back(journal: RunJournal) -> None:

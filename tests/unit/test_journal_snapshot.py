@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import pytest
 
 from corral.journal import RunJournal
-
-
-def observation(
-    model: str = "backup", *, session_id: str = "session-a", stream_id: str = "run-a"
-) -> dict[str, Any]:
-    return {
-        "session_id": session_id,
-        "stream_id": stream_id,
-        "model": model,
-        "provider": "custom",
-        "fallback_active": True,
-        "phase": "observed_output",
-    }
+from tests.unit._journal import observation, set_last_payload_to_null
 
 
 @pytest.mark.parametrize("malformed", ["bad observation", ["bad observation"], None])
@@ -40,10 +27,7 @@ def test_j04_j18_j19_non_object_observation_invalidates_the_snapshot(
         malformed if malformed is not None else {"placeholder": True},
     )
     if malformed is None:
-        path = journal.path("session-a", "run-a")
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-        rows[-1]["payload"] = None
-        path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+        set_last_payload_to_null(journal)
     assert journal.summary("session-a", "run-a")["runtime_model"] is None
 
     snapshot = journal.snapshot("run-a")

@@ -2,37 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from corral.journal import RunJournal
-
-
-def observation(
-    model: str = "backup", *, session_id: str = "session-a", stream_id: str = "run-a"
-) -> dict[str, Any]:
-    return {
-        "session_id": session_id,
-        "stream_id": stream_id,
-        "model": model,
-        "provider": "custom",
-        "fallback_active": True,
-        "phase": "observed_output",
-    }
+from tests.unit._journal import observation, set_last_payload_to_null
 
 
 def runtime(journal: RunJournal, run_id: str = "run-a") -> Any:
     return journal.summary("session-a", run_id)["runtime_model"]
-
-
-def set_last_payload_to_null(journal: RunJournal) -> None:
-    # What a legacy writer left behind: a raw ``null`` payload on disk (J-04).
-    path = journal.path("session-a", "run-a")
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    rows[-1]["payload"] = None
-    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
 
 
 def test_j01_j05_to_j15_runtime_is_owned_and_invalidated(journal: RunJournal) -> None:

@@ -22,6 +22,7 @@ from corral.journal import (
     RunJournal,
     WriterAttachedError,
 )
+from tests.unit._journal import observation
 
 
 class FsyncLog:
@@ -48,17 +49,6 @@ def fsyncs(monkeypatch: pytest.MonkeyPatch) -> FsyncLog:
 
     monkeypatch.setattr(os, "fdatasync", recording)
     return log
-
-
-def observation(model: str) -> dict[str, Any]:
-    return {
-        "session_id": "session-a",
-        "stream_id": "run-a",
-        "model": model,
-        "provider": "custom",
-        "fallback_active": True,
-        "phase": "observed_output",
-    }
 
 
 def end_of(path: Path, seq: int) -> int:

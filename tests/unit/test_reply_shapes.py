@@ -29,7 +29,7 @@ from corral.journal import (
 )
 from corral.tools._replies import EditResult, ReadResult, ShellResult, WriteResult
 from corral.tools.os_tools import TOOLS
-from tests.unit.test_session_tool_gates import make_ctx
+from tests._tool_context import tool_context
 
 _TOOLS = {tool.name: tool for tool in TOOLS}
 
@@ -98,6 +98,6 @@ async def test_os_tool_outputs_have_the_keys_of_their_types_t01_t04(
     tmp_path: Path, tool: str, args: dict[str, Any], shape: type
 ) -> None:
     """T-01 to T-04: the JSON each OS tool answers with is its reply type's."""
-    ctx = make_ctx(tmp_path, tmp_path)
+    ctx = tool_context(tmp_path, workspace=tmp_path)
     (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
     assert_shape(json.loads(await _TOOLS[tool].run(ctx, args)), shape)

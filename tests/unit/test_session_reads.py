@@ -17,6 +17,7 @@ from corral.server_client import ServerClient
 from corral.tools._api import ToolContext, ToolError
 from corral.tools.registry import AGENT_TOOL_NAMES, SESSION_READ_TOOL_NAMES, tool_schemas
 from corral.tools.session_tools import PENDING, READY, TOOLS
+from tests._tool_context import tool_context
 from tests.fake_server import (
     FakeOmnigentServer,
     assistant_message,
@@ -50,26 +51,9 @@ def workspace(tmp_path: Path) -> Path:
     return work
 
 
-def make_ctx(tmp_path: Path, workspace: Path, server: ServerClient | None) -> ToolContext:
-    async def publish(event: Any) -> None:
-        raise AssertionError("the read tools publish nothing")
-
-    return ToolContext(
-        session_id=CALLER,
-        call_id="call_1",
-        spec={},
-        workspace=workspace,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=publish,
-        data_dir=tmp_path / "data",
-        server=server,
-    )
-
-
 @pytest.fixture
 def ctx(tmp_path: Path, workspace: Path, client: ServerClient) -> ToolContext:
-    return make_ctx(tmp_path, workspace, client)
+    return tool_context(tmp_path, workspace=workspace, server=client, session_id=CALLER)
 
 
 async def run(ctx: ToolContext, name: str, **args: Any) -> Any:
@@ -97,7 +81,7 @@ def test_t26_read_tools_are_advertised_and_the_rest_still_hidden() -> None:
 
 
 async def test_t26_without_a_server_a_read_tool_says_so(tmp_path: Path, workspace: Path) -> None:
-    ctx = make_ctx(tmp_path, workspace, None)
+    ctx = tool_context(tmp_path, workspace=workspace, session_id=CALLER)
     with pytest.raises(ToolError, match=r"^sys_session_get_info requires server access$"):
         await _TOOLS["sys_session_get_info"].run(ctx, {})
 
@@ -109,7 +93,7 @@ async def test_an_unreachable_server_is_a_tool_error_naming_no_secret(
         await sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     async with ServerClient(f"http://127.0.0.1:{port}", token=TOKEN, retries=0) as down:
-        ctx = make_ctx(tmp_path, workspace, down)
+        ctx = tool_context(tmp_path, workspace=workspace, server=down, session_id=CALLER)
         with pytest.raises(ToolError) as raised:
             await _TOOLS["sys_session_get_info"].run(ctx, {})
     assert str(raised.value) == "sys_session_get_info: the server could not be reached"

@@ -17,24 +17,9 @@ from corral.tools.paths import (
     resolve_inside,
 )
 from corral.tools.session_tools import EXACTLY_ONE_MODE_MESSAGE, PENDING, READY, TOOLS
+from tests._tool_context import tool_context
 
 _TOOLS = {tool.name: tool for tool in TOOLS}
-
-
-def make_ctx(tmp_path: Path, workspace: Path) -> ToolContext:
-    async def publish(event: dict[str, Any]) -> None:
-        raise AssertionError("the gates publish nothing")
-
-    return ToolContext(
-        session_id="conv_caller",
-        call_id="call_1",
-        spec={},
-        workspace=workspace,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=publish,
-        data_dir=tmp_path / "data",
-    )
 
 
 async def run(ctx: ToolContext, name: str, **args: Any) -> str:
@@ -50,7 +35,7 @@ def workspace(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def ctx(tmp_path: Path, workspace: Path) -> ToolContext:
-    return make_ctx(tmp_path, workspace)
+    return tool_context(tmp_path, workspace=workspace)
 
 
 def tree(root: Path) -> list[str]:
@@ -83,7 +68,7 @@ async def test_p21_symlink_escape_from_cwd_is_refused(tmp_path: Path, workspace:
     outside.mkdir()
     outside_target = outside / "stolen.tar.gz"
     (workspace / "escape.tar.gz").symlink_to(outside_target)
-    ctx = make_ctx(tmp_path, workspace)
+    ctx = tool_context(tmp_path, workspace=workspace)
     with pytest.raises(ToolError, match=f"^{DOWNLOAD_ESCAPE_MESSAGE}$"):
         await run(ctx, "sys_agent_download", session_id="conv_x", dest_filename="escape.tar.gz")
     assert DOWNLOAD_ESCAPE_MESSAGE == (
@@ -121,7 +106,7 @@ def test_p20_bare_filename_accepts_plain_names() -> None:
 
 async def test_p22_config_path_escape_rejected(tmp_path: Path, workspace: Path) -> None:
     (tmp_path / "outside.yaml").write_text("name: outside\n")
-    ctx = make_ctx(tmp_path, workspace)
+    ctx = tool_context(tmp_path, workspace=workspace)
     with pytest.raises(ToolError, match="escapes the working directory"):
         await run(ctx, "sys_session_create", config_path="../outside.yaml")
     with pytest.raises(ToolError, match="escapes the working directory"):
@@ -132,7 +117,7 @@ async def test_p22_config_path_symlink_escape_rejected(tmp_path: Path, workspace
     # A FIFO outside: if the tool opened it for reading, this test would hang, not pass.
     os.mkfifo(tmp_path / "outside.yaml")
     (workspace / "helper.yaml").symlink_to(tmp_path / "outside.yaml")
-    ctx = make_ctx(tmp_path, workspace)
+    ctx = tool_context(tmp_path, workspace=workspace)
     with pytest.raises(
         ToolError, match=r"^config_path 'helper\.yaml' escapes the working directory$"
     ):

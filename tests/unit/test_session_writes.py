@@ -19,6 +19,7 @@ from corral.server_client import ServerClient
 from corral.tools._api import ToolContext, ToolError
 from corral.tools.registry import tool_schemas
 from corral.tools.session_tools import _DEFINITIONS, PENDING, READY, TOOLS
+from tests._tool_context import tool_context
 from tests.fake_server import FakeOmnigentServer
 
 _TOOLS = {tool.name: tool for tool in TOOLS}
@@ -53,26 +54,6 @@ class Published(list[dict[str, Any]]):
         self.append(dict(event))
 
 
-def make_ctx(
-    tmp_path: Path,
-    workspace: Path,
-    server: ServerClient | None,
-    spec: dict[str, Any] | None = None,
-    published: Published | None = None,
-) -> ToolContext:
-    return ToolContext(
-        session_id=CALLER,
-        call_id="call_1",
-        spec=spec or {},
-        workspace=workspace,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=published if published is not None else Published(),
-        data_dir=tmp_path / "data",
-        server=server,
-    )
-
-
 @pytest.fixture
 def published() -> Published:
     return Published()
@@ -80,7 +61,9 @@ def published() -> Published:
 
 @pytest.fixture
 def ctx(tmp_path: Path, workspace: Path, client: ServerClient, published: Published) -> ToolContext:
-    return make_ctx(tmp_path, workspace, client, published=published)
+    return tool_context(
+        tmp_path, workspace=workspace, server=client, session_id=CALLER, publish=published
+    )
 
 
 async def run(ctx: ToolContext, name: str, **args: Any) -> Any:
@@ -227,7 +210,7 @@ async def test_close_requires_a_conversation_id(ctx: ToolContext) -> None:
 
 
 def share_ctx(tmp_path: Path, workspace: Path, client: ServerClient, **spec: Any) -> ToolContext:
-    return make_ctx(tmp_path, workspace, client, spec)
+    return tool_context(tmp_path, workspace=workspace, server=client, session_id=CALLER, spec=spec)
 
 
 async def test_s36_share_defaults_to_caller_and_puts_grant(
@@ -512,7 +495,8 @@ async def test_s47_list_models_dispatches_locally_with_static_provider(
     providers: Path,
 ) -> None:
     providers.write_text(SUBSCRIPTION)
-    ctx = make_ctx(tmp_path, workspace, client, _worker_spec("claude-native"))
+    spec = _worker_spec("claude-native")
+    ctx = tool_context(tmp_path, workspace=workspace, server=client, session_id=CALLER, spec=spec)
     payload = await run(ctx, "sys_list_models")
     assert set(payload) == {"worker", "self"}
     worker = payload["worker"]
@@ -533,7 +517,8 @@ async def test_s47_a_worker_only_lists_its_harness_s_family(
     client: ServerClient, tmp_path: Path, workspace: Path, providers: Path
 ) -> None:
     providers.write_text(SUBSCRIPTION)
-    ctx = make_ctx(tmp_path, workspace, client, _worker_spec("codex-native"))
+    spec = _worker_spec("codex-native")
+    ctx = tool_context(tmp_path, workspace=workspace, server=client, session_id=CALLER, spec=spec)
     payload = await run(ctx, "sys_list_models")
     assert payload["worker"]["models"] == []
     assert len(payload["self"]["models"]) == 5  # openai-agents keeps every family
@@ -542,7 +527,8 @@ async def test_s47_a_worker_only_lists_its_harness_s_family(
 async def test_s47_without_a_provider_every_row_says_none(
     client: ServerClient, tmp_path: Path, workspace: Path, providers: Path
 ) -> None:
-    ctx = make_ctx(tmp_path, workspace, client, {"tools": {"agents": ["a", "b"]}})
+    spec = {"tools": {"agents": ["a", "b"]}}
+    ctx = tool_context(tmp_path, workspace=workspace, server=client, session_id=CALLER, spec=spec)
     payload = await run(ctx, "sys_list_models")
     assert list(payload) == ["a", "b", "self"]
     for row in payload.values():
@@ -553,7 +539,7 @@ async def test_s47_without_a_provider_every_row_says_none(
 async def test_s48_list_models_requires_agent_spec(
     client: ServerClient, tmp_path: Path, workspace: Path
 ) -> None:
-    ctx = make_ctx(tmp_path, workspace, client)
+    ctx = tool_context(tmp_path, workspace=workspace, server=client, session_id=CALLER)
     out = await _TOOLS["sys_list_models"].run(ctx, {})
     assert out.startswith("Error:") and "agent spec" in out
     assert out == "Error: sys_list_models requires an agent spec"
@@ -578,7 +564,8 @@ async def test_s47_a_provider_it_cannot_list_is_a_none_row_saying_why(
     note: str,
 ) -> None:
     providers.write_text(config)
-    ctx = make_ctx(tmp_path, workspace, client, _worker_spec("claude-native"))
+    spec = _worker_spec("claude-native")
+    ctx = tool_context(tmp_path, workspace=workspace, server=client, session_id=CALLER, spec=spec)
     payload = await run(ctx, "sys_list_models")
     for row in payload.values():
         assert (row["source"], row["verified"], row["models"]) == ("none", False, [])

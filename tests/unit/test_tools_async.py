@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,8 @@ import trio
 from corral.tools._api import ToolContext
 from corral.tools.async_calls import RESTARTED_OUTPUT, TOOLS, AsyncCalls
 from corral.tools.inbox import Inbox, Reviewed
+from tests._tool_context import tool_context
+from tests.conftest import wait_for
 
 SID = "conv_async"
 _TOOLS = {tool.name: tool for tool in TOOLS}
@@ -54,17 +56,10 @@ def make_ctx(
     session_id: str = SID,
     inbox: Inbox | None = None,
 ) -> ToolContext:
-    async def publish(event: dict[str, Any]) -> None:
-        raise AssertionError("async calls publish nothing")
-
-    return ToolContext(
+    return tool_context(
+        tmp_path,
         session_id=session_id,
         call_id=call_id,
-        spec={},
-        workspace=None,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=publish,
         data_dir=tmp_path,
         inbox=inbox if inbox is not None else (calls.inbox if calls is not None else None),
         async_calls=calls,
@@ -85,17 +80,6 @@ async def running(tmp_path: Path, **kwargs: Any) -> AsyncIterator[AsyncCalls]:
         await nursery.start(calls.run)
         yield calls
         nursery.cancel_scope.cancel()
-
-
-async def wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 10.0) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout``."""
-    with trio.move_on_after(timeout):
-        while True:
-            value = await probe()
-            if value:
-                return value
-            await trio.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 async def drained_items(inbox: Inbox, call_id: str) -> tuple[str, list[dict[str, Any]]]:

@@ -19,6 +19,7 @@ from corral.tools.inbox import (
     render_item,
     terminal_idle_item,
 )
+from tests._tool_context import tool_context
 
 SID = "conv_inbox"
 
@@ -292,20 +293,7 @@ async def test_sessions_have_separate_inboxes(tmp_path: Path) -> None:
 
 
 def make_ctx(tmp_path: Path, inbox: Inbox | None, call_id: str = "call_1") -> ToolContext:
-    async def publish(event: dict[str, Any]) -> None:
-        raise AssertionError("sys_read_inbox publishes nothing")
-
-    return ToolContext(
-        session_id=SID,
-        call_id=call_id,
-        spec={},
-        workspace=None,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=publish,
-        data_dir=tmp_path,
-        inbox=inbox,
-    )
+    return tool_context(tmp_path, session_id=SID, call_id=call_id, data_dir=tmp_path, inbox=inbox)
 
 
 async def test_sys_read_inbox_drains_as_its_call_id(tmp_path: Path) -> None:

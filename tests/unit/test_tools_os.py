@@ -17,6 +17,7 @@ from corral.tools import os_files
 from corral.tools import shell as shell_runs
 from corral.tools._api import ToolContext, ToolError
 from corral.tools.os_tools import TOOLS
+from tests._tool_context import tool_context
 
 _TOOLS = {tool.name: tool for tool in TOOLS}
 
@@ -30,18 +31,12 @@ def make_ctx(
     timeout_s: float = 60.0,
     max_output_chars: int = 100_000,
 ) -> ToolContext:
-    async def publish(event: dict[str, Any]) -> None:
-        raise AssertionError("OS tools publish nothing themselves")
-
-    return ToolContext(
+    return tool_context(
+        tmp_path,
         session_id=session_id,
-        call_id="call_1",
         spec=spec if spec is not None else {},
         workspace=workspace,
-        os_env_root=tmp_path / "fallback",
         timeout_s=timeout_s,
-        publish=publish,
-        data_dir=tmp_path / "data",
         max_output_chars=max_output_chars,
     )
 

@@ -18,6 +18,7 @@ from corral.tools.os_env import (
     unsupported_reason,
     workspace_from_env,
 )
+from tests._tool_context import tool_context
 
 
 def _spec(os_env: Any = None) -> dict[str, Any]:
@@ -267,19 +268,7 @@ def test_t05_unsupported_environments_are_named(env: dict[str, Any], fragment: s
 
 
 def _ctx(tmp_path: Path, spec: dict[str, Any], workspace: Path | None) -> ToolContext:
-    async def publish(event: dict[str, Any]) -> None:
-        raise AssertionError("nothing is published here")
-
-    return ToolContext(
-        session_id="conv/ctx",
-        call_id="call_1",
-        spec=spec,
-        workspace=workspace,
-        os_env_root=tmp_path / "fallback",
-        timeout_s=30.0,
-        publish=publish,
-        data_dir=tmp_path / "data",
-    )
+    return tool_context(tmp_path, session_id="conv/ctx", spec=spec, workspace=workspace)
 
 
 async def test_t05_effective_cwd_follows_the_context(tmp_path: Path) -> None:

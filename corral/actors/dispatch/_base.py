@@ -17,7 +17,6 @@ A part calls only what is below it in the chain, so each reads (and type-checks)
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from ...bus import Request
 from ...harnesses.protocol import HARNESS_ACTOR, InputAccepted, Output
 from ...server_client import ServerClient, pick_server
 from .._actor import Actor, ActorContext
+from .._crash import crash_point
 from ..policy.messages import PolicyEvaluate, ToolCall, TurnEnded
 from ._fanout import Fanout
 from ._options import DispatchOptions
@@ -36,9 +36,6 @@ from ._session import PendingEvent, Session, SessionRecord
 from ._store import EPOCH_SHIFT, SessionStore
 
 log = logging.getLogger("corral.actors.dispatch")
-
-#: The exit code of a crash the ``crash_at`` option asked for (as ``kill -9`` leaves it).
-CRASH_EXIT = 137
 
 
 class DispatchBase(Actor):
@@ -199,19 +196,8 @@ class DispatchBase(Actor):
             self.nursery.start_soon(self._save, session)
 
     def _crash_point(self, step: str) -> None:
-        """The fault hook of crash tests: with the option ``crash_at = step``, dispatch exits
-        at once here (no cleanup, as ``kill -9`` would stop it), once per data directory (a
-        marker file keeps the restarted incarnation from dying at the same point)."""
-        if step != self.options.crash_at:
-            return
-        marker = self.ctx.data_dir / f"crashed-at-{step}"
-        if marker.exists():
-            return
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.fsync(fd)
-        os.close(fd)
-        log.warning("crash_at %s: exiting now", step)
-        os._exit(CRASH_EXIT)
+        """The crash tests' fault hook (:mod:`corral.actors._crash`)."""
+        crash_point(self.ctx.data_dir, step, self.options.crash_at, log)
 
     async def _elicitation_closed(self, session: Session, elicitation_id: str) -> None:
         if elicitation_id in session.record.elicitations:

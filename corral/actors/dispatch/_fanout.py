@@ -227,7 +227,8 @@ class Fanout:
         ``seq``, a worker event's (its turn numbers it, so a replay after a restart keeps
         it), goes with the frame: the gateway drops a frame at or below the last one it
         relayed to the caller, as it drops a session event's ``seq`` it has seen. A frame
-        without one (the runner's own events) is always relayed."""
+        without one (the runner's own events) is always relayed: docs/dispatch.md
+        (*Publishing*) says why they get none."""
         if stream_to is None:
             return
         frame = sse_frame(tag_of(type(msg)), msgspec.json.encode(msg))

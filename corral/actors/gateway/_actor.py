@@ -440,13 +440,16 @@ class GatewayActor(Actor):
 
         Dispatch holds the runner id each session was bound through and keeps every other id
         out of the routes it answers; for these the gateway asks it, once per session (a
-        binding never changes). Where every request comes through one runner id there is no
-        other to keep out, and nothing is asked. On a host of several, a session this
-        runner id has not bound (unknown to dispatch) is not found either: the server inits
-        a session before it opens its stream or asks for its resources (§B.3).
+        binding never changes), on a host of one runner id too: a session bound through a
+        runner id the host no longer serves (its ``[[runners]]`` entry removed) must not be
+        reached through the one that remains. A session dispatch does not know is not found
+        on a host of several ids (the server inits a session before it opens its stream or
+        asks for its resources, §B.3); on a host of one there is no other runner it could
+        belong to, and it is let through as it always was. So is every session of a host of
+        one while dispatch cannot answer (it restarts): only a removed runner id's session
+        could be reached then, and failing every stream and resource for those seconds
+        would cost each session of the host far more.
         """
-        if len(self.tunnels) < 2:
-            return None
         bound = self._bound.get(session_id)
         if bound is None:
             request = HttpRequest(
@@ -462,8 +465,10 @@ class GatewayActor(Actor):
                 log.warning("no runner id known for session %s: %s", session_id, exc)
                 reply = None
             if reply is not None and reply.status == 404:
-                return no_session(session_id)
+                return no_session(session_id) if len(self.tunnels) > 1 else None
             answer = _bound_of(reply)
+            if answer is None and len(self.tunnels) < 2:
+                return None
             if answer is None:
                 message = "The runner cannot serve this session right now; try again shortly."
                 return error_response(503, "runner_unavailable", message)

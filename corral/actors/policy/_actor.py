@@ -65,7 +65,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import trio
@@ -78,6 +78,7 @@ from ...server_client import ServerClient, pick_server
 from ...server_wait import SERVER_WAIT_S, while_unavailable
 from ...tools.registry import is_runner_local
 from .._actor import Actor, ActorContext, handles
+from .._crash import crash_point
 from .._deferred import Deferred
 from ..dispatch.messages import PublishEvents
 from ..tools.messages import TOOLS_ACTOR, ToolCancel, ToolExec
@@ -127,6 +128,9 @@ class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     #: How long an evaluation keeps asking an unavailable server, from its first failure,
     #: before its phase fails closed (or open): the control plane's restart window.
     server_wait_s: float = SERVER_WAIT_S
+    #: Crash tests only (:mod:`corral.actors._crash`): exit at once after an ASK's prompt is
+    #: published and before its park is committed (``asked``). Empty: never.
+    crash_at: Literal["", "asked"] = ""
 
 
 class PolicyError(Exception):
@@ -157,6 +161,10 @@ class PolicyActor(Actor):
         self.parked: dict[str, ParkedCall] = {}
         #: Calls in progress (call_id → the scope to cancel when the turn ends).
         self.running: dict[str, tuple[ToolCall, trio.CancelScope]] = {}
+        #: Calls whose gate has not yet decided, by their elicitation id, and the approvals
+        #: that arrived for them meanwhile (see :meth:`approval`).
+        self.deciding: dict[str, ToolCall] = {}
+        self.early: dict[str, tuple[str, Deferred]] = {}
         #: Evaluations in progress, per session (evaluation id → its scope): the server may
         #: hold one until a person answers, and the turn's end lets it go.
         self.evaluating: dict[str, dict[str, trio.CancelScope]] = {}
@@ -207,13 +215,17 @@ class PolicyActor(Actor):
         if eid in self.parked or msg.call_id in self.running:
             return  # a redelivered copy of a call already in hand (acked now)
         deferred = self.defer(incoming)
+        # Registered here, not in the task: an Approval or TurnEnded handled next must find it.
+        scope = trio.CancelScope()
+        self.running[msg.call_id] = (msg, scope)
+        self.deciding[eid] = msg
         assert self.nursery is not None
-        self.nursery.start_soon(self._gate, msg, deferred)
+        self.nursery.start_soon(self._gate, msg, deferred, scope)
 
-    async def _gate(self, call: ToolCall, deferred: Deferred) -> None:
+    async def _gate(self, call: ToolCall, deferred: Deferred, scope: trio.CancelScope) -> None:
         self.stats["calls"] += 1
-        with trio.CancelScope() as scope:
-            self.running[call.call_id] = (call, scope)
+        eid = elicitation_id_for(call.session_id, call.call_id)
+        with scope:
             try:
                 outcome = await self._decide(call, deferred)
             except Exception:
@@ -223,10 +235,23 @@ class PolicyActor(Actor):
                 outcome = _outcome(call, "failed", TOOL_FAILED)
             finally:
                 self.running.pop(call.call_id, None)
+                self.deciding.pop(eid, None)
         if scope.cancelled_caught:
             outcome = _outcome(call, "cancelled", CANCELLED)
+        early = self.early.pop(eid, None)
         if outcome is not None:
             await self._answer(call, outcome, held=deferred)
+            if early is not None:
+                # The call was decided without a person (the verdict changed, the turn
+                # ended): the approval that came for it has nothing left to act on.
+                log.info("approval of %s came for a call decided without it", eid)
+                early[1].ack()
+        elif early is not None:
+            parked = self.parked.get(eid)
+            if parked is None:  # its park failed (the gate answered it)
+                early[1].ack()
+            else:
+                self._approved(parked, *early)
 
     async def _decide(self, call: ToolCall, deferred: Deferred) -> ToolOutcome | None:
         """The outcome of a call, or None when it was parked to wait for a human."""
@@ -281,6 +306,7 @@ class PolicyActor(Actor):
                 call.session_id,
                 {"type": "response.elicitation_request", "elicitation_id": eid, "params": params},
             )
+            crash_point(self.ctx.data_dir, "asked", self.options.crash_at, log)
             await deferred.park()
         except BaseException:
             self.parked.pop(eid, None)
@@ -290,21 +316,32 @@ class PolicyActor(Actor):
 
     @handles(Approval)
     async def approval(self, msg: Approval, incoming: Incoming) -> InputAccepted:
-        parked = self.parked.get(msg.elicitation_id)
+        eid = msg.elicitation_id
+        parked = self.parked.get(eid)
+        deciding = self.deciding.get(eid)
+        if parked is None and deciding is not None and deciding.session_id == msg.session_id:
+            # The prompt was published by an incarnation that died before its park was
+            # committed; the redelivered call is being evaluated again and will park under
+            # the same id. Answering 404 now would lose the person's answer and leave the
+            # re-asked prompt to nobody: the approval waits for the park instead.
+            if eid not in self.early:
+                self.early[eid] = (msg.action, self.defer(incoming))
+            return InputAccepted(status=204)
         if parked is None or parked.call.session_id != msg.session_id:
             return InputAccepted(
                 status=404,
-                error={
-                    "code": "not_found",
-                    "message": f"no tool call waits on {msg.elicitation_id!r}",
-                },
+                error={"code": "not_found", "message": f"no tool call waits on {eid!r}"},
             )
         if parked.verdict is not None:
             return InputAccepted(status=204)  # already being acted on; this copy is redundant
-        parked.verdict = self.defer(incoming)
-        assert self.nursery is not None
-        self.nursery.start_soon(self._resume, parked, msg.action)
+        self._approved(parked, msg.action, self.defer(incoming))
         return InputAccepted(status=204)
+
+    def _approved(self, parked: ParkedCall, action: str, verdict: Deferred) -> None:
+        """Act on a person's verdict for a parked call; ``verdict`` is acked once done."""
+        parked.verdict = verdict
+        assert self.nursery is not None
+        self.nursery.start_soon(self._resume, parked, action)
 
     async def _resume(self, parked: ParkedCall, action: str) -> None:
         call = parked.call
