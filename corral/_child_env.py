@@ -57,13 +57,15 @@ _ALLOWED = (
 )
 
 #: What an actor needs of the host's environment besides :data:`_ALLOWED`: corral's own
-#: settings that hold no secret (the log level, where the tools work).
+#: settings that hold no secret (the log level, where the tools work, where omnigent's
+#: config file with the model providers ``sys_list_models`` reads is).
 _ACTOR_ALLOWED = (
     "CORRAL_LOG_LEVEL",
     "CORRAL_WORKSPACE",
     "OMNIGENT_RUNNER_WORKSPACE",
     "CORRAL_OS_ENV_ROOT",
     "OMNIGENT_RUNNER_OS_ENV_ROOT",
+    "OMNIGENT_CONFIG_HOME",
 )
 
 #: What an actor that makes HTTP requests needs to reach its servers (a proxy URL may hold a

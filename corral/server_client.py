@@ -447,6 +447,28 @@ class ServerClient:
         response, content = await self._request("GET", path, idempotent=True, max_bytes=max_bytes)
         return content, response.headers
 
+    async def write(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        files: Mapping[str, tuple[str, bytes, str]] | None = None,
+    ) -> Any:
+        """``method path`` with a JSON body, or with ``files`` a ``multipart/form-data`` one
+        whose text fields are ``body``'s values: the decoded answer (``{}`` when empty).
+
+        For the writes a runner-local tool makes for its caller (``PUT .../permissions``,
+        ``POST /v1/sessions`` ...). Sent again only when the connection could not be opened:
+        the server may have acted on a request it answered late. ``path`` must be built from
+        ids that passed :func:`safe_id`.
+        """
+        if files is None:
+            return await self._json(method, path, json=body, idempotent=False, empty_ok=True)
+        return await self._json(
+            method, path, data=dict(body), files=files, idempotent=False, empty_ok=True
+        )
+
     # -- plumbing --------------------------------------------------------------------------
 
     async def _object(
@@ -481,6 +503,8 @@ class ServerClient:
         params: Mapping[str, str] | None = None,
         json: Any = None,
         content: bytes | None = None,
+        data: Mapping[str, str] | None = None,
+        files: Mapping[str, tuple[str, bytes, str]] | None = None,
         timeout: httpx.Timeout | None = None,
     ) -> tuple[httpx.Response, bytes]:
         """Send with bounded retries; the 2xx response and its body (at most ``max_bytes``)."""
@@ -499,6 +523,8 @@ class ServerClient:
                     path.lstrip("/"),
                     params=params,
                     content=content,
+                    data=data,
+                    files=files,
                     headers=headers,
                     timeout=timeout or self._timeout,
                 )

@@ -29,6 +29,12 @@ route                                                     answer
 ``GET /v1/sessions/{id}/child_sessions``                  list page of its children
 ``GET /v1/runners/{id}/status``                           ``{"runner_id", "online"}``
                                                           (``online_runners``)
+``POST /v1/sessions`` (JSON)                              a child of ``parent_session_id``
+                                                          (``initial_items`` become items); 201
+``POST /v1/sessions`` (multipart)                         a child from the ``bundle``'s agent;
+                                                          201 ``{"session_id", "agent_id", ...}``
+``PUT /v1/sessions/{id}/permissions``                     a grant (``grants``); ``__public__``
+                                                          above read is 0.19.1's 400
 =======================================================  =====================================
 
 Every request is recorded (:class:`Recorded`: method, path, query, headers, raw body) before it
@@ -54,7 +60,8 @@ from urllib.parse import parse_qsl, unquote
 
 import trio
 
-from corral.spec import make_bundle
+from corral.server._session_writes import parse_form
+from corral.spec import load_bundle, make_bundle
 from tests._http11 import read_request, until_eof
 
 SERVER_VERSION = "0.11.0.dev0"
@@ -295,6 +302,8 @@ class FakeOmnigentServer:
         self.token_mode = "unauthenticated"
         #: Runner ids ``GET /v1/runners/{id}/status`` calls online.
         self.online_runners: set[str] = set()
+        #: session id -> user id -> level, from ``PUT .../permissions``.
+        self.grants: dict[str, dict[str, int]] = {}
         self.port = 0
         self._listeners: list[trio.SocketListener] = []
         self._request_ids = itertools.count(1)
@@ -551,6 +560,8 @@ class FakeOmnigentServer:
             return Reply(200, content, content_type=kind)
         if (listing := self._listing(method, path, request)) is not None:
             return listing
+        if method == "POST" and path == "/v1/sessions":
+            return self._create(request)
         match = re.fullmatch(r"/v1/sessions/([^/]+)(/.*)?", path)
         if match is None:
             return Reply(404, b'{"detail":"Not Found"}')
@@ -588,6 +599,52 @@ class FakeOmnigentServer:
             runner_id = match.group(1)
             return _json({"runner_id": runner_id, "online": runner_id in self.online_runners})
         return None
+
+    def _create(self, request: Recorded) -> Reply:
+        """A child session, as 0.19.1 makes one for a runner's ``sys_session_create``."""
+        kind = request.headers.get("content-type", "")
+        if kind.startswith("multipart/form-data"):
+            parts = parse_form(kind, request.body)
+            metadata = json.loads(parts["metadata"][1])
+            spec = load_bundle(parts["bundle"][1])
+            agent_id = self.add_agent(f"name: {spec.name}\n")
+            child = self._child(agent_id, metadata["parent_session_id"], metadata.get("title"))
+            if child is None:
+                return _error(404, "not_found", "Parent session not found")
+            answer = {"session_id": child["id"], "agent_id": agent_id, "agent_name": spec.name}
+            return _json(answer, status=201)
+        body = _body(request)
+        if not isinstance(body, dict) or body.get("agent_id") not in self.agents:
+            return _error(404, "not_found", "Agent not found")
+        child = self._child(body["agent_id"], body.get("parent_session_id"), body.get("title"))
+        if child is None:
+            return _error(404, "not_found", "Parent session not found")
+        if body.get("model_override"):
+            child["model_override"] = body["model_override"]
+        for item in body.get("initial_items") or []:
+            self.add_item(child["id"], {"type": item["type"], **item["data"]})
+        return _json(child, status=201)
+
+    def _child(self, agent_id: str, parent_id: Any, title: Any) -> dict[str, Any] | None:
+        parent = self.sessions.get(parent_id) if isinstance(parent_id, str) else None
+        if parent is None:
+            return None
+        return self.add_session(
+            agent_id,
+            title=title,
+            parent_session_id=parent["id"],
+            root_conversation_id=parent["root_conversation_id"],
+        )
+
+    def _permissions(self, session: dict[str, Any], request: Recorded) -> Reply:
+        body = _body(request)
+        level = body.get("level") if isinstance(body, dict) else None
+        if not isinstance(level, int) or not 1 <= level <= 3 or not body.get("user_id"):
+            return _error(422, "invalid_input", "user_id and a level of 1..3 are required")
+        if body["user_id"] == "__public__" and level > 1:
+            return _error(400, "invalid_input", "Public access is limited to read (level 1)")
+        self.grants.setdefault(session["id"], {})[body["user_id"]] = level
+        return _json({"user_id": body["user_id"], "conversation_id": session["id"], "level": level})
 
     def agent_object(self, agent: Agent) -> dict[str, Any]:
         """An agent as 0.19.1's ``GET /v1/agents`` and ``.../agent`` show it."""
@@ -808,6 +865,7 @@ _ROUTES: dict[tuple[str, str], Callable[[FakeOmnigentServer, dict[str, Any], Rec
     ("POST", "/events"): FakeOmnigentServer._events,
     ("GET", "/agent"): FakeOmnigentServer._session_agent,
     ("GET", "/child_sessions"): FakeOmnigentServer._child_sessions,
+    ("PUT", "/permissions"): FakeOmnigentServer._permissions,
 }
 
 _REASONS = {

@@ -12,13 +12,11 @@ against:
                                         ``corral agents`` reads
 ``GET /v1/sessions``                    list page of sessions; ``agent_name`` filters
 ``GET /v1/sessions/{id}/agent``         the session's agent object
-``GET /v1/sessions/{id}/child_sessions`` list page of its child sessions
+``GET /v1/sessions/{id}/child_sessions`` list page of its child sessions (``_session_writes``)
 ``GET /v1/runners/{id}/status``         ``{"runner_id", "online"}``
 ======================================  ======================================================
 
-The control plane creates no child sessions yet, so every session's children are an empty
-page, as a real server answers for a session that delegated nothing. Each route lets in the
-runner and clients alike (``corral agents`` reads ``/v1/agents`` too).
+Each route lets in the runner and clients alike (``corral agents`` reads ``/v1/agents`` too).
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from ._plane import Refused
 __all__ = [
     "agent_object",
     "agents",
-    "child_sessions",
     "list_page",
     "list_sessions",
     "policy_summary",
@@ -116,7 +113,11 @@ async def list_sessions(api: Api, request: Request) -> Response:
     wanted = request.query_params.get("agent_name")
     rows = await api.plane.store.list_sessions(limit)
     data = [
-        {**api.plane.session_object(r), "agent_name": r.agent, "parent_session_id": None}
+        {
+            **api.plane.session_object(r),
+            "agent_name": r.agent,
+            "parent_session_id": r.parent_session_id,
+        }
         for r in rows
         if not wanted or r.agent == wanted
     ]
@@ -131,10 +132,3 @@ async def session_agent(api: Api, request: Request) -> Response:
     if agent is None:
         raise Refused(404, "not_found", f"The agent {row.agent!r} is not loaded.")
     return JSONResponse(agent_object(agent))
-
-
-@endpoint("any")
-async def child_sessions(api: Api, request: Request) -> Response:
-    """``GET .../child_sessions``: none, the plane creates no child sessions yet."""
-    await api.plane.session(request.path_params["session_id"])
-    return JSONResponse(list_page([]))

@@ -3,9 +3,11 @@
 ==================================================  ======  ===================================
 ``POST /v1/sessions/{id}/events``                   any     by type: the runner's
                                                             ``external_conversation_item``
-                                                            (§iii.10); a client's ``message``,
-                                                            ``approval``, ``interrupt``,
-                                                            ``stop_session``, ``compact``
+                                                            (§iii.10); either's ``message``
+                                                            (the runner's to a child it
+                                                            drives); a client's ``approval``,
+                                                            ``interrupt``, ``stop_session``,
+                                                            ``compact``
 ``POST .../elicitations/{eid}/resolve``             client  a verdict on a pending approval
 ``GET .../stream``                                  client  the events as SSE, resumable by
                                                             ``Last-Event-ID`` or ``?after=``
@@ -70,8 +72,12 @@ async def events(api: Api, request: Request) -> Response:
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise Refused(422, "invalid_request", "An event is an object with a string 'type'.")
     kind = raw["type"]
-    # The runner posts its own items; messages, verdicts and controls are a client's.
-    api.require(request, "runner" if kind == "external_conversation_item" else "client")
+    # The runner posts its own items, and messages to the sessions it drives (a child's
+    # first message, PROTOCOL_0_19 §J.4); verdicts and controls are a client's.
+    if kind == "external_conversation_item":
+        api.require(request, "runner")
+    elif kind != "message":
+        api.require(request, "client")
     row = await api.plane.session(request.path_params["session_id"])
     data = raw.get("data", {})
     answer: Mapping[str, object]

@@ -11,9 +11,10 @@ Every route but ``GET /api/version`` (a liveness probe that shows the protocol v
 needs a credential, on loopback too: a loopback port is open to every user of the machine,
 and the agents run commands as the user who runs corral. Each route names who may call it
 (``@endpoint(access)``, ``_endpoint.py``); ``GET /v1/sessions/{id}``, ``.../items`` and
-``.../labels`` serve both sides, and so do the reads of a runner's session tools
-(``_discovery.py``); on ``POST /v1/sessions/{id}/events`` the runner posts
-``external_conversation_item`` and clients the other types.
+``.../labels`` serve both sides, and so do the reads and writes of a runner's session tools
+(``_discovery.py``, ``_session_writes.py``); ``POST /v1/sessions`` is a client's session or the
+runner's child; on ``POST /v1/sessions/{id}/events`` the runner posts
+``external_conversation_item`` and messages, clients messages and the other types.
 
 The handlers live by concept, one module each, and :data:`ROUTES` lists them all in one
 place; a route is one row ``(path, handler, methods)``. Two rows may share a path with
@@ -35,6 +36,7 @@ from . import _discovery as discovery
 from . import _event_routes as events
 from . import _runner_routes as runner
 from . import _session_routes as sessions
+from . import _session_writes as writes
 from ._endpoint import Api, Handler, endpoint, http_exception
 from ._plane import SERVER_VERSION, ControlPlane
 from ._tunnel_handshake import tunnel
@@ -65,7 +67,6 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/v1/runners/{runner_id}/status", discovery.runner_status, ["GET"]),
     ("/v1/sessions", discovery.list_sessions, ["GET"]),
     (f"{_S}/agent", discovery.session_agent, ["GET"]),
-    (f"{_S}/child_sessions", discovery.child_sessions, ["GET"]),
     # a session's record
     ("/v1/sessions", sessions.create_session, ["POST"]),
     (_S, sessions.read_session, ["GET"]),
@@ -73,6 +74,9 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
     (_S, sessions.delete_session, ["DELETE"]),
     (f"{_S}/items", sessions.items, ["GET"]),
     (f"{_S}/labels", sessions.labels, ["GET"]),
+    # what the session tools' writes make: children, grants
+    (f"{_S}/child_sessions", writes.child_sessions, ["GET"]),
+    (f"{_S}/permissions", writes.permissions, ["GET", "PUT"]),
     # the runner's own calls
     ("/v1/runners/{runner_id}/token", runner.runner_token, ["POST"]),
     (f"{_S}/agent/contents", runner.agent_contents, ["GET"]),

@@ -1,8 +1,10 @@
 """The routes of a session's record: create it, read it, relabel it, delete it, page its items.
 
 =====================================  ========  ==============================================
-``POST /v1/sessions``                  client    a new session of an agent (``Idempotency-Key``
-                                                 makes a retry create it once)
+``POST /v1/sessions``                  any       a client's new session of an agent
+                                                 (``Idempotency-Key`` makes a retry create it
+                                                 once); the runner's is a child session
+                                                 (``sys_session_create``, ``_session_writes``)
 ``GET /v1/sessions/{id}``              any       the session's snapshot (§iii.4)
 ``PATCH /v1/sessions/{id}``            runner    its labels and title (§iii.5)
 ``DELETE /v1/sessions/{id}``           client    the session, and the runner told (§I.1)
@@ -23,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from ._endpoint import Api, convert, endpoint, idempotency_key, int_param
 from ._plane import Refused
+from ._session_writes import create_child
 from ._store import UnknownCursor
 
 __all__ = [
@@ -49,9 +52,11 @@ class SessionPatch(msgspec.Struct, kw_only=True):
     title: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
 
 
-@endpoint("client")
+@endpoint("any")
 async def create_session(api: Api, request: Request) -> Response:
-    """``POST /v1/sessions``."""
+    """``POST /v1/sessions``: the client's, and the runner's (a child session)."""
+    if request.state.caller == "runner":  # sys_session_create's child (_session_writes)
+        return await create_child(api, request)
     body = convert(await api.json(request), CreateSession)
     key = idempotency_key(request)
     row = await api.plane.create_session(body.agent, body.title, key)

@@ -1,34 +1,23 @@
-"""Session and agent tools: their table entries and the gates that run before any server call.
+"""Session and agent tools: their table entries, in the order they are advertised.
 
 ``sys_session_*``, ``sys_agent_*``, ``sys_list_models`` and ``sys_cancel_task`` are
 runner-local (T-26): the runner answers them, talking to the server for the caller. The
-read-only ones work (:mod:`corral.tools.session_reads`): ``sys_session_get_info``,
-``sys_session_list``, ``sys_session_get_history``, ``sys_agent_get``, ``sys_agent_list`` and
-``sys_agent_download``. The others answer ``{"error": "<name> is not available on this runner
-yet"}``. The local gates of two tools run before anything reaches the server or the disk:
+read-only ones are :mod:`corral.tools.session_reads`; ``sys_session_close``,
+``sys_session_share``, ``sys_session_create`` and ``sys_list_models`` are
+:mod:`corral.tools.session_writes`. A tool whose table entry has no implementation answers
+``{"error": "<name> is not available on this runner yet"}``.
 
-* ``sys_agent_download``: ``dest_filename``, when given, must be a bare file name (P-20)
-  and must resolve, by real path, strictly inside the working directory, so a symlink of
-  that name pointing elsewhere is refused (P-21). Nothing is written then.
-* ``sys_session_create``: exactly one of ``agent_id`` and ``config_path`` (S-40);
-  ``config_path`` must resolve inside the working directory (P-22) and is not read when it
-  does not; a config file that does not exist gives ``config_not_found`` (S-41).
-
-:data:`PENDING` names the tools still waiting for their server side; the registry keeps
-them out of advertised schemas so models are not offered tools that always fail.
+:data:`READY` and :data:`PENDING` are read off the table, so it is the one list of which
+tools work; the registry keeps :data:`PENDING` out of advertised schemas so models are not
+offered tools that always fail.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable, Mapping
-
-import trio
+from collections.abc import Awaitable, Callable
 
 from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError, ToolFamily, ToolSpec
-from .os_env import effective_cwd
-from .paths import resolve_inside
 from .session_reads import (
     sys_agent_download,
     sys_agent_get,
@@ -37,47 +26,20 @@ from .session_reads import (
     sys_session_get_info,
     sys_session_list,
 )
+from .session_writes import (
+    EXACTLY_ONE_MODE_MESSAGE,
+    sys_list_models,
+    sys_session_close,
+    sys_session_create,
+    sys_session_share,
+)
 
 __all__ = ["EXACTLY_ONE_MODE_MESSAGE", "PENDING", "READY", "TOOLS", "not_available"]
-
-#: S-40: the error when ``sys_session_create`` gets both modes or neither.
-EXACTLY_ONE_MODE_MESSAGE = (
-    "sys_session_create requires exactly one of 'agent_id' (existing agent) or "
-    "'config_path' (new agent from a local config)"
-)
 
 
 def not_available(name: str) -> ToolError:
     """The error of a tool whose server side is not on this runner yet."""
     return ToolError(f"{name} is not available on this runner yet")
-
-
-def _optional_text(args: Mapping[str, object], name: str) -> str | None:
-    """``args[name]`` as a string; absent, null and empty all mean "not given"."""
-    value = args.get(name)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise ToolError(f"{name} must be a string")
-    return value
-
-
-async def sys_session_create(ctx: ToolContext, args: JsonObject) -> str:
-    """Create a child session from an agent id or a local config (S-38, S-39; gates S-40, P-22)."""
-    agent_id = _optional_text(args, "agent_id")
-    config_path = _optional_text(args, "config_path")
-    if (agent_id is None) == (config_path is None):
-        raise ToolError(EXACTLY_ONE_MODE_MESSAGE)
-    if config_path is not None:
-        cwd = await effective_cwd(ctx)
-
-        def check() -> bool:
-            # Containment first: a path outside the cwd is not even looked at.
-            return resolve_inside(cwd, config_path, what="config_path").is_file()
-
-        if not await trio.to_thread.run_sync(check):
-            return json.dumps({"error": "config_not_found", "config_path": config_path})
-    raise not_available("sys_session_create")
 
 
 _Run = Callable[[ToolContext, JsonObject], Awaitable[str]]
@@ -167,6 +129,7 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
                 "config_path": _text("Agent YAML file, relative to the working directory."),
                 "title": _text("Title of the new session."),
                 "message": _text("First message for the new session."),
+                "model": _text("Model for the new session (agent_id mode)."),
             }
         ),
         sys_session_create,
@@ -191,9 +154,10 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
     (
         "sys_session_close",
         "session",
-        "Close a child session.",
-        _object({"session_id": _SESSION_ID}, ("session_id",)),
-        None,
+        "Close a sub-agent session of your tree: it is marked closed, its processes are "
+        "stopped, and a later send to the same agent and title starts a fresh one.",
+        _object({"conversation_id": _text("Id of the child session.")}, ("conversation_id",)),
+        sys_session_close,
     ),
     (
         "sys_session_share",
@@ -203,11 +167,15 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
             {
                 "session_id": _text("Session to share; default this session."),
                 "user_id": _text("User to grant access to."),
-                "level": {"type": "string", "enum": ["read", "edit", "manage"]},
+                "level": {
+                    "type": "string",
+                    "enum": ["read", "edit", "manage"],
+                    "description": "Access to grant (default read).",
+                },
             },
             ("user_id",),
         ),
-        None,
+        sys_session_share,
     ),
     (
         "sys_agent_get",
@@ -241,9 +209,10 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
     (
         "sys_list_models",
         "session",
-        "List the models each sub-agent (and this agent) can use.",
+        "List the models each sub-agent (and this agent, under 'self') can run: "
+        "{source, verified, models: [{id, family}], note} per worker.",
         _object({}),
-        None,
+        sys_list_models,
     ),
     (
         "sys_cancel_task",
@@ -266,16 +235,7 @@ TOOLS: list[ToolSpec] = [
     for name, family, description, parameters, run in _DEFINITIONS
 ]
 
-#: The tools of :data:`TOOLS` that work: the read-only ones.
-READY: frozenset[str] = frozenset(
-    {
-        "sys_agent_download",
-        "sys_agent_get",
-        "sys_agent_list",
-        "sys_session_get_history",
-        "sys_session_get_info",
-        "sys_session_list",
-    }
-)
+#: The tools of :data:`TOOLS` that work: those the table gives an implementation.
+READY: frozenset[str] = frozenset(name for name, *_, run in _DEFINITIONS if run is not None)
 #: Tools of :data:`TOOLS` whose server side is not on this runner yet.
 PENDING: frozenset[str] = frozenset(tool.name for tool in TOOLS) - READY

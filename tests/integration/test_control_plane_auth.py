@@ -43,7 +43,8 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/v1/runners/{runner_id}/token"): "runner",
     ("GET", "/v1/runners/{runner_id}/status"): "any",
     ("GET", "/v1/sessions"): "any",
-    ("POST", "/v1/sessions"): "client",
+    # A client's session, and the runner's child session (sys_session_create).
+    ("POST", "/v1/sessions"): "any",
     ("GET", S): "any",
     ("PATCH", S): "runner",
     ("DELETE", S): "client",
@@ -54,8 +55,12 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", f"{S}/labels"): "any",
     ("POST", f"{S}/policies/evaluate"): "runner",
     ("POST", f"{S}/mcp"): "runner",
-    # Narrowed by the event's type: the runner's item, a client's message (below).
+    # Narrowed by the event's type: the runner's item, a client's control (below); a
+    # message is either's (the runner's to a child it drives).
     ("POST", f"{S}/events"): "any",
+    # sys_session_share's grants.
+    ("GET", f"{S}/permissions"): "any",
+    ("PUT", f"{S}/permissions"): "any",
     ("POST", f"{S}/elicitations/{{elicitation_id}}/resolve"): "client",
     ("GET", f"{S}/stream"): "client",
 }
@@ -117,7 +122,7 @@ def _body(method: str, path: str, side: str) -> dict[str, Any] | None:
     if path.endswith("/events"):
         if side == "runner":
             return {"type": "external_conversation_item", "data": {"source_id": "x"}}
-        return {"type": "message", "data": {"content": "hi"}}
+        return {"type": "interrupt"}
     return {"agent": "demo", "action": "accept", "event": {"type": "PHASE_TOOL_CALL"}}
 
 

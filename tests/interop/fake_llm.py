@@ -16,6 +16,8 @@ provider serves every agent of a test module:
 ``sessioninfo``, ``sessionlist``, ``agentlist``  a ``sys_session_get_info``, ``sys_session_list``
               or ``sys_agent_list`` call (no arguments); after its output: ``info: …`` ...
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
+``calls``     the tool call its last user text names, as JSON ``{"tool", "arguments"}`` (a test
+              passes ids it only learns at run time); after its output: ``called: …``
 
 Every request body is appended to ``--log`` as one JSON line, with the path it came to.
 """
@@ -83,6 +85,12 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
         if output is None:
             return [], (name, json.dumps(arguments)), 0.0
         return [prefix, output[:200]], None, 0.0
+    if model == "calls":
+        output = _tool_output(body)
+        if output is not None:
+            return ["called: ", output[:200]], None, 0.0
+        asked = json.loads(_user_texts(body)[-1])
+        return [], (asked["tool"], json.dumps(asked["arguments"])), 0.0
     if model == "echo":
         return ["echo: ", " | ".join(_user_texts(body))], None, 0.0
     if model == "history":

@@ -46,7 +46,7 @@ class SessionSnapshot(SessionObject):
     permission_level: None
     sub_agent_name: None
     kind: Literal["default"]
-    parent_session_id: None
+    parent_session_id: str | None
     root_conversation_id: str
     llm_model: str | None
     harness: str | None

@@ -227,8 +227,8 @@ class RunnerBinding(PlaneParts):
             "cost_control_mode_override": None,
             "terminal_launch_args": None,
             "external_session_id": None,
-            "parent_session_id": None,
-            "root_session_id": row.id,
+            "parent_session_id": row.parent_session_id,
+            "root_session_id": row.root_session_id or row.id,
             "inference_config": None,
         }
         body = {

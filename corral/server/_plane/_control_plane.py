@@ -153,7 +153,8 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         not in that copy).
         """
         agent = (await self.agents()).get(session.agent)
-        if agent is not None:
+        # A child made from an uploaded bundle has an agent of its own, whatever its name.
+        if agent is not None and agent.agent_id == session.agent_id:
             bundle, version = agent.bundle(), agent.version
         else:
             bundle = make_bundle(session.agent_yaml, filename=f"{session.agent}.yaml")
@@ -169,7 +170,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         """The policies of the session's agent as it is now (as its bundle is served), else
         of the copy taken when the session was created (it loaded then)."""
         agent = (await self.agents()).get(session.agent)
-        if agent is not None:
+        if agent is not None and agent.agent_id == session.agent_id:
             return agent.policies
         key = yaml_version(session.agent_yaml)
         if key not in self._copy_policies:
@@ -257,8 +258,8 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             "permission_level": None,
             "sub_agent_name": None,
             "kind": "default",
-            "parent_session_id": None,
-            "root_conversation_id": row.id,
+            "parent_session_id": row.parent_session_id,
+            "root_conversation_id": row.root_session_id or row.id,
             "llm_model": spec.model if spec else None,
             "harness": spec.harness if spec else None,
             "model_override": None,

@@ -30,10 +30,13 @@ from ._schema import _SCHEMA, SCHEMA_VERSION, T, _connect, _in_transaction, _mig
 from ._sessions import (
     _add_item,
     _add_user_message,
+    _children,
     _create_session,
     _delete_session,
     _events_after,
     _get_session,
+    _grant,
+    _grants,
     _list_items,
     _list_sessions,
     _patch_session,
@@ -127,6 +130,10 @@ class Store:
         """Sessions, newest first."""
         return await self._read(_list_sessions, limit)
 
+    async def children(self, parent_id: str) -> list[SessionRow]:
+        """The sessions whose parent is ``parent_id``, newest first."""
+        return await self._read(_children, parent_id)
+
     async def sessions_for_runner(self, runner_id: str) -> list[str]:
         """Ids of the sessions bound to ``runner_id``: those with undelivered forwards first,
         then the most recently active, so a reconnect serves waiting work first."""
@@ -145,6 +152,14 @@ class Store:
     ) -> SessionRow | None:
         """Merge ``labels`` into the session's and set ``title`` (each when not None)."""
         return await self._write(_patch_session, session_id, labels, title)
+
+    async def grant(self, session_id: str, user_id: str, level: int) -> None:
+        """Store (or replace) ``user_id``'s access ``level`` to a session."""
+        await self._write(_grant, session_id, user_id, level)
+
+    async def grants(self, session_id: str) -> list[tuple[str, int]]:
+        """The session's grants as ``(user_id, level)``, by user."""
+        return await self._read(_grants, session_id)
 
     # -- items -----------------------------------------------------------------------------
 

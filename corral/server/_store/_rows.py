@@ -35,6 +35,10 @@ class SessionRow(msgspec.Struct, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     last_event_id: int = 0
+    #: A child session's parent (``sys_session_create``); None for a top-level session.
+    parent_session_id: str | None = None
+    #: The top of a child's spawn tree; None for a top-level session (its own root).
+    root_session_id: str | None = None
 
 
 class ItemsPage(TypedDict):

@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
-#: 2 added ``sessions.runner_seq``, ``message_keys`` and ``session_keys`` (a database of
-#: version 1 gets them when it is opened: :func:`_migrate`).
-SCHEMA_VERSION = 2
+#: 2 added ``sessions.runner_seq``, ``message_keys`` and ``session_keys``; 3 added
+#: ``sessions.parent_session_id``, ``sessions.root_session_id`` and ``permissions`` (an older
+#: database gets them when it is opened: :func:`_migrate`).
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
@@ -30,7 +31,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated_at REAL NOT NULL,
     last_event_id INTEGER NOT NULL DEFAULT 0,
     draft TEXT,
-    runner_seq INTEGER NOT NULL DEFAULT 0
+    runner_seq INTEGER NOT NULL DEFAULT 0,
+    parent_session_id TEXT,
+    root_session_id TEXT
 );
 CREATE TABLE IF NOT EXISTS items (
     pos INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -85,6 +88,12 @@ CREATE TABLE IF NOT EXISTS session_keys (
     key TEXT PRIMARY KEY,
     session_id TEXT NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS permissions (
+    session_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    level INTEGER NOT NULL,
+    PRIMARY KEY (session_id, user_id)
+) WITHOUT ROWID;
 """
 
 _encode = msgspec.json.Encoder().encode
@@ -107,6 +116,9 @@ def _migrate(con: sqlite3.Connection) -> None:
     columns = {row[1] for row in con.execute("PRAGMA table_info(sessions)")}
     if "runner_seq" not in columns:
         con.execute("ALTER TABLE sessions ADD COLUMN runner_seq INTEGER NOT NULL DEFAULT 0")
+    for column in ("parent_session_id", "root_session_id"):
+        if column not in columns:
+            con.execute(f"ALTER TABLE sessions ADD COLUMN {column} TEXT")
 
 
 def _in_transaction(

@@ -18,7 +18,7 @@ from ._schema import _decode, _encode
 
 _SESSION_COLUMNS = (
     "id, agent, agent_id, agent_yaml, runner_id, status, title, labels, created_at, "
-    "updated_at, last_event_id"
+    "updated_at, last_event_id, parent_session_id, root_session_id"
 )
 
 
@@ -35,6 +35,8 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
         created_at=row[8],
         updated_at=row[9],
         last_event_id=row[10],
+        parent_session_id=row[11],
+        root_session_id=row[12],
     )
 
 
@@ -48,7 +50,7 @@ def _create_session(con: sqlite3.Connection, row: SessionRow, key: str | None) -
             "INSERT OR REPLACE INTO session_keys (key, session_id) VALUES (?,?)", (key, row.id)
         )
     con.execute(
-        f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             row.id,
             row.agent,
@@ -61,6 +63,8 @@ def _create_session(con: sqlite3.Connection, row: SessionRow, key: str | None) -
             row.created_at,
             row.updated_at,
             row.last_event_id,
+            row.parent_session_id,
+            row.root_session_id,
         ),
     )
     return row
@@ -82,6 +86,15 @@ def _list_sessions(con: sqlite3.Connection, limit: int) -> list[SessionRow]:
     rows = con.execute(
         f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC LIMIT ?",
         (limit,),
+    ).fetchall()
+    return [_session_row(r) for r in rows]
+
+
+def _children(con: sqlite3.Connection, parent_id: str) -> list[SessionRow]:
+    rows = con.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE parent_session_id = ? "
+        "ORDER BY created_at DESC, rowid DESC",
+        (parent_id,),
     ).fetchall()
     return [_session_row(r) for r in rows]
 
@@ -128,6 +141,21 @@ def _patch_session(
         (_encode(session.labels).decode(), session.title, session.updated_at, session_id),
     )
     return session
+
+
+def _grant(con: sqlite3.Connection, session_id: str, user_id: str, level: int) -> None:
+    con.execute(
+        "INSERT OR REPLACE INTO permissions (session_id, user_id, level) VALUES (?,?,?)",
+        (session_id, user_id, level),
+    )
+
+
+def _grants(con: sqlite3.Connection, session_id: str) -> list[tuple[str, int]]:
+    rows = con.execute(
+        "SELECT user_id, level FROM permissions WHERE session_id = ? ORDER BY user_id",
+        (session_id,),
+    ).fetchall()
+    return [(r[0], int(r[1])) for r in rows]
 
 
 def _touch(con: sqlite3.Connection, session_id: str) -> None:
@@ -179,7 +207,8 @@ def _add_item(con: sqlite3.Connection, session_id: str, fields: JsonObject) -> J
 
 
 def _delete_session(con: sqlite3.Connection, session_id: str) -> bool:
-    for table in ("items", "events", "elicitations", "outbox", "message_keys", "session_keys"):
+    tables = ("items", "events", "elicitations", "outbox", "message_keys", "session_keys")
+    for table in (*tables, "permissions"):
         con.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
     return con.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
 
