@@ -16,8 +16,8 @@ against:
 ``GET /v1/runners/{id}/status``         ``{"runner_id", "online"}``
 ======================================  ======================================================
 
-The control plane creates no child sessions yet, so every session's children are an empty
-page, as a real server answers for a session that delegated nothing.
+The children of a session are ``_children.py``'s (a runner's ``sys_session_send`` creates
+them, PROTOCOL_0_19.md §J).
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from .._exceptions import BadInput
 from .._input import check_session_id, load_json
 from .._jsonlines import JsonObject
 from ..server_client import runner_id_for_token
+from ._children import child_page, create_child
 from ._discovery import agent_object, list_page
 from ._plane import SERVER_VERSION, ControlPlane, Refused
 from ._store import UnknownCursor
@@ -357,11 +358,19 @@ class _Api:
             wanted = request.query_params.get("agent_name")
             rows = await self.plane.store.list_sessions(limit)
             data = [
-                {**self.plane.session_object(r), "agent_name": r.agent, "parent_session_id": None}
+                {
+                    **self.plane.session_object(r),
+                    "agent_name": r.agent,
+                    "parent_session_id": r.parent_session_id,
+                }
                 for r in rows
                 if not wanted or r.agent == wanted
             ]
             return JSONResponse(list_page(data))
+        if request.state.caller == "runner":  # a sub-agent's child session (§J)
+            raw = await self._json(request, self.options.runner_max_body_bytes)
+            child = await create_child(self.plane, raw)
+            return JSONResponse(await self.plane.snapshot(child), status_code=201)
         self._require(request, "client")
         body = _convert(await self._json(request), CreateSession)
         key = _idempotency_key(request)
@@ -401,9 +410,9 @@ class _Api:
 
     @endpoint("any")
     async def child_sessions(self, request: Request) -> Response:
-        """``GET .../child_sessions``: none, the plane creates no child sessions yet."""
-        await self.plane.session(request.path_params["session_id"])
-        return JSONResponse(list_page([]))
+        """``GET .../child_sessions`` (``_children.py``)."""
+        page = await child_page(self.plane, request.path_params["session_id"], request.query_params)
+        return JSONResponse(page)
 
     @endpoint("runner")
     async def agent_contents(self, request: Request) -> Response:
@@ -468,8 +477,10 @@ class _Api:
         if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
             raise Refused(422, "invalid_request", "An event is an object with a string 'type'.")
         kind = raw["type"]
-        # The runner posts its own items; messages, verdicts and controls are a client's.
-        self._require(request, "runner" if kind == "external_conversation_item" else "client")
+        # The runner posts its own items; messages are a client's or the runner's (a
+        # sub-agent's work, a parent's wake, §J); verdicts and controls are a client's.
+        if kind != "message":
+            self._require(request, "runner" if kind == "external_conversation_item" else "client")
         row = await self.plane.session(request.path_params["session_id"])
         data = raw.get("data", {})
         answer: Mapping[str, object]

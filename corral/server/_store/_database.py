@@ -34,6 +34,7 @@ from ._sessions import (
     _delete_session,
     _events_after,
     _get_session,
+    _list_children,
     _list_items,
     _list_sessions,
     _patch_session,
@@ -126,6 +127,12 @@ class Store:
     async def list_sessions(self, limit: int) -> list[SessionRow]:
         """Sessions, newest first."""
         return await self._read(_list_sessions, limit)
+
+    async def list_children(
+        self, parent_id: str, limit: int, *, newest_first: bool = True
+    ) -> list[SessionRow]:
+        """The child sessions of ``parent_id`` (PROTOCOL_0_19.md §J), by creation time."""
+        return await self._read(_list_children, parent_id, limit, newest_first)
 
     async def sessions_for_runner(self, runner_id: str) -> list[str]:
         """Ids of the sessions bound to ``runner_id``: those with undelivered forwards first,

@@ -35,6 +35,10 @@ class SessionRow(msgspec.Struct, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     last_event_id: int = 0
+    #: A child session's parent and the sub-agent it runs (PROTOCOL_0_19.md §J); None for a
+    #: top-level session.
+    parent_session_id: str | None = None
+    sub_agent_name: str | None = None
 
 
 class ItemsPage(TypedDict):
