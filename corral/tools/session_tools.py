@@ -4,8 +4,9 @@
 runner-local (T-26): the runner answers them, talking to the server for the caller. The
 read-only ones work (:mod:`corral.tools.session_reads`): ``sys_session_get_info``,
 ``sys_session_list``, ``sys_session_get_history``, ``sys_agent_get``, ``sys_agent_list`` and
-``sys_agent_download``. The others answer ``{"error": "<name> is not available on this runner
-yet"}``. The local gates of two tools run before anything reaches the server or the disk:
+``sys_agent_download``; so does ``sys_session_send`` (:mod:`corral.tools.session_send`). The
+others answer ``{"error": "<name> is not available on this runner yet"}``. The local gates of
+two tools run before anything reaches the server or the disk:
 
 * ``sys_agent_download``: ``dest_filename``, when given, must be a bare file name (P-20)
   and must resolve, by real path, strictly inside the working directory, so a symlink of
@@ -37,6 +38,7 @@ from .session_reads import (
     sys_session_get_info,
     sys_session_list,
 )
+from .session_send import sys_session_send
 
 __all__ = ["EXACTLY_ONE_MODE_MESSAGE", "PENDING", "READY", "TOOLS", "not_available"]
 
@@ -174,19 +176,22 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
     (
         "sys_session_send",
         "session",
-        "Send a message to a sub-agent: start a named one (agent, title) or continue a child "
-        "session by session_id. The result arrives in the inbox.",
+        "Send a message to a sub-agent: start or continue a named one (agent, title) or "
+        "continue a child session by session_id. Returns at once; the result arrives in the "
+        "inbox.",
         _object(
             {
-                "agent": _text("Declared sub-agent to start."),
-                "title": _text("Title of the new child session."),
-                "session_id": _text("Child session to continue."),
-                "message": _text("The message."),
-                "model": _text("Model for a new child session (see sys_list_models)."),
+                "agent": _text("Declared sub-agent to start or continue."),
+                "title": _text("Label of this instance of the sub-agent."),
+                "session_id": _text("Child session to continue (instead of agent and title)."),
+                "args": {
+                    "description": 'The message: a string, or {"input": <message>}.',
+                    "anyOf": [{"type": "string"}, {"type": "object"}],
+                },
             },
-            ("message",),
+            ("args",),
         ),
-        None,
+        sys_session_send,
     ),
     (
         "sys_session_close",
@@ -266,7 +271,7 @@ TOOLS: list[ToolSpec] = [
     for name, family, description, parameters, run in _DEFINITIONS
 ]
 
-#: The tools of :data:`TOOLS` that work: the read-only ones.
+#: The tools of :data:`TOOLS` that work: the read-only ones, and ``sys_session_send``.
 READY: frozenset[str] = frozenset(
     {
         "sys_agent_download",
@@ -275,6 +280,7 @@ READY: frozenset[str] = frozenset(
         "sys_session_get_history",
         "sys_session_get_info",
         "sys_session_list",
+        "sys_session_send",
     }
 )
 #: Tools of :data:`TOOLS` whose server side is not on this runner yet.

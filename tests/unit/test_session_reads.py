@@ -91,7 +91,8 @@ def caller(server: FakeOmnigentServer, **fields: Any) -> str:
 
 
 def test_t26_read_tools_are_advertised_and_the_rest_still_hidden() -> None:
-    names = {t["name"] for t in tool_schemas({})}
+    # A spec with a sub-agent: ``sys_session_send`` works, and is granted to it.
+    names = {t["name"] for t in tool_schemas({"tools": {"agents": ["helper"]}})}
     assert names >= READY
     assert not names & PENDING
 

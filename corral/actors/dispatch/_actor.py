@@ -16,6 +16,8 @@ The actor is a chain of parts (see ``_base``), with helpers of their own:
     _calls      tool calls: a worker's through policy and back, and ``mcp/execute``
     _stream     a turn's worker events in their order, numbered by the worker's own
                 sequence, confirmed to it and asked again after a restart
+    _subagents  the durable sub-agent work registry (``subagents.log``)
+    _work       registering dispatched children, delivering their results to the parents
     _fanout     events to the subscribers (durable batches), the journal, a streaming caller
     _store      ``sessions.log``: fsynced records, tombstones, compaction, the epoch
     _watchdog   the per-turn watchdog's verdict
@@ -56,18 +58,18 @@ from ...harnesses.protocol import HARNESS_ACTOR, Output, ProgressOutput, Termina
 from ...routes import HttpRequest, HttpResponse
 from .._actor import every, handles
 from .._deferred import Deferred
-from ._http import SessionRoutes
 from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route, refused
 from ._session import Session
 from ._store import EPOCH_SHIFT
 from ._turn import Turn
 from ._watchdog import overdue, watchdog_error
-from .messages import PublishEvents
+from ._work import SubagentWork
+from .messages import PublishEvents, SubagentDispatched, SubagentRegistered
 
 log = logging.getLogger("corral.actors.dispatch")
 
 
-class DispatchActor(SessionRoutes):
+class DispatchActor(SubagentWork):
     """Owns every session of this host."""
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -108,6 +110,9 @@ class DispatchActor(SessionRoutes):
                 self.nursery.start_soon(self._post_note, session, record.note_pending)
         if self.sessions:
             log.info("recovered %d sessions", len(self.sessions))
+        self.work.on_result = self._result_recorded
+        for entry in await self.work.load():  # results a crash kept from their parents
+            self.nursery.start_soon(self._deliver, entry)
 
     async def terminate(self) -> None:
         await self.fanout.aclose()
@@ -195,6 +200,12 @@ class DispatchActor(SessionRoutes):
             self._queue_run(session, run, self.defer(incoming))
             return
         await self._runner_event(session, turn, run, incoming)
+
+    @handles(SubagentDispatched)
+    async def subagent_dispatched(
+        self, msg: SubagentDispatched, incoming: Incoming
+    ) -> SubagentRegistered:
+        return await self._register_work(msg)
 
     @handles(TerminalOutput)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:

@@ -103,8 +103,10 @@ class TurnSetup(DispatchBase):
                 session, "the session", lambda: server.session_snapshot(session.id)
             )
             session.record.agent_id = snapshot.get("agent_id")
+        # A child session is served its parent's bundle and runs its own sub-agent's spec.
+        sub_agent = session.record.sub_agent_name
         bundle = await self._while_unavailable(
-            session, "the agent", lambda: server.agent_bundle(session.id)
+            session, "the agent", lambda: server.agent_bundle(session.id, sub_agent=sub_agent)
         )
         spec = spec_to_dict(bundle)
         session.spec = spec

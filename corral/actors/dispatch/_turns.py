@@ -367,6 +367,7 @@ class TurnFlow(TurnSetup):
         if status == "failed":
             self.stats["failed"] += 1
         after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
+        await self._child_ended(session, turn, status, failure, after is Next.EDGE)
         with self.fanout.held(session.id):
             if after is Next.CONTINUATION:
                 session.record.status = "running"
@@ -394,6 +395,4 @@ def _answer(status: str) -> HttpResponse:
 def _terminal_kind(msg: Output) -> Terminal:
     if isinstance(msg, ResponseCompleted):
         return "completed"
-    if isinstance(msg, ResponseCancelled):
-        return "cancelled"
-    return "failed"
+    return "cancelled" if isinstance(msg, ResponseCancelled) else "failed"
