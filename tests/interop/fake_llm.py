@@ -16,6 +16,9 @@ provider serves every agent of a test module:
 ``sessioninfo``, ``sessionlist``, ``agentlist``  a ``sys_session_get_info``, ``sys_session_list``
               or ``sys_agent_list`` call (no arguments); after its output: ``info: …`` ...
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
+``delegate``  a ``sys_session_send`` to its sub-agent ``child`` (title ``t1``); woken by the
+              child's result (a last user text ``[System: sub-agent …``) a ``sys_read_inbox``;
+              after either output: ``delegate: …``
 
 Every request body is appended to ``--log`` as one JSON line, with the path it came to.
 """
@@ -83,6 +86,15 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
         if output is None:
             return [], (name, json.dumps(arguments)), 0.0
         return [prefix, output[:200]], None, 0.0
+    if model == "delegate":
+        output = _tool_output(body)
+        if output is not None:
+            return ["delegate: ", output[:300]], None, 0.0
+        users = _user_texts(body)
+        if users and users[-1].startswith("[System: sub-agent"):
+            return [], ("sys_read_inbox", "{}"), 0.0
+        send = {"agent": "child", "title": "t1", "args": "hi child"}
+        return [], ("sys_session_send", json.dumps(send)), 0.0
     if model == "echo":
         return ["echo: ", " | ".join(_user_texts(body))], None, 0.0
     if model == "history":
