@@ -50,6 +50,22 @@ async def test_s14_a_parent_gets_its_child_s_answer_through_the_real_server(
     assert outputs[1] == (
         f"[System: sub-agent task {child} completed — child:t1 returned: w0 w1 w2 w3 w4]"
     )
+    # §J step 6, S-22, S-23: the child's work mirrored on the parent's stream, busy then done.
+    _, busy = await stream.wait(
+        lambda e: e.get("type") == "session.child_session.updated" and e["child"].get("busy")
+    )
+    assert busy["child"]["current_task_status"] == "in_progress"
+    assert busy["child"]["last_task_error"] is None
+    _, done = await stream.wait(
+        lambda e: (
+            e.get("type") == "session.child_session.updated"
+            and e["child"].get("current_task_status") == "completed"
+        )
+    )
+    assert (done["child"]["busy"], done["child"]["last_message_preview"]) == (
+        False,
+        "w0 w1 w2 w3 w4",
+    )
     # §J step 8: the server lists the child under the parent, with its sub-agent and label.
     page = (await client.http.get(f"/v1/sessions/{parent}/child_sessions")).json()
     (row,) = page["data"]

@@ -178,3 +178,13 @@ async def test_an_abandoned_entry_is_closed_with_nothing_to_deliver(tmp_path: Pa
     assert registry.open_for("conv_child") == []
     assert await registry.ended("conv_child", "turn_1", "completed", "late") == []
     assert (await _loaded(tmp_path))[1] == []
+
+
+async def test_s22_the_child_s_first_turn_marks_its_work_in_progress_once(tmp_path: Path) -> None:
+    registry, _ = await _loaded(tmp_path)
+    started: list[str] = []
+    registry.on_started = lambda e: started.append(e.dispatch_id)
+    await registry.add(_entry())
+    assert [e.status for e in registry.started("conv_child")] == ["in_progress"]
+    assert registry.started("conv_child") == []  # a continuation turn of the same work
+    assert started == ["subagent_000000000001"]

@@ -111,6 +111,7 @@ class DispatchActor(SubagentWork):
         if self.sessions:
             log.info("recovered %d sessions", len(self.sessions))
         self.work.on_result = self._result_recorded
+        self.work.on_started = self._work_started
         for entry in await self.work.load():  # results a crash kept from their parents
             self.nursery.start_soon(self._deliver, entry)
 

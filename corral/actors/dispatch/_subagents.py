@@ -175,13 +175,14 @@ class WorkRegistry:
     """The entries, in memory and in ``subagents.log``; :meth:`load` before use.
 
     ``on_result`` is told each entry whose result was just recorded (dispatch delivers it, in
-    the background).
+    the background), ``on_started`` each entry whose child began its work.
     """
 
     def __init__(self, data_dir: Path) -> None:
         self.log = JsonLinesLog(data_dir / "subagents.log", trio.CapacityLimiter(1))
         self.entries: dict[str, WorkEntry] = {}
         self.on_result: Callable[[WorkEntry], None] | None = None
+        self.on_started: Callable[[WorkEntry], None] | None = None
 
     async def load(self) -> list[WorkEntry]:
         """Read the log back; returns the entries whose result is not delivered yet."""
@@ -232,11 +233,14 @@ class WorkRegistry:
         await self.log.append([msgspec.to_builtins(entry)])
 
     def started(self, child_id: str) -> list[WorkEntry]:
-        """The child's turn began: its launching entries are ``in_progress`` (not saved: a
-        restart reads them as launching, which ends the same way)."""
+        """The child's turn began: its launching entries are ``in_progress``, each told to
+        ``on_started`` (not saved: a restart reads them as launching, which ends the same
+        way)."""
         entries = [e for e in self.open_for(child_id) if e.status == "launching"]
         for entry in entries:
             entry.status = "in_progress"
+            if self.on_started is not None:
+                self.on_started(entry)
         return entries
 
     async def ended(

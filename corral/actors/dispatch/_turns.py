@@ -129,6 +129,7 @@ class TurnFlow(TurnSetup):
             await self._save(session)
             self._crash_point("turn_saved")
         self.stats["turns"] += 1
+        self.work.started(session.id)  # a sub-agent's parent sees it busy (S-22)
         response = await self._launch(session, turn, messages, stream, continuation=continuation)
         self._crash_point("turn_sent")
         return response

@@ -66,6 +66,11 @@ class SubagentWork(SessionRoutes):
             )
         return SubagentRegistered(dispatch_id=msg.dispatch_id)
 
+    def _work_started(self, entry: WorkEntry) -> None:
+        """``WorkRegistry.on_started``: the parent's stream sees the child busy (§J step 6)."""
+        assert self.nursery is not None
+        self.nursery.start_soon(self._tell_parent, entry)
+
     def _result_recorded(self, entry: WorkEntry) -> None:
         """``WorkRegistry.on_result``: deliver the entry's result in the background."""
         assert self.nursery is not None
@@ -150,22 +155,27 @@ class SubagentWork(SessionRoutes):
             )
 
     async def _tell_parent(self, entry: WorkEntry) -> None:
-        """``session.child_session.updated`` with the child's end on the parent's stream."""
+        """``session.child_session.updated`` on the parent's stream: the child busy (its work
+        began) or done (its result recorded), its status mapped as S-22 says."""
         parent = await self._known(entry.parent_id)
         if parent is None:
             return
+        busy = not entry.terminal
         child = await self._known(entry.child_id)
         state: dict[str, object] = {
             "id": entry.child_id,
             "title": f"{entry.agent}:{entry.title}",
             "tool": entry.agent,
             "session_name": entry.title,
-            "busy": False,
+            "busy": busy,
         }
-        status = child_task_status(child.record.status if child is not None else "idle")
+        fallback = "running" if busy else "idle"
+        status = child_task_status(child.record.status if child is not None else fallback)
         if status is not None:
             state["current_task_status"] = status
-        if entry.output:
+        if busy:
+            state["last_task_error"] = None
+        elif entry.output:
             state["last_message_preview"] = truncate_preview(entry.output)
         event = {
             "type": "session.child_session.updated",
