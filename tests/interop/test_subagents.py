@@ -16,6 +16,14 @@ def _outputs(items: list[dict]) -> list[str]:
     return [i["output"] for i in items if i["type"] == "function_call_output"]
 
 
+async def _drained(client: Client, parent: str) -> list[str]:
+    """The parent's tool outputs once its woken turn has drained its inbox (§J step 7)."""
+    with trio.fail_after(60):
+        while len(outputs := _outputs(await client.items(parent))) < 2:
+            await trio.sleep(0.1)  # polling the server: nothing to wait on
+    return outputs
+
+
 async def test_s14_a_parent_gets_its_child_s_answer_through_the_real_server(
     client: Client,
 ) -> None:
@@ -44,9 +52,7 @@ async def test_s14_a_parent_gets_its_child_s_answer_through_the_real_server(
     )
     assert launching["child_session_id"] == child
     # §J step 7: woken by the result, the parent drains it from its inbox.
-    with trio.fail_after(60):
-        while len(outputs := _outputs(await client.items(parent))) < 2:
-            await trio.sleep(0.1)  # polling the server: nothing to wait on
+    outputs = await _drained(client, parent)
     assert outputs[1] == (
         f"[System: sub-agent task {child} completed — child:t1 returned: w0 w1 w2 w3 w4]"
     )
@@ -84,3 +90,17 @@ async def test_s14_a_parent_gets_its_child_s_answer_through_the_real_server(
         for c in i["content"]
     ]
     assert texts == ["w0 w1 w2 w3 w4"]
+
+
+async def test_p01_p02_the_parent_s_policy_withholds_its_child_s_answer(client: Client) -> None:
+    """The server's tool-result policy sees the child's answer when the parent drains it, and
+    its DENY replaces it (the body corral sends is one the real server evaluates)."""
+    parent = await client.session("guardeddelegator")
+    stream = await client.open_stream(parent)
+    await client.turn(stream, "go")
+    outputs = await _drained(client, parent)
+    child = json.loads(outputs[0])["conversation_id"]
+    assert outputs[1] == (
+        f"[System: sub-agent task {child} completed — child:t1 returned: "
+        "[Result suppressed by policy: interop: sub-agent output withheld]]"
+    )
