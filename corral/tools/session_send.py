@@ -19,17 +19,35 @@ embedded control plane alike:
   (S-04): the child's answer is never in it.
 
 ``args`` is the message: a string, or ``{"input": <text>}``; ``message`` is taken too.
+``args.model`` asks for the child's model (``model_override`` in the create body), checked by
+:mod:`corral.tools.send_gates` before anything reaches the server: its shape before any
+request (P-09), refused by id before the lookup (P-10), and after the lookup refused for an
+existing child (P-11), a harness with no override plumbing or of another family (P-12..P-14),
+then spelled for the child's provider (P-15). A fresh dispatch to a harness whose CLI is not
+on ``PATH`` is refused before the create (S-08; :data:`CLI_PROBE` is the probe, S-09).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import shutil
+from collections.abc import Callable
 from typing import Any
 
 from .._exceptions import ServerError, ServerRejected
 from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError
+from .send_gates import (
+    ModelError,
+    check_model,
+    harness_of,
+    localise_model,
+    missing_cli,
+    model_refusal,
+    provider_kind,
+    sub_agent,
+)
 from .server_reads import (
     ChildRow,
     Page,
@@ -56,6 +74,8 @@ NOT_A_CHILD = (
 )
 #: The label a created child carries (§J step 2).
 DISPATCH_LABEL = "omnigent.subagent.dispatch_id"
+#: How a fresh dispatch looks for its harness's CLI (S-08); tests stand in for it (S-09).
+CLI_PROBE: Callable[[str], str | None] = shutil.which
 
 
 def dispatch_id() -> str:
@@ -82,6 +102,16 @@ def _message(args: JsonObject) -> str:
     return raw
 
 
+def _model(args: JsonObject) -> str | None:
+    """``args.model`` checked for shape (P-09); None when not asked for.
+
+    Raises:
+        ModelError: a malformed model id.
+    """
+    raw: Any = args.get("args")
+    return check_model(raw.get("model") if isinstance(raw, dict) else None)
+
+
 def _closed(labels: dict[str, Any] | None, title: str | None) -> bool:
     closed = (labels or {}).get(CLOSED_LABEL[0]) == CLOSED_LABEL[1]
     return closed or CLOSED_TITLE_INFIX in (title or "")
@@ -104,12 +134,18 @@ async def sys_session_send(ctx: ToolContext, args: JsonObject) -> str:
     if target is not None and (agent is not None or title is not None):
         raise ToolError(BOTH_MODES)
     message = _message(args)
+    try:
+        model = _model(args)
+    except ModelError as exc:
+        return exc.line
     if target is not None:
+        if model is not None:
+            return model_refusal(model, mode="by_id", harness=None) or ""
         return await _send_by_id(ctx, target, message)
     if agent is None or title is None:
         raise ToolError(f"{TOOL} requires 'agent' and 'title' (or a child's 'session_id')")
     _check_declared(ctx, agent)
-    return await _send_named(ctx, agent, title, message)
+    return await _send_named(ctx, agent, title, message, model)
 
 
 def _check_declared(ctx: ToolContext, agent: str) -> None:
@@ -121,7 +157,9 @@ def _check_declared(ctx: ToolContext, agent: str) -> None:
         raise ToolError(f"{TOOL}: '{agent}' is not a sub-agent of this agent (declared: {names})")
 
 
-async def _send_named(ctx: ToolContext, agent: str, title: str, message: str) -> str:
+async def _send_named(
+    ctx: ToolContext, agent: str, title: str, message: str, model: str | None
+) -> str:
     server = server_of(ctx, TOOL)
     caller = await read(server, TOOL, session_path(ctx.session_id), SessionSnapshot)
     params = {
@@ -136,11 +174,21 @@ async def _send_named(ctx: ToolContext, agent: str, title: str, message: str) ->
         for row in rows(page, ChildRow) or []
         if _matches(row, agent, title) and not _closed(row.labels, row.title)
     ]
+    sub_agents = ctx.spec.get("sub_agents")
+    harness = harness_of(sub_agents, agent)
+    if model is not None:
+        existing = found[0].id if found else None
+        refusal = model_refusal(model, mode="named", harness=harness, existing_child=existing)
+        if refusal is not None:
+            return refusal
     work = dispatch_id()
     events: list[JsonObject] = []
     if found:
         child = found[0].id
     else:
+        missing = missing_cli(agent, harness, which=CLI_PROBE)
+        if missing is not None:
+            return missing
         body = {
             "agent_id": caller.agent_id,
             "parent_session_id": ctx.session_id,
@@ -148,6 +196,11 @@ async def _send_named(ctx: ToolContext, agent: str, title: str, message: str) ->
             "sub_agent_name": agent,
             "labels": {DISPATCH_LABEL: work},
         }
+        if model is not None:
+            executor = (sub_agent(sub_agents, agent) or {}).get("executor")
+            auth = executor.get("auth") if isinstance(executor, dict) else None
+            kind = provider_kind(auth if isinstance(auth, dict) else None)
+            body["model_override"] = localise_model(model, kind)
         try:
             created = await server.create_session(body)
         except ServerRejected as exc:
