@@ -30,6 +30,7 @@ from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError, ToolFamily, ToolSpec
 from .os_env import effective_cwd
 from .paths import resolve_inside
+from .session_cancel import sys_cancel_task
 from .session_reads import (
     sys_agent_download,
     sys_agent_get,
@@ -255,7 +256,7 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
         "session",
         "Cancel a background task or a sub-agent's work by its id.",
         _object({"task_id": _text("Handle or child session id.")}, ("task_id",)),
-        None,
+        sys_cancel_task,
     ),
 ]
 
@@ -281,6 +282,7 @@ READY: frozenset[str] = frozenset(
         "sys_session_get_info",
         "sys_session_list",
         "sys_session_send",
+        "sys_cancel_task",
     }
 )
 #: Tools of :data:`TOOLS` whose server side is not on this runner yet.

@@ -64,7 +64,13 @@ from ._store import EPOCH_SHIFT
 from ._turn import Turn
 from ._watchdog import overdue, watchdog_error
 from ._work import SubagentWork
-from .messages import PublishEvents, SubagentDispatched, SubagentRegistered
+from .messages import (
+    PublishEvents,
+    SubagentCancel,
+    SubagentDispatched,
+    SubagentRegistered,
+    SubagentTask,
+)
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -207,6 +213,10 @@ class DispatchActor(SubagentWork):
         self, msg: SubagentDispatched, incoming: Incoming
     ) -> SubagentRegistered:
         return await self._register_work(msg)
+
+    @handles(SubagentCancel)
+    async def subagent_cancel(self, msg: SubagentCancel, incoming: Incoming) -> SubagentTask:
+        return await self._cancel_work(msg)
 
     @handles(TerminalOutput)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:

@@ -27,7 +27,7 @@ from ...server_client import pick_server
 from ..tools.messages import InboxPush
 from ._http import SessionRoutes
 from ._subagents import WorkEntry, child_task_status, truncate_preview
-from .messages import SubagentDispatched, SubagentRegistered
+from .messages import SubagentCancel, SubagentDispatched, SubagentRegistered, SubagentTask
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -65,6 +65,21 @@ class SubagentWork(SessionRoutes):
                 msg.dispatch_id,
             )
         return SubagentRegistered(dispatch_id=msg.dispatch_id)
+
+    async def _cancel_work(self, msg: SubagentCancel) -> SubagentTask:
+        """The caller's latest work on the child (S-52: only the caller's), ended
+        ``cancelled`` first when ``msg.confirm`` and it is still open (S-49)."""
+        mine = [
+            e
+            for e in self.work.entries.values()
+            if e.child_id == msg.child_session_id and e.parent_id == msg.parent_session_id
+        ]
+        if not mine:
+            return SubagentTask(found=False)
+        if msg.confirm and any(not e.terminal for e in mine):
+            await self.work.ended(msg.child_session_id, None, "cancelled", "")
+        latest = max(mine, key=lambda e: e.created_at)
+        return SubagentTask(found=True, status=latest.status)
 
     def _work_started(self, entry: WorkEntry) -> None:
         """``WorkRegistry.on_started``: the parent's stream sees the child busy (§J step 6)."""

@@ -21,6 +21,9 @@ Message → reply:
     SubagentDispatched → SubagentRegistered  (durable call, from tools) a child given work
                                        by ``sys_session_send``: its entry in the work
                                        registry (``_subagents``), idempotent by dispatch id
+    SubagentCancel     → SubagentTask  (call, from tools) ``sys_cancel_task``: the caller's
+                                       work on a child and its status; ``confirm`` ends its
+                                       open work ``cancelled`` (a hard-stopped child)
 
 Route errors are HTTP answers, never an ErrorReply: every error body is
 ``{"error": {"code", "message"}}`` (PROTOCOL_0_19.md §H.2) — 400 ``invalid_request`` or
@@ -73,7 +76,31 @@ class SubagentRegistered(Message, tag="dispatch.subagent_registered"):
     dispatch_id: str
 
 
+class SubagentCancel(Request["SubagentTask"], tag="dispatch.subagent_cancel"):
+    """``sys_cancel_task`` on a child (tools → dispatch): the caller's latest work on it, and
+    with ``confirm`` (the child was stopped for good) its open work ends ``cancelled`` now —
+    recorded, delivered to the parent once, and a completion that comes later ignored."""
+
+    parent_session_id: str
+    child_session_id: str
+    confirm: bool = False
+
+
+class SubagentTask(Message, tag="dispatch.subagent_task"):
+    """The reply to :class:`SubagentCancel`: whether the caller has work on the child, and
+    that work's status (after the cancel, with ``confirm``)."""
+
+    found: bool
+    status: str | None = None
+
+
 #: Everything the dispatch actor handles.
 Inbound = (
-    HttpRequest | ProgressOutput | TerminalOutput | ToolOutcome | PublishEvents | SubagentDispatched
+    HttpRequest
+    | ProgressOutput
+    | TerminalOutput
+    | ToolOutcome
+    | PublishEvents
+    | SubagentDispatched
+    | SubagentCancel
 )

@@ -50,6 +50,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 import trio
 
+from ..._exceptions import BusError
 from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...config import RunnerSettings
@@ -78,7 +79,7 @@ from ...tools.threads import in_thread
 from .._actor import Actor, ActorContext, handles
 from .._deferred import Deferred
 from .._process import sweep, write_pidfile
-from ..dispatch.messages import PublishEvents, SubagentDispatched
+from ..dispatch.messages import PublishEvents, SubagentCancel, SubagentDispatched
 from .messages import InboxPush, InboxPushed, ToolCancel, ToolExec, ToolExecResult
 
 log = logging.getLogger("corral.actors.tools")
@@ -307,8 +308,20 @@ class ToolsActor(Actor):
             )
             await self._register_work(dispatched)
 
+        async def cancel_work(child: str, confirm: bool) -> tuple[bool, str | None]:
+            ask = SubagentCancel(
+                parent_session_id=msg.session_id, child_session_id=child, confirm=confirm
+            )
+            try:
+                task = await self.peer.call(self.options.dispatch, ask, timeout=15)
+            except BusError as exc:
+                log.warning("sys_cancel_task could not ask dispatch about %s: %s", child, exc)
+                raise ToolError("sys_cancel_task: the runner's dispatch did not answer") from None
+            return task.found, task.status
+
         ctx.run_tool = run_tool
         ctx.register_work = register_work
+        ctx.cancel_work = cancel_work
         return ctx
 
     async def _register_work(self, msg: SubagentDispatched) -> None:
