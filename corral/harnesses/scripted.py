@@ -17,7 +17,9 @@ the history the turn was given (so it survives worker restarts). Extra step kind
 output item as is, ``{echo_history: true}`` streams the ``[role, text]`` pairs of the history
 the turn was given, as JSON (for tests of history assembly), and ``{report: failed, code: C,
 message: M}`` / ``{report: completed}`` stand for a relayed harness stream that reports its
-end mid-turn (the turn goes on; the last report stands when it ends: D-19, D-21).
+end mid-turn (the turn goes on; the last report stands when it ends: D-19, D-21). A ``tool``
+step with ``arguments_from_message: true`` takes its arguments from the turn's user message,
+a JSON object (so a test can hand a script an id it learned at run time).
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
         raise ScriptError(f"{where}.report must be 'failed' or 'completed'")
     if kind == "tool" and not isinstance(step.get("arguments", {}), dict):
         raise ScriptError(f"{where}.arguments must be a mapping")
+    if kind == "tool" and not isinstance(step.get("arguments_from_message", False), bool):
+        raise ScriptError(f"{where}.arguments_from_message must be true or false")
 
 
 def turn_index(message: dict[str, Any]) -> int:
@@ -157,7 +161,10 @@ class ScriptedHarness:
         if "reasoning" in step:
             await _stream(turn.reasoning, step["reasoning"], step)
         elif "tool" in step:
-            await turn.call_tool(step["tool"], step.get("arguments", {}))
+            arguments = step.get("arguments", {})
+            if step.get("arguments_from_message"):
+                arguments = _message_arguments(turn.message.get("content"))
+            await turn.call_tool(step["tool"], arguments)
         elif "elicit" in step:
             return await turn.elicit(step["elicit"])
         elif "fail" in step:
@@ -191,6 +198,23 @@ class ScriptedHarness:
         elif step.get("echo_history"):
             await turn.text(json.dumps(_history_texts(turn.message.get("content"))))
         return verdict
+
+
+def _message_arguments(content: Any) -> dict[str, Any]:
+    """The JSON object the turn's user message holds (``arguments_from_message``).
+
+    Raises:
+        TurnFailed: the message is not a JSON object.
+    """
+    texts = _history_texts(content)
+    users = [text for role, text in texts if role == "user"]
+    try:
+        arguments = json.loads(users[-1]) if users else None
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise TurnFailed("invalid_script", "the user message is not a JSON object of arguments")
+    return arguments
 
 
 def _history_texts(content: Any) -> list[list[str]]:

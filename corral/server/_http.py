@@ -478,10 +478,12 @@ class _Api:
             raise Refused(422, "invalid_request", "An event is an object with a string 'type'.")
         kind = raw["type"]
         # The runner posts its own items; messages are a client's or the runner's (a
-        # sub-agent's work, a parent's wake, §J); verdicts and controls are a client's.
-        if kind != "message":
-            self._require(request, "runner" if kind == "external_conversation_item" else "client")
+        # sub-agent's work, a parent's wake, §J); verdicts are a client's, and so are controls
+        # but to a child session, which the runner stops for its parent (sys_cancel_task).
         row = await self.plane.session(request.path_params["session_id"])
+        cancel = is_runner and kind in _CONTROL_EVENTS and row.parent_session_id is not None
+        if kind != "message" and not cancel:
+            self._require(request, "runner" if kind == "external_conversation_item" else "client")
         data = raw.get("data", {})
         answer: Mapping[str, object]
         if kind == "external_conversation_item":
