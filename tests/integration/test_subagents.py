@@ -95,8 +95,35 @@ SLOW_CHILD = """
     """
 
 
+#: Children that fail, and that work for long (to be interrupted or deleted meanwhile).
+FAILING_CHILD = """
+    spec_version: 1
+    name: helper
+    executor:
+      harness: scripted
+      script:
+        turns:
+          - - {text: "partial "}
+            - {fail: {code: child_broke, message: "the helper broke"}}
+    """
+LONG_CHILD = """
+    spec_version: 1
+    name: helper
+    executor:
+      harness: scripted
+      script:
+        turns:
+          - - {text: "thinking ", repeat: 600, delay_ms: 50}
+    """
+
+
 def _agents(root: Path) -> Path:
     agents = root / "agents"
+    for name, child in (("failing", FAILING_CHILD), ("long", LONG_CHILD)):
+        (agents / name / "agents" / "helper").mkdir(parents=True)
+        parent = PARENT.replace("name: team", f"name: {name}")
+        (agents / name / "config.yaml").write_text(textwrap.dedent(parent))
+        (agents / name / "agents" / "helper" / "config.yaml").write_text(textwrap.dedent(child))
     (agents / "fanout" / "agents" / "helper").mkdir(parents=True)
     (agents / "fanout" / "config.yaml").write_text(textwrap.dedent(FANOUT))
     (agents / "fanout" / "agents" / "helper" / "config.yaml").write_text(
@@ -429,3 +456,29 @@ def test_corral_subagents_shows_each_entry_and_where_its_result_is(
     assert parent in human.stdout and "helper:t1" in human.stdout and "delivered" in human.stdout
     none = corral("subagents", *state, "--session", "conv_nothing", "--json")
     assert json.loads(none.stdout) == {"subagents": []}
+
+
+def test_s15_a_failed_child_reaches_its_parent_as_a_result(plane_host: HostProcess) -> None:
+    parent = _send(plane_host, "failing")["session_id"]
+    child = json.loads(_outputs(_items(plane_host, parent))[0])["conversation_id"]
+    drained = wait_until(lambda: _drained(plane_host, parent), 30, "the parent's drain")
+    assert drained == f"[System: sub-agent task {child} failed — helper:t1 error: the helper broke]"
+
+
+@pytest.mark.parametrize("how", ["interrupt", "delete"])
+def test_s15_an_interrupted_or_deleted_child_reaches_its_parent_cancelled(
+    plane_host: HostProcess, how: str
+) -> None:
+    """A parent never waits for a child that was stopped: interrupted, its work ends
+    ``cancelled``; deleted (closed), too."""
+    parent = _send(plane_host, "long")["session_id"]
+    child = json.loads(_outputs(_items(plane_host, parent))[0])["conversation_id"]
+    wait_until(lambda: _status(plane_host, child) == "running", 30, "the child at work")
+    with _client(plane_host) as http:
+        if how == "interrupt":
+            answer = http.post(f"/v1/sessions/{child}/events", json={"type": "interrupt"})
+        else:
+            answer = http.delete(f"/v1/sessions/{child}")
+        assert answer.status_code < 300, answer.text
+    drained = wait_until(lambda: _drained(plane_host, parent), 30, "the parent's drain")
+    assert drained == f"[System: sub-agent task {child} cancelled — helper:t1]"
