@@ -15,7 +15,9 @@ never passes as the runner, nor the runner token as a client. ``GET /v1/sessions
 ``.../items`` and ``.../labels`` serve both, and so do the reads of a runner's session tools
 (``GET /v1/agents``, ``GET /v1/sessions``, ``.../agent``, ``.../child_sessions``,
 ``/v1/runners/{id}/status``: ``_discovery.py``); on ``POST /v1/sessions/{id}/events`` the runner
-posts ``external_conversation_item`` and clients the other types. A refusal is 401
+posts ``external_conversation_item``, clients the other types, and either a ``message``; on
+``POST /v1/sessions`` a client creates a session and the runner a child one (``_children.py``,
+PROTOCOL_0_19.md §J). A refusal is 401
 ``unauthorized`` with a fixed detail that never holds what was presented.
 
 Every error is JSON ``{"error": <slug>, "detail": <text>}``. Bodies are read with a size limit

@@ -43,7 +43,8 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/v1/runners/{runner_id}/token"): "runner",
     ("GET", "/v1/runners/{runner_id}/status"): "any",
     ("GET", "/v1/sessions"): "any",
-    ("POST", "/v1/sessions"): "client",
+    # Narrowed by the body: a client's session, the runner's child session (PROTOCOL_0_19 §J).
+    ("POST", "/v1/sessions"): "any",
     ("GET", S): "any",
     ("PATCH", S): "runner",
     ("DELETE", S): "client",
@@ -54,7 +55,8 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", f"{S}/labels"): "any",
     ("POST", f"{S}/policies/evaluate"): "runner",
     ("POST", f"{S}/mcp"): "runner",
-    # Narrowed by the event's type: the runner's item, a client's message (below).
+    # Narrowed by the event's type: the runner's item, a client's verdicts and controls
+    # (below); a message is either's (a sub-agent's work, a parent's wake, §J).
     ("POST", f"{S}/events"): "any",
     ("POST", f"{S}/elicitations/{{elicitation_id}}/resolve"): "client",
     ("GET", f"{S}/stream"): "client",
@@ -117,7 +119,7 @@ def _body(method: str, path: str, side: str) -> dict[str, Any] | None:
     if path.endswith("/events"):
         if side == "runner":
             return {"type": "external_conversation_item", "data": {"source_id": "x"}}
-        return {"type": "message", "data": {"content": "hi"}}
+        return {"type": "interrupt"}
     return {"agent": "demo", "action": "accept", "event": {"type": "PHASE_TOOL_CALL"}}
 
 

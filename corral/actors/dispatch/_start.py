@@ -120,10 +120,10 @@ class TurnSetup(DispatchBase):
                 stored = await self._while_unavailable(
                     session, "the history", lambda: server.items(session.id)
                 )
-            persisted = {m.get("persisted_item_id") for m in messages} - {None}
-            items = stored
-            for pid in persisted:
-                items = [i for i in items if i.get("id") != pid]
+            persisted = {
+                str(m["persisted_item_id"]) for m in messages if m.get("persisted_item_id")
+            }
+            items = history.undelivered_dropped(stored, persisted)
             session.history = history.rehydrate(items, None)
             pending = session.record.note_pending
             if pending and not any(i.get("response_id") == pending for i in stored):
