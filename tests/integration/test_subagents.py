@@ -433,31 +433,6 @@ def _client(host: HostProcess) -> httpx.Client:
     )
 
 
-def test_corral_subagents_shows_each_entry_and_where_its_result_is(
-    plane_host: HostProcess,
-) -> None:
-    parent = _send(plane_host, "team")["session_id"]
-    wait_until(lambda: _drained(plane_host, parent), 30, "the parent's drain")
-    state = ("--state-dir", str(plane_host.state_dir))
-    out = corral("subagents", *state, "--session", parent, "--json")
-    assert out.returncode == 0, out.stderr
-    (entry,) = json.loads(out.stdout)["subagents"]
-    assert (entry["parent_session_id"], entry["agent"], entry["title"]) == (parent, "helper", "t1")
-    assert (entry["status"], entry["result"], entry["output"]) == (
-        "completed",
-        "delivered",
-        "CHILD_MARKER",
-    )
-    assert entry["dispatch_id"].startswith("subagent_") and entry["child_turn_id"]
-    everything = json.loads(corral("subagents", *state, "--json").stdout)["subagents"]
-    assert entry in everything
-    human = corral("subagents", *state, "--session", parent)
-    assert human.returncode == 0, human.stderr
-    assert parent in human.stdout and "helper:t1" in human.stdout and "delivered" in human.stdout
-    none = corral("subagents", *state, "--session", "conv_nothing", "--json")
-    assert json.loads(none.stdout) == {"subagents": []}
-
-
 def test_s15_a_failed_child_reaches_its_parent_as_a_result(plane_host: HostProcess) -> None:
     parent = _send(plane_host, "failing")["session_id"]
     child = json.loads(_outputs(_items(plane_host, parent))[0])["conversation_id"]

@@ -9,13 +9,11 @@ from pathlib import Path
 import trio
 
 from corral.actors.dispatch._subagents import (
-    LOG_NAME,
     PREVIEW_CHARS,
     WorkEntry,
     WorkRegistry,
     child_task_status,
     last_assistant_text,
-    read_entries,
     truncate_preview,
 )
 
@@ -190,30 +188,3 @@ async def test_s22_the_child_s_first_turn_marks_its_work_in_progress_once(tmp_pa
     assert [e.status for e in registry.started("conv_child")] == ["in_progress"]
     assert registry.started("conv_child") == []  # a continuation turn of the same work
     assert started == ["subagent_000000000001"]
-
-
-async def test_where_a_result_is_read_back_without_writing(tmp_path: Path) -> None:
-    """``corral subagents`` reads the log as dispatch wrote it, a line being written left
-    out, and says where each result is."""
-    registry, _ = await _loaded(tmp_path)
-    await registry.add(_entry("subagent_000000000001", child="c1"))
-    await registry.add(_entry("subagent_000000000002", child="c2"))
-    (done,) = await registry.ended("c2", "turn_1", "completed", "ok")
-    assert [e.result for e in (registry.entries["subagent_000000000001"], done)] == [
-        "waiting",
-        "recorded",
-    ]
-    done.pushed = True
-    assert done.result == "in_inbox"
-    done.woken = True
-    await registry.save(done)
-    log = tmp_path / LOG_NAME
-    with log.open("ab") as f:
-        f.write(b'{"dispatch_id": "subagent_torn"')
-    size = log.stat().st_size
-    assert [(e.dispatch_id, e.result) for e in read_entries(log)] == [
-        ("subagent_000000000001", "waiting"),
-        ("subagent_000000000002", "delivered"),
-    ]
-    assert log.stat().st_size == size  # nothing repaired: that is dispatch's job
-    assert read_entries(tmp_path / "missing.log") == []

@@ -51,6 +51,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from ..._exceptions import BadInput
 from ..._input import check_session_id
 from ...bus import Incoming
@@ -61,6 +63,7 @@ from .._deferred import Deferred
 from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route, refused
 from ._session import Session
 from ._store import EPOCH_SHIFT
+from ._subagents import truncate_preview
 from ._turn import Turn
 from ._watchdog import overdue, watchdog_error
 from ._work import SubagentWork
@@ -132,6 +135,11 @@ class DispatchActor(SubagentWork):
             **self.stats,
             "sessions": len(self.sessions),
             "active_turns": sum(1 for s in self.sessions.values() if s.turn),
+            # ``corral subagents``: every work entry, its output cut as a parent's preview is.
+            "subagents": [
+                {**msgspec.to_builtins(e), "output": truncate_preview(e.output)}
+                for e in self.work.entries.values()
+            ],
         }
 
     # --- the HTTP surface ------------------------------------------------------------------

@@ -44,13 +44,11 @@ if TYPE_CHECKING:
     from ._turn import Turn
 
 __all__ = [
-    "LOG_NAME",
     "PREVIEW_CHARS",
     "WorkEntry",
     "WorkRegistry",
     "child_task_status",
     "last_assistant_text",
-    "read_entries",
     "truncate_preview",
     "turn_result",
 ]
@@ -58,8 +56,6 @@ __all__ = [
 WorkStatus = Literal["launching", "in_progress", "completed", "failed", "cancelled"]
 #: The statuses that end an entry: its result is delivered.
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
-#: The registry's file in dispatch's data directory.
-LOG_NAME = "subagents.log"
 #: Characters of a child's message preview mirrored to its parent (S-23, the server's own cap).
 PREVIEW_CHARS = 150
 #: Delivered entries kept (for inspection) when the log is rewritten; older ones are dropped.
@@ -144,16 +140,6 @@ class WorkEntry(msgspec.Struct, kw_only=True):
         return self.status in TERMINAL
 
     @property
-    def result(self) -> str:
-        """Where the result is: ``waiting`` (the child works), ``recorded`` (not yet in the
-        parent's inbox), ``in_inbox`` (the parent not yet woken), ``delivered``."""
-        if not self.terminal:
-            return "waiting"
-        if not self.pushed:
-            return "recorded"
-        return "delivered" if self.woken else "in_inbox"
-
-    @property
     def key(self) -> str:
         """The result's idempotency key: the inbox keeps it once, and the wake derives its own."""
         return f"{self.dispatch_id}:{self.turn_id or 'closed'}"
@@ -193,7 +179,7 @@ class WorkRegistry:
     """
 
     def __init__(self, data_dir: Path) -> None:
-        self.log = JsonLinesLog(data_dir / LOG_NAME, trio.CapacityLimiter(1))
+        self.log = JsonLinesLog(data_dir / "subagents.log", trio.CapacityLimiter(1))
         self.entries: dict[str, WorkEntry] = {}
         self.on_result: Callable[[WorkEntry], None] | None = None
         self.on_started: Callable[[WorkEntry], None] | None = None
@@ -284,20 +270,3 @@ class WorkRegistry:
         kept = live + done[-KEEP_DELIVERED:]
         self.entries = {e.dispatch_id: e for e in kept}
         await self.log.rewrite([msgspec.to_builtins(e) for e in kept])
-
-
-def read_entries(path: Path) -> list[WorkEntry]:
-    """The entries of a registry log as last written, oldest first, read without writing
-    (safe beside the dispatch that appends to it: a line being written is skipped)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    entries: dict[str, WorkEntry] = {}
-    for line in data.splitlines():
-        try:
-            entry = msgspec.json.decode(line, type=WorkEntry)
-        except msgspec.DecodeError:
-            continue
-        entries[entry.dispatch_id] = entry
-    return sorted(entries.values(), key=lambda e: e.created_at)
