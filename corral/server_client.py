@@ -243,15 +243,18 @@ class ServerClient:
             raise self._shape("POST", path, "no 'token' string")
         return body
 
-    async def agent_bundle(self, session_id: str) -> AgentSpec:
-        """``GET /v1/sessions/{id}/agent/contents`` (§iii.3), parsed.
+    async def agent_bundle(self, session_id: str, *, sub_agent: str | None = None) -> AgentSpec:
+        """``GET /v1/sessions/{id}/agent/contents`` (§iii.3), parsed; with ``sub_agent`` (a
+        child session's ``sub_agent_name``), that sub-agent's spec from the parent's bundle.
 
         Raises:
             SpecError: the bundle or its YAML is invalid (naming the field).
         """
-        return (await self.agent_bundle_info(session_id)).spec
+        return (await self.agent_bundle_info(session_id, sub_agent=sub_agent)).spec
 
-    async def agent_bundle_info(self, session_id: str) -> AgentBundle:
+    async def agent_bundle_info(
+        self, session_id: str, *, sub_agent: str | None = None
+    ) -> AgentBundle:
         """Like :meth:`agent_bundle`, with the ``x-agent-*`` headers of the answer."""
         path = f"/v1/sessions/{_id(session_id, 'session_id')}/agent/contents"
         response, content = await self._request(
@@ -259,7 +262,7 @@ class ServerClient:
         )
         scoped = response.headers.get("x-agent-session-scoped")
         return AgentBundle(
-            spec=load_bundle(content, max_bytes=self.max_bundle_bytes),
+            spec=load_bundle(content, max_bytes=self.max_bundle_bytes, sub_agent=sub_agent),
             name=response.headers.get("x-agent-name"),
             version=response.headers.get("x-agent-version"),
             session_scoped=None if scoped is None else scoped.lower() == "true",
@@ -404,11 +407,26 @@ class ServerClient:
             }
         raise self._shape("POST", path, f"still input_required after {max_rounds} rounds")
 
-    async def post_event(self, session_id: str, body: Mapping[str, Any]) -> JsonObject:
-        """``POST /v1/sessions/{id}/events`` (§iii.10), e.g. an ``external_conversation_item``;
-        returns the answer (202 ``{"queued": false, "item_id": ...}``), ``{}`` when empty."""
+    async def post_event(
+        self, session_id: str, body: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> JsonObject:
+        """``POST /v1/sessions/{id}/events`` (§iii.10), e.g. an ``external_conversation_item``
+        or a ``message`` (a sub-agent's first message, a parent's wake, §J); returns the
+        answer (202 ``{"queued": false, "item_id": ...}``), ``{}`` when empty.
+
+        ``idempotency_key`` goes as ``Idempotency-Key``: a server that keeps it (the embedded
+        control plane) stores a message posted again with it once."""
         path = f"/v1/sessions/{_id(session_id, 'session_id')}/events"
-        return await self._object("POST", path, json=body, idempotent=False, empty_ok=True)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return await self._object(
+            "POST", path, json=body, idempotent=False, empty_ok=True, headers=headers
+        )
+
+    async def create_session(self, body: Mapping[str, Any]) -> JsonObject:
+        """``POST /v1/sessions`` as a runner creates a child session (PROTOCOL_0_19.md §J:
+        ``agent_id``, ``parent_session_id``, ``title``, ``sub_agent_name``, ``labels``);
+        returns the created session (201 ``{"id": ...}``). Never retried once sent."""
+        return await self._object("POST", "/v1/sessions", json=body, idempotent=False)
 
     async def file_content(
         self, file_id: str, *, session_id: str | None = None
@@ -506,9 +524,10 @@ class ServerClient:
         data: Mapping[str, str] | None = None,
         files: Mapping[str, tuple[str, bytes, str]] | None = None,
         timeout: httpx.Timeout | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[httpx.Response, bytes]:
         """Send with bounded retries; the 2xx response and its body (at most ``max_bytes``)."""
-        headers = {}
+        headers = dict(headers or {})
         if json is not None:
             content = msgspec.json.encode(json)
             headers["Content-Type"] = "application/json"

@@ -104,6 +104,8 @@ MAX_YAML_NODES = 200_000
 _EXTRA = "__corral_extra__"
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+#: A sub-agent's name: one path segment of ``agents/<name>/`` in a directory bundle.
+_SUB_AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -294,11 +296,15 @@ def load_bundle(
     *,
     max_bytes: int = MAX_BUNDLE_BYTES,
     max_unpacked: int = MAX_UNPACKED_BYTES,
+    sub_agent: str | None = None,
 ) -> AgentSpec:
     """Parse an agent bundle: a tar.gz holding one agent YAML (plus files it may ignore).
 
     The YAML is ``config.yaml`` (or ``agent.yaml``) at the shallowest level that holds YAML
-    files, else the only ``*.yaml``/``*.yml`` file there.
+    files, else the only ``*.yaml``/``*.yml`` file there. With ``sub_agent``, the spec is
+    that sub-agent's, ``agents/<sub_agent>/config.yaml`` beside it: a child session of a
+    directory agent is served its parent's whole bundle (PROTOCOL_0_19.md §J) and names its
+    sub-agent in ``sub_agent_name``.
 
     Raises:
         SpecError: the bundle is too large (compressed or unpacked), not gzip, not a tar
@@ -315,7 +321,7 @@ def load_bundle(
     raw = _gunzip(data, max_unpacked)
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as archive:
-            name, content, prompt = _read_agent_yaml(archive, max_unpacked)
+            name, content, prompt = _read_agent_yaml(archive, max_unpacked, sub_agent)
     except tarfile.TarError as exc:
         raise SpecError(f"agent bundle is not a tar archive: {exc}") from exc
     try:
@@ -532,10 +538,10 @@ def _section_to_dict(section: _Section) -> JsonObject:
 
 
 def _read_agent_yaml(
-    archive: tarfile.TarFile, max_unpacked: int
+    archive: tarfile.TarFile, max_unpacked: int, sub_agent: str | None = None
 ) -> tuple[str, bytes, bytes | None]:
-    """The agent YAML's path and bytes, and the ``AGENTS.md`` beside a ``config.yaml`` if
-    there is one, after checking every member."""
+    """The agent YAML's path and bytes (``sub_agent``'s, when given), and the ``AGENTS.md``
+    beside a ``config.yaml`` if there is one, after checking every member."""
     files: dict[str, tarfile.TarInfo] = {}
     total = 0
     for count, member in enumerate(_members(archive), start=1):
@@ -548,6 +554,8 @@ def _read_agent_yaml(
         if member.isreg() and name:
             files[name] = member
     name = _pick_yaml(files)
+    if sub_agent is not None:
+        name = _sub_agent_yaml(files, name, sub_agent)
     member = files[name]
     if member.size > MAX_YAML_BYTES:
         raise SpecError(
@@ -626,6 +634,17 @@ def _check_member(member: tarfile.TarInfo) -> str:
     if ".." in parts:
         raise SpecError(f"agent bundle member {name!r} escapes the bundle ('..' in its path)")
     return "/".join(parts)
+
+
+def _sub_agent_yaml(files: dict[str, tarfile.TarInfo], top: str, sub_agent: str) -> str:
+    """``agents/<sub_agent>/config.yaml`` beside the bundle's top YAML ``top``."""
+    if not _SUB_AGENT_NAME.fullmatch(sub_agent):
+        raise SpecError(f"invalid sub-agent name {sub_agent[:64]!r}")
+    base = top.rsplit("/", 1)[0] + "/" if "/" in top else ""
+    name = f"{base}agents/{sub_agent}/config.yaml"
+    if name not in files:
+        raise SpecError(f"agent bundle has no sub-agent {sub_agent!r} ({name})")
+    return name
 
 
 def _pick_yaml(files: dict[str, tarfile.TarInfo]) -> str:

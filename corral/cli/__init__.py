@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "mailboxes": "_inspect:mailboxes_command",
     "dead-letters": "_inspect:dead_letters_command",
     "elicitations": "_inspect:elicitations_command",
+    "subagents": "_subagents:subagents_command",
     "bench": "_bench:bench_command",
     "journal": "_journal:journal_group",
     "agents": "_chat:agents_command",

@@ -17,6 +17,7 @@ BENCHMARKS = {
     "harness": "corral.bench.harness",
     "turn": "corral.bench.turn",
     "relay": "corral.bench.relay",
+    "subagents": "corral.bench.subagents",
     "tools": "corral.bench.tools",
     "up": "corral.bench.up",
 }

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ._output import NoHost, ask_host, emit_json, json_option, state_dir_option
+from ._subagents import parents_of
 
 
 def _age(value: float | None) -> str:
@@ -149,19 +150,34 @@ def dead_letters_command(state_dir: Path | None, as_json: bool) -> None:
 @state_dir_option
 @json_option
 def elicitations_command(state_dir: Path | None, as_json: bool) -> None:
-    """List elicitations parked by harness workers, and recently resolved ones."""
+    """List elicitations parked by harness workers, and recently resolved ones; a sub-agent's
+    shows its parent session."""
     data: dict[str, Any] = ask_host(state_dir, "elicitations")
+    parents = _parents(state_dir) if data["elicitations"] else {}
+    for e in data["elicitations"]:
+        e["parent_session_id"] = parents.get(e["session_id"])
     if as_json:
         emit_json(data)
         return
-    table = Table("elicitation", "session", "turn", "state", "prompt", "created")
+    table = Table("elicitation", "session", "parent", "turn", "state", "prompt", "created")
     for e in data["elicitations"]:
         table.add_row(
             e["elicitation_id"],
             e["session_id"],
+            e["parent_session_id"] or "-",
             e["turn_id"],
             e["state"] + (f" ({e['reason']})" if e.get("reason") else ""),
             str(e["params"].get("message", "")),
             time.strftime("%H:%M:%S", time.localtime(e["created_at"])),
         )
     Console().print(table)
+
+
+def _parents(state_dir: Path | None) -> dict[str, str]:
+    """Each sub-agent session's parent, from dispatch's work registry; {} when dispatch does
+    not answer (the elicitations are still worth showing without it)."""
+    try:
+        reply = ask_host(state_dir, "inspect", actor="dispatch")
+    except click.ClickException:
+        return {}
+    return parents_of(list(reply["state"].get("subagents", [])))

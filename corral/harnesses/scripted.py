@@ -15,9 +15,14 @@ Turn *i* of a session runs ``turns[i % len(turns)]``, where *i* counts the user 
 the history the turn was given (so it survives worker restarts). Extra step kinds:
 ``{usage: {input_tokens, output_tokens}}`` sets the reported usage, ``{item: {...}}`` emits an
 output item as is, ``{echo_history: true}`` streams the ``[role, text]`` pairs of the history
-the turn was given, as JSON (for tests of history assembly), and ``{report: failed, code: C,
+the turn was given, as JSON (for tests of history assembly), ``{gather: {tool, marker,
+count, every_ms?, max_calls?, prefix?}}`` calls a tool until its outputs hold ``marker``
+``count`` times and streams them merged (the demo ``team`` agent's wait for its
+sub-agents), and ``{report: failed, code: C,
 message: M}`` / ``{report: completed}`` stand for a relayed harness stream that reports its
-end mid-turn (the turn goes on; the last report stands when it ends: D-19, D-21).
+end mid-turn (the turn goes on; the last report stands when it ends: D-19, D-21). A ``tool``
+step with ``arguments_from_message: true`` takes its arguments from the turn's user message,
+a JSON object (so a test can hand a script an id it learned at run time).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ STEP_KINDS = (
     "item",
     "echo_history",
     "report",
+    "gather",
 )
 
 
@@ -100,6 +106,7 @@ def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
         "item": dict,
         "echo_history": bool,
         "report": str,
+        "gather": dict,
     }
     if not isinstance(value, expect[kind]) or isinstance(value, bool) != (kind in _FLAGS):
         raise ScriptError(f"{where}.{kind} has the wrong type ({type(value).__name__})")
@@ -110,8 +117,18 @@ def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
             raise ScriptError(f"{where}.{key} must be a positive integer")
     if kind == "report" and value not in ("failed", "completed"):
         raise ScriptError(f"{where}.report must be 'failed' or 'completed'")
+    gather: dict[str, Any] = step.get("gather") or {}
+    if kind == "gather" and not (
+        isinstance(gather.get("tool"), str)
+        and isinstance(gather.get("marker"), str)
+        and isinstance(gather.get("count"), int)
+        and gather["count"] >= 1
+    ):
+        raise ScriptError(f"{where}.gather needs tool, marker and a positive count")
     if kind == "tool" and not isinstance(step.get("arguments", {}), dict):
         raise ScriptError(f"{where}.arguments must be a mapping")
+    if kind == "tool" and not isinstance(step.get("arguments_from_message", False), bool):
+        raise ScriptError(f"{where}.arguments_from_message must be true or false")
 
 
 def turn_index(message: dict[str, Any]) -> int:
@@ -157,7 +174,10 @@ class ScriptedHarness:
         if "reasoning" in step:
             await _stream(turn.reasoning, step["reasoning"], step)
         elif "tool" in step:
-            await turn.call_tool(step["tool"], step.get("arguments", {}))
+            arguments = step.get("arguments", {})
+            if step.get("arguments_from_message"):
+                arguments = _message_arguments(turn.message.get("content"))
+            await turn.call_tool(step["tool"], arguments)
         elif "elicit" in step:
             return await turn.elicit(step["elicit"])
         elif "fail" in step:
@@ -188,9 +208,45 @@ class ScriptedHarness:
         elif "report" in step:
             failure = (str(step.get("code", "scripted_failure")), str(step.get("message", "")))
             turn.report_end(failure if step["report"] == "failed" else None)
+        elif "gather" in step:
+            await _gather(turn, step)
         elif step.get("echo_history"):
             await turn.text(json.dumps(_history_texts(turn.message.get("content"))))
         return verdict
+
+
+def _message_arguments(content: Any) -> dict[str, Any]:
+    """The JSON object the turn's user message holds (``arguments_from_message``).
+
+    Raises:
+        TurnFailed: the message is not a JSON object.
+    """
+    texts = _history_texts(content)
+    users = [text for role, text in texts if role == "user"]
+    try:
+        arguments = json.loads(users[-1]) if users else None
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise TurnFailed("invalid_script", "the user message is not a JSON object of arguments")
+    return arguments
+
+
+async def _gather(turn: TurnContext, step: dict[str, Any]) -> None:
+    """Call the tool until its outputs hold ``marker`` ``count`` times (every ``every_ms``,
+    at most ``max_calls`` calls), then stream ``prefix`` and those outputs as one text: a
+    scripted parent that waits for its sub-agents' answers in its inbox and merges them."""
+    g = step["gather"]
+    found: list[str] = []
+    for call in range(int(g.get("max_calls", 100))):
+        if sum(o.count(g["marker"]) for o in found) >= g["count"]:
+            break
+        if call:
+            await trio.sleep(g.get("every_ms", 200) / 1000)
+        output = await turn.call_tool(g["tool"], g.get("arguments", {}))
+        if g["marker"] in output:
+            found.append(output)
+    await _stream(turn.text, str(g.get("prefix", "")) + "\n\n".join(found), step)
 
 
 def _history_texts(content: Any) -> list[list[str]]:

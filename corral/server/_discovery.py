@@ -17,6 +17,8 @@ against:
 ======================================  ======================================================
 
 Each route lets in the runner and clients alike (``corral agents`` reads ``/v1/agents`` too).
+The children of a session are ``_children.py``'s (a runner's ``sys_session_send`` creates
+them, PROTOCOL_0_19.md §J).
 """
 
 from __future__ import annotations

@@ -73,12 +73,15 @@ async def events(api: Api, request: Request) -> Response:
         raise Refused(422, "invalid_request", "An event is an object with a string 'type'.")
     kind = raw["type"]
     # The runner posts its own items, and messages to the sessions it drives (a child's
-    # first message, PROTOCOL_0_19 §J.4); verdicts and controls are a client's.
+    # first message, a parent's wake, PROTOCOL_0_19 §J.4, §J.7); verdicts are a client's, and
+    # so are controls but to a child session, which the runner stops for its parent
+    # (``sys_cancel_task``).
+    row = await api.plane.session(request.path_params["session_id"])
+    cancel = is_runner and kind in _CONTROL_EVENTS and row.parent_session_id is not None
     if kind == "external_conversation_item":
         api.require(request, "runner")
-    elif kind != "message":
+    elif kind != "message" and not cancel:
         api.require(request, "client")
-    row = await api.plane.session(request.path_params["session_id"])
     data = raw.get("data", {})
     answer: Mapping[str, object]
     if kind == "external_conversation_item":

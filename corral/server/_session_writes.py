@@ -44,15 +44,15 @@ from starlette.responses import JSONResponse, Response
 
 from .._jsonlines import JsonObject
 from ..spec import SpecError, load_bundle, spec_to_dict
+from ._children import child_page
+from ._children import create_child as create_sub_agent_child
 from ._conversation import new_id
-from ._discovery import list_page
 from ._endpoint import Api, convert, endpoint
 from ._plane import Refused
 from ._store import SessionRow
 
 __all__ = [
     "PUBLIC_USER",
-    "child_row",
     "child_sessions",
     "create_child",
     "parse_form",
@@ -60,9 +60,6 @@ __all__ = [
 ]
 
 PUBLIC_USER = "__public__"
-#: How ``sys_session_close`` marks a child: the label, and the legacy title infix.
-CLOSED_LABEL = "omnigent.closed"
-CLOSED_TITLE_INFIX = ":closed:"
 #: The most a ``__public__`` grant may give: read (the real server's default ceiling).
 PUBLIC_MAX_LEVEL = 1
 #: A title is at most this long (as a client's create).
@@ -159,7 +156,12 @@ async def create_child(api: Api, request: Request) -> Response:
     kind = request.headers.get("content-type", "")
     if kind.startswith("multipart/form-data"):
         return await _child_from_bundle(api, parse_form(kind, await api.body(request, limit)))
-    body: CreateChild = convert(await api.json(request, limit), CreateChild)
+    raw = await api.json(request, limit)
+    if isinstance(raw, dict) and raw.get("sub_agent_name") is not None:
+        # sys_session_send's child: the parent's bundle, running one of its sub-agents (§J).
+        child = await create_sub_agent_child(api.plane, raw)
+        return JSONResponse(await api.plane.snapshot(child), status_code=201)
+    body: CreateChild = convert(raw, CreateChild)
     parent = await _parent(api, body.parent_session_id)
     agents = {a.agent_id: a for a in (await api.plane.agents()).values()}
     agent = agents.get(body.agent_id)
@@ -201,43 +203,12 @@ async def _child_from_bundle(api: Api, parts: dict[str, tuple[str | None, bytes]
     return JSONResponse(answer, status_code=201)
 
 
-def _is_closed(row: SessionRow) -> bool:
-    return row.labels.get(CLOSED_LABEL) == "true" or CLOSED_TITLE_INFIX in (row.title or "")
-
-
-def child_row(row: SessionRow) -> JsonObject:
-    """A child as ``GET .../child_sessions`` shows it (PROTOCOL_0_19 §J.8); ``tool`` and
-    ``session_name`` from an ``<agent>:<name>`` title (``ui:<agent>:<name>`` too)."""
-    tool, _, name = (row.title or "").partition(":")
-    if tool == "ui" and ":" in name:
-        tool, _, name = name.partition(":")
-    return {
-        "id": row.id,
-        "object": "child_session",
-        "parent_session_id": row.parent_session_id,
-        "title": row.title,
-        "task_summary": None,
-        "tool": tool if name else None,
-        "session_name": name or None,
-        "kind": "sub_agent",
-        "created_at": int(row.created_at),
-        "updated_at": int(row.updated_at),
-        "agent_id": row.agent_id,
-        "agent_name": row.agent,
-        "current_task_id": None,
-        "current_task_status": None,
-        "busy": row.status == "running",
-        "labels": row.labels,
-    }
-
-
 @endpoint("any")
 async def child_sessions(api: Api, request: Request) -> Response:
     """``GET .../child_sessions``: the session's open children, a closed one left out as the
     real server leaves out an archived one (a named send then makes a fresh child)."""
-    parent = await api.plane.session(request.path_params["session_id"])
-    children = await api.plane.store.children(parent.id)
-    return JSONResponse(list_page([child_row(c) for c in children if not _is_closed(c)]))
+    page = await child_page(api.plane, request.path_params["session_id"], request.query_params)
+    return JSONResponse(page)
 
 
 @endpoint("any")

@@ -27,6 +27,14 @@ if TYPE_CHECKING:
 Publish = Callable[[Mapping[str, object]], Awaitable[None]]
 #: Runs another runner-local tool by name (what ``sys_call_async`` dispatches to).
 RunTool = Callable[[str, JsonObject], Awaitable[str]]
+#: Records a sub-agent's work with dispatch before its message is posted (``sys_session_send``):
+#: ``(dispatch_id, child_session_id, agent, title, abandoned)``; returns once the entry is on
+#: disk. ``abandoned``: the message could not be posted, so no result will come (the caller
+#: was told by the tool's own error) and the entry is closed.
+RegisterWork = Callable[[str, str, str, str, bool], Awaitable[None]]
+#: ``cancel_work(child, confirm)`` → ``(found, status)``: the caller's work on a child in the
+#: sub-agent registry; ``confirm`` ends it cancelled (``sys_cancel_task``).
+CancelWork = Callable[[str, bool], Awaitable[tuple[bool, str | None]]]
 
 ToolFamily = Literal["os", "terminal", "inbox", "session", "agent"]
 
@@ -83,6 +91,11 @@ class ToolContext:
     server: ServerClient | None = None
     #: Runs another tool of the table, with this context.
     run_tool: RunTool | None = None
+    #: Registers a dispatched child's work (``sys_session_send``); None when not available.
+    register_work: RegisterWork | None = None
+    #: Looks up (and ends) the caller's sub-agent work (``sys_cancel_task``); None when not
+    #: available.
+    cancel_work: CancelWork | None = None
     #: Largest output a tool returns before it is cut with a marker.
     max_output_chars: int = 100_000
 

@@ -379,7 +379,12 @@ async def _sys_read_inbox(ctx: ToolContext, args: JsonObject) -> str:
     del args
     if ctx.inbox is None:
         return NO_INBOX
-    return await ctx.inbox.drain(ctx.session_id, ctx.call_id, max_chars=ctx.max_output_chars)
+    # Here, not at the top: the review module builds on this one's types.
+    from .inbox_review import subagent_review
+
+    return await ctx.inbox.drain(
+        ctx.session_id, ctx.call_id, review=subagent_review(ctx), max_chars=ctx.max_output_chars
+    )
 
 
 SYS_READ_INBOX = ToolSpec(

@@ -35,6 +35,7 @@ __all__ = [
     "missing_cli",
     "model_refusal",
     "provider_kind",
+    "sub_agent",
 ]
 
 MODEL_MAX_CHARS: Final = 256
@@ -135,7 +136,7 @@ def harness_of(sub_agents: object, name: str, executor_type: str | None = None) 
     """The harness of sub-agent ``name`` in the parent spec's ``sub_agents`` (S-10): its
     ``executor.config.harness``, else its ``executor.harness``, else its ``executor.type``
     (else ``executor_type``, the type the parent's spec gives its children)."""
-    entry = _sub_agent(sub_agents, name)
+    entry = sub_agent(sub_agents, name)
     executor = entry.get("executor") if entry is not None else None
     if isinstance(executor, Mapping):
         config = executor.get("config")
@@ -149,7 +150,7 @@ def harness_of(sub_agents: object, name: str, executor_type: str | None = None) 
     return executor_type
 
 
-def _sub_agent(sub_agents: object, name: str) -> Mapping[str, Any] | None:
+def sub_agent(sub_agents: object, name: str) -> Mapping[str, Any] | None:
     """Entry ``name`` of ``sub_agents``: a mapping of name → spec, or a list of specs with a
     ``name`` each."""
     if isinstance(sub_agents, Mapping):
@@ -189,7 +190,13 @@ def _model_reason(
             "continue it, or sys_session_close it first to spawn a fresh session on the "
             "requested model."
         )
-    name = canonical(harness) if harness else None
+    if harness is None:
+        return (
+            "this agent's spec does not say which harness the sub-agent runs (no "
+            "'sub_agents' entry with an executor), so a model override cannot be checked or "
+            "placed. Re-send without 'model'."
+        )
+    name = canonical(harness)
     if name not in _PLUMBED:
         return (
             f"harness {harness!r} has no way to take a model override, so 'model' would be "

@@ -78,6 +78,7 @@ class SessionSnapshot(msgspec.Struct, kw_only=True):
     workspace: str | None = None
     git_branch: str | None = None
     updated_at: Timestamp = None
+    labels: dict[str, Any] | None = None
     #: The parked ``response.elicitation_request`` events, as the server stores them.
     pending_elicitations: list[JsonObject] | None = None
 

@@ -4,8 +4,9 @@
 runner-local (T-26): the runner answers them, talking to the server for the caller. The
 read-only ones are :mod:`corral.tools.session_reads`; ``sys_session_close``,
 ``sys_session_share``, ``sys_session_create`` and ``sys_list_models`` are
-:mod:`corral.tools.session_writes`. A tool whose table entry has no implementation answers
-``{"error": "<name> is not available on this runner yet"}``.
+:mod:`corral.tools.session_writes`; ``sys_session_send`` is :mod:`corral.tools.session_send`
+and ``sys_cancel_task`` :mod:`corral.tools.session_cancel`. A tool whose table entry has no
+implementation answers ``{"error": "<name> is not available on this runner yet"}``.
 
 :data:`READY` and :data:`PENDING` are read off the table, so it is the one list of which
 tools work; the registry keeps :data:`PENDING` out of advertised schemas so models are not
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError, ToolFamily, ToolSpec
+from .session_cancel import sys_cancel_task
 from .session_reads import (
     sys_agent_download,
     sys_agent_get,
@@ -26,6 +28,7 @@ from .session_reads import (
     sys_session_get_info,
     sys_session_list,
 )
+from .session_send import sys_session_send
 from .session_writes import (
     EXACTLY_ONE_MODE_MESSAGE,
     sys_list_models,
@@ -137,19 +140,22 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
     (
         "sys_session_send",
         "session",
-        "Send a message to a sub-agent: start a named one (agent, title) or continue a child "
-        "session by session_id. The result arrives in the inbox.",
+        "Send a message to a sub-agent: start or continue a named one (agent, title) or "
+        "continue a child session by session_id. Returns at once; the result arrives in the "
+        "inbox.",
         _object(
             {
-                "agent": _text("Declared sub-agent to start."),
-                "title": _text("Title of the new child session."),
-                "session_id": _text("Child session to continue."),
-                "message": _text("The message."),
-                "model": _text("Model for a new child session (see sys_list_models)."),
+                "agent": _text("Declared sub-agent to start or continue."),
+                "title": _text("Label of this instance of the sub-agent."),
+                "session_id": _text("Child session to continue (instead of agent and title)."),
+                "args": {
+                    "description": 'The message: a string, or {"input": <message>}.',
+                    "anyOf": [{"type": "string"}, {"type": "object"}],
+                },
             },
-            ("message",),
+            ("args",),
         ),
-        None,
+        sys_session_send,
     ),
     (
         "sys_session_close",
@@ -219,7 +225,7 @@ _DEFINITIONS: list[tuple[str, ToolFamily, str, JsonObject, _Run | None]] = [
         "session",
         "Cancel a background task or a sub-agent's work by its id.",
         _object({"task_id": _text("Handle or child session id.")}, ("task_id",)),
-        None,
+        sys_cancel_task,
     ),
 ]
 

@@ -43,7 +43,8 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/v1/runners/{runner_id}/token"): "runner",
     ("GET", "/v1/runners/{runner_id}/status"): "any",
     ("GET", "/v1/sessions"): "any",
-    # A client's session, and the runner's child session (sys_session_create).
+    # Narrowed by the body: a client's session, the runner's child session (sys_session_create,
+    # sys_session_send: PROTOCOL_0_19 §J).
     ("POST", "/v1/sessions"): "any",
     ("GET", S): "any",
     ("PATCH", S): "runner",
@@ -55,8 +56,9 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", f"{S}/labels"): "any",
     ("POST", f"{S}/policies/evaluate"): "runner",
     ("POST", f"{S}/mcp"): "runner",
-    # Narrowed by the event's type: the runner's item, a client's control (below); a
-    # message is either's (the runner's to a child it drives).
+    # Narrowed by the event's type: the runner's item, a client's verdicts and controls
+    # (below; the runner's control only to a child session); a message is either's (a
+    # sub-agent's work, a parent's wake, §J).
     ("POST", f"{S}/events"): "any",
     # sys_session_share's grants.
     ("GET", f"{S}/permissions"): "any",

@@ -18,6 +18,9 @@ provider serves every agent of a test module:
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
 ``calls``     the tool call its last user text names, as JSON ``{"tool", "arguments"}`` (a test
               passes ids it only learns at run time); after its output: ``called: …``
+``delegate``  a ``sys_session_send`` to its sub-agent ``child`` (title ``t1``); woken by the
+              child's result (a last user text ``[System: sub-agent …``) a ``sys_read_inbox``;
+              after either output: ``delegate: …``
 
 Every request body is appended to ``--log`` as one JSON line, with the path it came to.
 """
@@ -91,6 +94,15 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
             return ["called: ", output[:200]], None, 0.0
         asked = json.loads(_user_texts(body)[-1])
         return [], (asked["tool"], json.dumps(asked["arguments"])), 0.0
+    if model == "delegate":
+        output = _tool_output(body)
+        if output is not None:
+            return ["delegate: ", output[:300]], None, 0.0
+        users = _user_texts(body)
+        if users and users[-1].startswith("[System: sub-agent"):
+            return [], ("sys_read_inbox", "{}"), 0.0
+        send = {"agent": "child", "title": "t1", "args": "hi child"}
+        return [], ("sys_session_send", json.dumps(send)), 0.0
     if model == "echo":
         return ["echo: ", " | ".join(_user_texts(body))], None, 0.0
     if model == "history":

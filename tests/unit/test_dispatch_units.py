@@ -94,6 +94,18 @@ def test_d24_d26_rehydrate_drops_exactly_the_persisted_item() -> None:
     assert history.rehydrate([resource, *stored], "zzz")[0]["role"] == "user"
 
 
+def test_d24_a_user_message_stored_after_the_turn_s_own_is_not_in_its_history() -> None:
+    """Two wakes posted close together: the first one's cold-cache turn reads the second
+    back from the server, which has not forwarded it yet; it joins the history when it
+    arrives, not twice. What came before the turn's message stays."""
+    stored = [_user("go", "i1"), _user("wake 1", "i2"), _user("wake 2", "i3")]
+    kept = history.undelivered_dropped(stored, {"i2"})
+    assert history.texts(history.rehydrate(kept, None)) == ["go"]
+    both = history.undelivered_dropped(stored, {"i2", "i3"})
+    assert history.texts(history.rehydrate(both, None)) == ["go"]
+    assert history.undelivered_dropped(stored, {"zzz"}) == stored  # D-26: not stored yet
+
+
 def test_d23_tool_calls_and_outputs_come_back_as_omnigent_s_runner_gives_them() -> None:
     stored = [
         _user("go", "i1"),

@@ -75,8 +75,9 @@ def caller(server: FakeOmnigentServer, **fields: Any) -> str:
 
 
 def test_t26_read_tools_are_advertised_and_the_rest_still_hidden() -> None:
-    names = {t["name"] for t in tool_schemas({})}
-    assert names >= READY & (SESSION_READ_TOOL_NAMES | AGENT_TOOL_NAMES)
+    # A spec with a sub-agent: ``sys_session_send`` works, and is granted to it.
+    names = {t["name"] for t in tool_schemas({"tools": {"agents": ["helper"]}})}
+    assert names >= READY & (SESSION_READ_TOOL_NAMES | AGENT_TOOL_NAMES | {"sys_session_send"})
     assert not names & PENDING
 
 

@@ -16,6 +16,8 @@ The actor is a chain of parts (see ``_base``), with helpers of their own:
     _calls      tool calls: a worker's through policy and back, and ``mcp/execute``
     _stream     a turn's worker events in their order, numbered by the worker's own
                 sequence, confirmed to it and asked again after a restart
+    _subagents  the durable sub-agent work registry (``subagents.log``)
+    _work       registering dispatched children, delivering their results to the parents
     _fanout     events to the subscribers (durable batches), the journal, a streaming caller
     _store      ``sessions.log``: fsynced records, tombstones, compaction, the epoch
     _watchdog   the per-turn watchdog's verdict
@@ -49,6 +51,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from ..._exceptions import BadInput
 from ..._input import check_session_id
 from ...bus import Incoming
@@ -56,18 +60,25 @@ from ...harnesses.protocol import HARNESS_ACTOR, Output, ProgressOutput, Termina
 from ...routes import HttpRequest, HttpResponse
 from .._actor import every, handles
 from .._deferred import Deferred
-from ._http import SessionRoutes
 from ._routes import GENERIC_DETAIL, NO_HARNESS_DETAIL, ROUTES, error, match, no_route, refused
 from ._session import Session
 from ._store import EPOCH_SHIFT
+from ._subagents import truncate_preview
 from ._turn import Turn
 from ._watchdog import overdue, watchdog_error
-from .messages import PublishEvents
+from ._work import SubagentWork
+from .messages import (
+    PublishEvents,
+    SubagentCancel,
+    SubagentDispatched,
+    SubagentRegistered,
+    SubagentTask,
+)
 
 log = logging.getLogger("corral.actors.dispatch")
 
 
-class DispatchActor(SessionRoutes):
+class DispatchActor(SubagentWork):
     """Owns every session of this host."""
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -108,6 +119,10 @@ class DispatchActor(SessionRoutes):
                 self.nursery.start_soon(self._post_note, session, record.note_pending)
         if self.sessions:
             log.info("recovered %d sessions", len(self.sessions))
+        self.work.on_result = self._result_recorded
+        self.work.on_started = self._work_started
+        for entry in await self.work.load():  # results a crash kept from their parents
+            self.nursery.start_soon(self._deliver, entry)
 
     async def terminate(self) -> None:
         await self.fanout.aclose()
@@ -120,6 +135,11 @@ class DispatchActor(SessionRoutes):
             **self.stats,
             "sessions": len(self.sessions),
             "active_turns": sum(1 for s in self.sessions.values() if s.turn),
+            # ``corral subagents``: every work entry, its output cut as a parent's preview is.
+            "subagents": [
+                {**msgspec.to_builtins(e), "output": truncate_preview(e.output)}
+                for e in self.work.entries.values()
+            ],
         }
 
     # --- the HTTP surface ------------------------------------------------------------------
@@ -195,6 +215,16 @@ class DispatchActor(SessionRoutes):
             self._queue_run(session, run, self.defer(incoming))
             return
         await self._runner_event(session, turn, run, incoming)
+
+    @handles(SubagentDispatched)
+    async def subagent_dispatched(
+        self, msg: SubagentDispatched, incoming: Incoming
+    ) -> SubagentRegistered:
+        return await self._register_work(msg)
+
+    @handles(SubagentCancel)
+    async def subagent_cancel(self, msg: SubagentCancel, incoming: Incoming) -> SubagentTask:
+        return await self._cancel_work(msg)
 
     @handles(TerminalOutput)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:

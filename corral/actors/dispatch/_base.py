@@ -9,6 +9,7 @@ its own, each adding one job to the one below it::
     ToolCalls      (_calls)   tool calls through policy and back
     StreamOrder    (_stream)  a turn's worker events in order, sent again after a restart
     SessionRoutes  (_http)    the session routes
+    SubagentWork   (_work)    sub-agent work entries and their results' delivery
     DispatchActor  (_actor)   lifecycle, the message handlers, the watchdog
 
 A part calls only what is below it in the chain, so each reads (and type-checks) alone.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -34,6 +35,10 @@ from ._fanout import Fanout
 from ._options import DispatchOptions
 from ._session import PendingEvent, Session, SessionRecord
 from ._store import EPOCH_SHIFT, SessionStore
+from ._subagents import WorkRegistry, turn_result
+
+if TYPE_CHECKING:
+    from ._turn import Turn
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -46,6 +51,9 @@ class DispatchBase(Actor):
         self.options = msgspec.convert(ctx.options, DispatchOptions)
         self.sessions: dict[str, Session] = {}
         self.store = SessionStore(ctx.data_dir)
+        #: The sub-agent work registry (``subagents.log``), and the entries being delivered.
+        self.work = WorkRegistry(ctx.data_dir)
+        self._delivering: set[str] = set()
         self.fanout = Fanout(
             peer, subscribers=self.options.subscribers, journal=self.options.journal
         )
@@ -198,6 +206,15 @@ class DispatchBase(Actor):
     def _crash_point(self, step: str) -> None:
         """The crash tests' fault hook (:mod:`corral.actors._crash`)."""
         crash_point(self.ctx.data_dir, step, self.options.crash_at, log)
+
+    async def _child_ended(
+        self, session: Session, turn: Turn, status: str, failure: JsonObject | None, edge: bool
+    ) -> None:
+        """A turn of ``session`` ended ``status``; ``edge``: its chain ended too (no buffered
+        continuation, S-18). A sub-agent's result is recorded then, before the end is saved
+        (``_subagents`` says why)."""
+        if edge and self.work.open_for(session.id):
+            await self.work.ended(session.id, turn.turn_id, *turn_result(turn, status, failure))
 
     async def _elicitation_closed(self, session: Session, elicitation_id: str) -> None:
         if elicitation_id in session.record.elicitations:

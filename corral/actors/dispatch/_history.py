@@ -166,6 +166,27 @@ def _flush(items: list[JsonObject], draft: list[str]) -> None:
         items.append(assistant_item(text))
 
 
+def undelivered_dropped(stored: list[JsonObject], persisted: set[str]) -> list[JsonObject]:
+    """The server's items as a turn's history starts from them: without the items of the
+    turn's own messages (``persisted``, D-24), and without the user messages the server
+    stored after the first of those — they have not reached this runner yet, and join the
+    history when they do. A message posted right behind another (a second sub-agent's wake)
+    used to be in the history twice: read back with the first one's cold cache, and again
+    when it arrived."""
+    first = next((i for i, item in enumerate(stored) if item.get("id") in persisted), None)
+    return [
+        item
+        for i, item in enumerate(stored)
+        if item.get("id") not in persisted
+        and not (
+            first is not None
+            and i > first
+            and item.get("type", "message") == "message"
+            and item.get("role") == "user"
+        )
+    ]
+
+
 def rehydrate(stored: list[JsonObject], persisted_item_id: str | None) -> list[JsonObject]:
     """History from the server's items, minus the one the new message was stored as."""
     out = []

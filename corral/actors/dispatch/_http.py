@@ -142,6 +142,9 @@ class SessionRoutes(StreamOrder):
         session = await self._known(session_id)
         if session is not None and not session.record.reachable_by(msg.runner_id):
             return no_session(session_id)
+        # A deleted (closed) sub-agent's parent is told its work is cancelled: a parent never
+        # waits for a child that is gone.
+        await self.work.ended(session_id, None, "cancelled", "")
         if session is not None:
             turn = session.turn
             transition(session.phase, Trigger.DELETE)

@@ -49,7 +49,16 @@ class DispatchOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     #: after a turn's record is saved (``turn_saved``), after its start is with the broker
     #: (``turn_sent``), after its end is saved (``end_saved``), after every receiver has its
     #: end (``edge_delivered``), mid-stream: after taking its worker's event number
-    #: ``_stream.CRASH_K`` and before sending it (``streaming``). Empty: never.
-    crash_at: Literal["", "turn_saved", "turn_sent", "end_saved", "edge_delivered", "streaming"] = (
-        ""
-    )
+    #: ``_stream.CRASH_K`` and before sending it (``streaming``), after a sub-agent's result
+    #: is recorded and before it is pushed to its parent's inbox (``subagent_recorded``),
+    #: after the push and before the parent is woken (``subagent_pushed``). Empty: never.
+    crash_at: Literal[
+        "",
+        "turn_saved",
+        "turn_sent",
+        "end_saved",
+        "edge_delivered",
+        "streaming",
+        "subagent_recorded",
+        "subagent_pushed",
+    ] = ""

@@ -103,8 +103,10 @@ class TurnSetup(DispatchBase):
                 session, "the session", lambda: server.session_snapshot(session.id)
             )
             session.record.agent_id = snapshot.get("agent_id")
+        # A child session is served its parent's bundle and runs its own sub-agent's spec.
+        sub_agent = session.record.sub_agent_name
         bundle = await self._while_unavailable(
-            session, "the agent", lambda: server.agent_bundle(session.id)
+            session, "the agent", lambda: server.agent_bundle(session.id, sub_agent=sub_agent)
         )
         spec = spec_to_dict(bundle)
         session.spec = spec
@@ -118,10 +120,10 @@ class TurnSetup(DispatchBase):
                 stored = await self._while_unavailable(
                     session, "the history", lambda: server.items(session.id)
                 )
-            persisted = {m.get("persisted_item_id") for m in messages} - {None}
-            items = stored
-            for pid in persisted:
-                items = [i for i in items if i.get("id") != pid]
+            persisted = {
+                str(m["persisted_item_id"]) for m in messages if m.get("persisted_item_id")
+            }
+            items = history.undelivered_dropped(stored, persisted)
             session.history = history.rehydrate(items, None)
             pending = session.record.note_pending
             if pending and not any(i.get("response_id") == pending for i in stored):

@@ -129,6 +129,7 @@ class TurnFlow(TurnSetup):
             await self._save(session)
             self._crash_point("turn_saved")
         self.stats["turns"] += 1
+        self.work.started(session.id)  # a sub-agent's parent sees it busy (S-22)
         response = await self._launch(session, turn, messages, stream, continuation=continuation)
         self._crash_point("turn_sent")
         return response
@@ -367,6 +368,7 @@ class TurnFlow(TurnSetup):
         if status == "failed":
             self.stats["failed"] += 1
         after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
+        await self._child_ended(session, turn, status, failure, after is Next.EDGE)
         with self.fanout.held(session.id):
             if after is Next.CONTINUATION:
                 session.record.status = "running"
@@ -394,6 +396,4 @@ def _answer(status: str) -> HttpResponse:
 def _terminal_kind(msg: Output) -> Terminal:
     if isinstance(msg, ResponseCompleted):
         return "completed"
-    if isinstance(msg, ResponseCancelled):
-        return "cancelled"
-    return "failed"
+    return "cancelled" if isinstance(msg, ResponseCancelled) else "failed"

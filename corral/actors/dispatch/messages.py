@@ -18,6 +18,12 @@ Message → reply:
                                        worker as ``tool_result``
     PublishEvents      → none          (durable, from tools and policy) events on the
                                        session stream, in order
+    SubagentDispatched → SubagentRegistered  (durable call, from tools) a child given work
+                                       by ``sys_session_send``: its entry in the work
+                                       registry (``_subagents``), idempotent by dispatch id
+    SubagentCancel     → SubagentTask  (call, from tools) ``sys_cancel_task``: the caller's
+                                       work on a child and its status; ``confirm`` ends its
+                                       open work ``cancelled`` (a hard-stopped child)
 
 Route errors are HTTP answers, never an ErrorReply: every error body is
 ``{"error": {"code", "message"}}`` (PROTOCOL_0_19.md §H.2) — 400 ``invalid_request`` or
@@ -35,7 +41,7 @@ durable message is nacked.
 from __future__ import annotations
 
 from ..._jsonlines import JsonObject
-from ...bus import Message
+from ...bus import Message, Request
 from ...harnesses.protocol import ProgressOutput, TerminalOutput
 from ...routes import HttpRequest
 from ..policy.messages import ToolOutcome
@@ -48,5 +54,53 @@ class PublishEvents(Message, tag="dispatch.publish_events"):
     events: list[JsonObject]
 
 
+class SubagentDispatched(Request["SubagentRegistered"], tag="dispatch.subagent_dispatched"):
+    """A child session was given work by its parent (tools → dispatch, a durable call): one
+    work entry, recorded before the child's message is posted so its end cannot go unseen."""
+
+    dispatch_id: str
+    parent_session_id: str
+    child_session_id: str
+    agent: str
+    title: str
+    #: The runner id the parent is bound through (whose server it is woken on).
+    runner_id: str | None = None
+    #: The child's message could not be posted: no result will come, and the parent was told
+    #: by the tool's error, so the entry is closed with nothing to deliver.
+    abandoned: bool = False
+
+
+class SubagentRegistered(Message, tag="dispatch.subagent_registered"):
+    """The entry is on disk (the reply to :class:`SubagentDispatched`)."""
+
+    dispatch_id: str
+
+
+class SubagentCancel(Request["SubagentTask"], tag="dispatch.subagent_cancel"):
+    """``sys_cancel_task`` on a child (tools → dispatch): the caller's latest work on it, and
+    with ``confirm`` (the child was stopped for good) its open work ends ``cancelled`` now —
+    recorded, delivered to the parent once, and a completion that comes later ignored."""
+
+    parent_session_id: str
+    child_session_id: str
+    confirm: bool = False
+
+
+class SubagentTask(Message, tag="dispatch.subagent_task"):
+    """The reply to :class:`SubagentCancel`: whether the caller has work on the child, and
+    that work's status (after the cancel, with ``confirm``)."""
+
+    found: bool
+    status: str | None = None
+
+
 #: Everything the dispatch actor handles.
-Inbound = HttpRequest | ProgressOutput | TerminalOutput | ToolOutcome | PublishEvents
+Inbound = (
+    HttpRequest
+    | ProgressOutput
+    | TerminalOutput
+    | ToolOutcome
+    | PublishEvents
+    | SubagentDispatched
+    | SubagentCancel
+)

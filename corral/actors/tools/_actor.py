@@ -41,14 +41,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import trio
 
+from ..._exceptions import BusError
 from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...config import RunnerSettings
@@ -77,8 +79,8 @@ from ...tools.threads import in_thread
 from .._actor import Actor, ActorContext, handles
 from .._deferred import Deferred
 from .._process import sweep, write_pidfile
-from ..dispatch.messages import PublishEvents
-from .messages import ToolCancel, ToolExec, ToolExecResult
+from ..dispatch.messages import PublishEvents, SubagentCancel, SubagentDispatched
+from .messages import InboxPush, InboxPushed, ToolCancel, ToolExec, ToolExecResult
 
 log = logging.getLogger("corral.actors.tools")
 
@@ -93,6 +95,10 @@ ROUTE_BROKE = "The request failed on the runner; see runner logs for details."
 MAX_HTTP_JOBS = 16
 #: Bytes of a download per HttpChunk message.
 DOWNLOAD_CHUNK = 256 * 1024
+#: How long ``sys_session_send`` waits for dispatch to record a child's work.
+REGISTER_WAIT_S = 30.0
+#: The exit code of a crash the ``crash_at`` option asked for (as ``kill -9`` leaves it).
+CRASH_EXIT = 137
 
 _R = TypeVar("_R", bound=Resource)
 
@@ -115,6 +121,9 @@ class ToolsOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     server_url: str | None = None
     token: str | None = None
     runners: list[RunnerSettings] = []
+    #: Crash tests only: exit at once after a sub-agent result is in the inbox and before
+    #: dispatch is answered (``inbox_pushed``). Empty: never.
+    crash_at: Literal["", "inbox_pushed"] = ""
 
 
 class ToolsActor(Actor):
@@ -285,14 +294,87 @@ class ToolsActor(Actor):
             output, _status = await self._run(ctx, name, json.dumps(args))
             return output
 
+        async def register_work(
+            work: str, child: str, agent: str, title: str, abandoned: bool
+        ) -> None:
+            dispatched = SubagentDispatched(
+                dispatch_id=work,
+                parent_session_id=msg.session_id,
+                child_session_id=child,
+                agent=agent,
+                title=title,
+                runner_id=msg.runner_id,
+                abandoned=abandoned,
+            )
+            await self._register_work(dispatched)
+
+        async def cancel_work(child: str, confirm: bool) -> tuple[bool, str | None]:
+            ask = SubagentCancel(
+                parent_session_id=msg.session_id, child_session_id=child, confirm=confirm
+            )
+            try:
+                task = await self.peer.call(self.options.dispatch, ask, timeout=15)
+            except BusError as exc:
+                log.warning("sys_cancel_task could not ask dispatch about %s: %s", child, exc)
+                raise ToolError("sys_cancel_task: the runner's dispatch did not answer") from None
+            return task.found, task.status
+
         ctx.run_tool = run_tool
+        ctx.register_work = register_work
+        ctx.cancel_work = cancel_work
         return ctx
+
+    async def _register_work(self, msg: SubagentDispatched) -> None:
+        """Record a dispatched child's work with dispatch, asked again (the same dispatch id,
+        a no-op there) while dispatch is away — it is back within seconds of a crash.
+
+        Raises:
+            ToolError: dispatch did not answer in :data:`REGISTER_WAIT_S`.
+        """
+        delay = 0.2
+        with trio.move_on_after(REGISTER_WAIT_S):
+            while True:
+                try:
+                    await self.peer.call(
+                        self.options.dispatch,
+                        msg,
+                        durable=True,
+                        timeout=5,
+                        session_id=msg.parent_session_id,
+                    )
+                    return
+                except Exception as exc:
+                    log.warning("registering sub-agent work %s: %s", msg.dispatch_id, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise ToolError("sys_session_send: the runner could not record the sub-agent's work")
 
     @handles(ToolCancel)
     async def cancel(self, msg: ToolCancel, incoming: Incoming) -> None:
         scope = self.scopes.get(msg.call_id)
         if scope is not None:
             scope.cancel()
+
+    @handles(InboxPush)
+    async def inbox_push(self, msg: InboxPush, incoming: Incoming) -> InboxPushed:
+        """A sub-agent's result into its parent's inbox (S-14): answered once it is on disk,
+        so the durable request is acked only then; the key makes a push sent again after a
+        crash (of either side) a no-op."""
+        queued = await self.inbox.push(msg.session_id, msg.item, key=msg.key)
+        self._crash_point("inbox_pushed")
+        return InboxPushed(key=msg.key, queued=queued)
+
+    def _crash_point(self, step: str) -> None:
+        """The fault hook of crash tests: with the option ``crash_at = step``, the actor exits
+        at once here (as ``kill -9`` would stop it), once per data directory."""
+        if step != self.options.crash_at:
+            return
+        marker = self.ctx.data_dir / f"crashed-at-{step}"
+        if marker.exists():
+            return
+        marker.touch()
+        log.warning("crash_at %s: exiting now", step)
+        os._exit(CRASH_EXIT)
 
     # --- resources ---------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ Message → reply:
     ToolExec     → ToolExecResult  (durable call, from policy) run one tool; a failing or
                                    timed-out tool is a result with ``status`` ``failed``
     ToolCancel   → none            stop a running call (its turn ended)
+    InboxPush    → InboxPushed     (durable call, from dispatch) a sub-agent's result into
+                                   its parent's inbox, idempotent by ``key`` (S-14)
     HttpRequest  → HttpResponse    ``/v1/sessions/{id}/resources[/...]`` (from the gateway
                                    and dispatch); errors are HTTP answers
                                    ``{"error": {"code", "message"}}``, never an ErrorReply
@@ -52,5 +54,21 @@ class ToolCancel(Message, tag="tools.cancel"):
     call_id: str
 
 
+class InboxPush(Request["InboxPushed"], tag="tools.inbox_push"):
+    """Queue ``item`` on the inbox of ``session_id`` (dispatch → tools, a durable call); a
+    key pushed before is ignored, so a push sent again after a crash is queued once."""
+
+    session_id: str
+    key: str
+    item: JsonObject
+
+
+class InboxPushed(Message, tag="tools.inbox_pushed"):
+    """The item is in the inbox, fsynced (``queued`` False: its key was there already)."""
+
+    key: str
+    queued: bool
+
+
 #: Everything the tools actor handles.
-Inbound = ToolExec | ToolCancel | HttpRequest
+Inbound = ToolExec | ToolCancel | InboxPush | HttpRequest

@@ -44,8 +44,8 @@ class SessionSnapshot(SessionObject):
     items: list[Any]
     items_count: int
     permission_level: None
-    sub_agent_name: None
-    kind: Literal["default"]
+    sub_agent_name: str | None
+    kind: Literal["default", "sub_agent"]
     parent_session_id: str | None
     root_conversation_id: str
     llm_model: str | None

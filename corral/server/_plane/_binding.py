@@ -18,12 +18,15 @@ import trio
 
 from .._conversation import UnknownSession, fence
 from .._mcp import error_detail
+from .._store import SessionRow
 from .._tunnel import RunnerGone, RunnerLink, SseParser
 from ._options import SERVER_VERSION
 from ._parts import PlaneParts
 
 log = logging.getLogger("corral.server")
 _encode = msgspec.json.Encoder().encode
+#: Parents walked up to find a session's root, at most (sub-agents do not nest deeper).
+_MAX_DEPTH = 32
 
 
 class _Binding:
@@ -119,6 +122,23 @@ class RunnerBinding(PlaneParts):
             while self.link is None and not self.closing.is_set():
                 await self._link_changed.wait()
         return self.link
+
+    def bind_child(self, session_id: str) -> None:
+        """Bind a child session a runner just created (``_children``): at once, as the real
+        server binds it while the runner's create is still open (PROTOCOL_0_19.md §J)."""
+        self._bind(session_id)
+
+    async def root_of(self, row: SessionRow) -> str:
+        """The id of the top session of ``row``'s tree (itself for a top-level session)."""
+        current = row
+        for _ in range(_MAX_DEPTH):
+            if current.parent_session_id is None:
+                return current.id
+            parent = await self.store.get_session(current.parent_session_id)
+            if parent is None:
+                return current.parent_session_id
+            current = parent
+        return current.id
 
     def _bind(self, session_id: str) -> None:
         """Start binding a session on the current tunnel, unless it is bound already."""
@@ -228,19 +248,19 @@ class RunnerBinding(PlaneParts):
             "terminal_launch_args": None,
             "external_session_id": None,
             "parent_session_id": row.parent_session_id,
-            "root_session_id": row.root_session_id or row.id,
+            "root_session_id": row.root_session_id or await self.root_of(row),
             "inference_config": None,
         }
         body = {
             "session_id": row.id,
             "agent_id": row.agent_id,
-            "sub_agent_name": None,
+            "sub_agent_name": row.sub_agent_name,
             "session_init": {
                 "protocol_version": 2,
                 "server_version": SERVER_VERSION,
                 "session_id": row.id,
                 "agent_id": row.agent_id,
-                "sub_agent_name": None,
+                "sub_agent_name": row.sub_agent_name,
                 "snapshot": snapshot,
                 # A message is about to be forwarded: the runner must not also start a
                 # recovery turn from the history.

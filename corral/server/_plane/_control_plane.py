@@ -256,10 +256,10 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             "items": [],
             "items_count": items,
             "permission_level": None,
-            "sub_agent_name": None,
-            "kind": "default",
+            "sub_agent_name": row.sub_agent_name,
+            "kind": "default" if row.parent_session_id is None else "sub_agent",
             "parent_session_id": row.parent_session_id,
-            "root_conversation_id": row.root_session_id or row.id,
+            "root_conversation_id": row.root_session_id or await self.root_of(row),
             "llm_model": spec.model if spec else None,
             "harness": spec.harness if spec else None,
             "model_override": None,
@@ -306,7 +306,8 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             "role": "user",
             "content": content,
             "agent_id": row.agent_id,
-            "model": row.agent,
+            # A child names its sub-agent, as its init does.
+            "model": row.sub_agent_name or row.agent,
             "has_mcp_servers": False,
         }
         item, entry = await self.store.add_user_message(row.id, content, forward, key)

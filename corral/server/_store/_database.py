@@ -30,13 +30,13 @@ from ._schema import _SCHEMA, SCHEMA_VERSION, T, _connect, _in_transaction, _mig
 from ._sessions import (
     _add_item,
     _add_user_message,
-    _children,
     _create_session,
     _delete_session,
     _events_after,
     _get_session,
     _grant,
     _grants,
+    _list_children,
     _list_items,
     _list_sessions,
     _patch_session,
@@ -130,9 +130,11 @@ class Store:
         """Sessions, newest first."""
         return await self._read(_list_sessions, limit)
 
-    async def children(self, parent_id: str) -> list[SessionRow]:
-        """The sessions whose parent is ``parent_id``, newest first."""
-        return await self._read(_children, parent_id)
+    async def list_children(
+        self, parent_id: str, limit: int, *, newest_first: bool = True
+    ) -> list[SessionRow]:
+        """The child sessions of ``parent_id`` (PROTOCOL_0_19.md §J), by creation time."""
+        return await self._read(_list_children, parent_id, limit, newest_first)
 
     async def sessions_for_runner(self, runner_id: str) -> list[str]:
         """Ids of the sessions bound to ``runner_id``: those with undelivered forwards first,

@@ -35,10 +35,13 @@ class SessionRow(msgspec.Struct, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     last_event_id: int = 0
-    #: A child session's parent (``sys_session_create``); None for a top-level session.
+    #: A child session's parent (``sys_session_create``, ``sys_session_send``); None for a
+    #: top-level session.
     parent_session_id: str | None = None
     #: The top of a child's spawn tree; None for a top-level session (its own root).
     root_session_id: str | None = None
+    #: The sub-agent of the parent's bundle a ``sys_session_send`` child runs (§J).
+    sub_agent_name: str | None = None
 
 
 class ItemsPage(TypedDict):

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import msgspec
 
 #: 2 added ``sessions.runner_seq``, ``message_keys`` and ``session_keys``; 3 added
-#: ``sessions.parent_session_id``, ``sessions.root_session_id`` and ``permissions`` (an older
-#: database gets them when it is opened: :func:`_migrate`).
+#: ``sessions.parent_session_id``, ``sessions.root_session_id``, ``sub_agent_name`` (child
+#: sessions, PROTOCOL_0_19.md §J) and ``permissions`` (an older database gets them when it is
+#: opened: :func:`_migrate`).
 SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -33,7 +34,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     draft TEXT,
     runner_seq INTEGER NOT NULL DEFAULT 0,
     parent_session_id TEXT,
-    root_session_id TEXT
+    root_session_id TEXT,
+    sub_agent_name TEXT
 );
 CREATE TABLE IF NOT EXISTS items (
     pos INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -116,9 +118,13 @@ def _migrate(con: sqlite3.Connection) -> None:
     columns = {row[1] for row in con.execute("PRAGMA table_info(sessions)")}
     if "runner_seq" not in columns:
         con.execute("ALTER TABLE sessions ADD COLUMN runner_seq INTEGER NOT NULL DEFAULT 0")
-    for column in ("parent_session_id", "root_session_id"):
+    for column in ("parent_session_id", "root_session_id", "sub_agent_name"):
         if column not in columns:
             con.execute(f"ALTER TABLE sessions ADD COLUMN {column} TEXT")
+    # Here, not in the schema: an older ``sessions`` has the column only from the line above.
+    con.execute(
+        "CREATE INDEX IF NOT EXISTS sessions_by_parent ON sessions (parent_session_id, created_at)"
+    )
 
 
 def _in_transaction(

@@ -18,7 +18,7 @@ from ._schema import _decode, _encode
 
 _SESSION_COLUMNS = (
     "id, agent, agent_id, agent_yaml, runner_id, status, title, labels, created_at, "
-    "updated_at, last_event_id, parent_session_id, root_session_id"
+    "updated_at, last_event_id, parent_session_id, root_session_id, sub_agent_name"
 )
 
 
@@ -37,6 +37,7 @@ def _session_row(row: tuple[Any, ...]) -> SessionRow:
         last_event_id=row[10],
         parent_session_id=row[11],
         root_session_id=row[12],
+        sub_agent_name=row[13],
     )
 
 
@@ -50,7 +51,7 @@ def _create_session(con: sqlite3.Connection, row: SessionRow, key: str | None) -
             "INSERT OR REPLACE INTO session_keys (key, session_id) VALUES (?,?)", (key, row.id)
         )
     con.execute(
-        f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             row.id,
             row.agent,
@@ -65,6 +66,7 @@ def _create_session(con: sqlite3.Connection, row: SessionRow, key: str | None) -
             row.last_event_id,
             row.parent_session_id,
             row.root_session_id,
+            row.sub_agent_name,
         ),
     )
     return row
@@ -90,11 +92,14 @@ def _list_sessions(con: sqlite3.Connection, limit: int) -> list[SessionRow]:
     return [_session_row(r) for r in rows]
 
 
-def _children(con: sqlite3.Connection, parent_id: str) -> list[SessionRow]:
+def _list_children(
+    con: sqlite3.Connection, parent_id: str, limit: int, newest_first: bool
+) -> list[SessionRow]:
+    order = "DESC" if newest_first else "ASC"
     rows = con.execute(
         f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE parent_session_id = ? "
-        "ORDER BY created_at DESC, rowid DESC",
-        (parent_id,),
+        f"ORDER BY created_at {order}, rowid {order} LIMIT ?",
+        (parent_id, limit),
     ).fetchall()
     return [_session_row(r) for r in rows]
 

@@ -23,3 +23,12 @@ def deny_tool_results_with_hello(event):
     if "hello-from-tool" in str((event.get("data") or {}).get("result") or ""):
         return {"result": "DENY", "reason": "interop: tool output withheld"}
     return {"result": "ALLOW"}
+
+
+def deny_sub_agent_results(event):
+    """DENY a tool result that holds the ``plain`` model's words (a sub-agent's answer)."""
+    if event.get("type") != "tool_result":
+        return None
+    if "w0 w1 w2" in str((event.get("data") or {}).get("result") or ""):
+        return {"result": "DENY", "reason": "interop: sub-agent output withheld"}
+    return {"result": "ALLOW"}
