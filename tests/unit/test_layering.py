@@ -29,6 +29,7 @@ FLOOR = frozenset(
         "_lazy",
         "_lifeline",
         "bus",
+        "clis",
         "config",
         "instance",
         "journal",
