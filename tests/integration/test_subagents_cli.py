@@ -80,7 +80,9 @@ def _resolve(host: HostProcess, session_id: str, elicitation_id: str) -> None:
     assert answer.status_code < 300, answer.text
 
 
-def test_s19_subagents_shows_the_work_pending_then_delivered(host: HostProcess) -> None:
+def test_s17_s19_subagents_shows_the_work_pending_then_delivered_then_drained(
+    host: HostProcess,
+) -> None:
     code, sent = _cli(host, "send", "--agent", "boss", "go")
     assert code == 0 and sent["status"] == "idle", sent
     parent = sent["session_id"]
@@ -105,18 +107,19 @@ def test_s19_subagents_shows_the_work_pending_then_delivered(host: HostProcess) 
     (work,) = node["work"]
     assert work["dispatch_id"].startswith("subagent_")
     assert (work["status"], work["result"], work["output"]) == ("in_progress", "pending", "")
-    # Answered: the child ends, its result reaches the parent's inbox and wakes it.
+    # Answered: the child ends, its result reaches the parent's inbox and wakes it, and the
+    # parent's next turn takes it from there (sys_read_inbox): the work is done (S-17).
     _resolve(host, child, rows[0]["elicitation_id"])
     wait_until(
-        lambda: any(e["woken"] for e in _entries(host) if e["child_id"] == child),
+        lambda: any(e["drained"] for e in _entries(host) if e["child_id"] == child),
         30,
-        "the result delivered",
+        "the result delivered and drained",
     )
     code, after = _cli(host, "subagents")
     assert code == 0
     (tree,) = [t for t in after["sessions"] if t["session_id"] == parent]
     (work,) = tree["children"][0]["work"]
-    done = ("completed", "woken", "CHILD_ANSWER")
+    done = ("completed", "drained", "CHILD_ANSWER")
     assert (work["status"], work["result"], work["output"]) == done
     assert work["turn_id"] and work["ended_at"] >= work["created_at"]
     # The child's own tree: it is the root, with the work it was given.
