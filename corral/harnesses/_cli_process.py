@@ -136,6 +136,39 @@ class CliProcess:
                 return decoded
             log.warning("%s wrote a line that is not a JSON object: %.200r", self.command, line)
 
+    def end_commands(self) -> int:
+        """SIGKILL what the CLI started in sessions of its own, and everything under it; the
+        CLI lives on.
+
+        The Codex app-server runs each command in a session of its own (through its sandbox
+        helper and ``bwrap``, which starts yet another) and leaves it running when the turn
+        that started it is interrupted; the group signal of leaving :func:`open_cli` misses
+        it, and only the sandbox's own ``PDEATHSIG`` takes it when the CLI ends. A kind that
+        keeps its CLI after an interrupt calls this so nothing of the turn goes on: each
+        child of the CLI outside the CLI's session, every descendant of those, and every
+        process in a session one of them is in (an orphan reparented away is still there).
+        Reads ``/proc`` (a few milliseconds). Returns how many processes were signalled.
+        """
+        table = _process_table()
+        own = table.get(self.pid, (0, 0))[1]
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        found: set[int] = set()
+        frontier = [p for p in children.get(self.pid, []) if table[p][1] != own]
+        while frontier:
+            pid = frontier.pop()
+            if pid not in found:
+                found.add(pid)
+                frontier.extend(children.get(pid, []))
+        sessions = {table[p][1] for p in found}
+        found |= {pid for pid, (_, sid) in table.items() if sid in sessions}
+        found.discard(self.pid)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return len(found)
+
     async def close_input(self) -> None:
         """Close the CLI's stdin (some CLIs end their session on EOF)."""
         await self._stdin.aclose()
@@ -247,6 +280,22 @@ def _die_with_this_process() -> Any:
             os._exit(70)
 
     return in_child
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """Every live process: pid → (parent pid, session id), from ``/proc``."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # it exited meanwhile
+        if fields[0] not in (b"Z", b"X"):
+            table[int(entry.name)] = (int(fields[1]), int(fields[3]))
+    return table
 
 
 def _signal_group(pgid: int, sig: int) -> None:

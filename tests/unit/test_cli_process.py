@@ -34,6 +34,14 @@ _FAKE = textwrap.dedent(
         elif msg["op"] == "child":
             child = subprocess.Popen(["sleep", "60"])
             print(json.dumps({"child": child.pid, "me": os.getpid()}), flush=True)
+        elif msg["op"] == "command":
+            # As the Codex app-server runs a command: a shell in a session of its own, whose
+            # child starts one more (as bwrap does); and a helper in the CLI's session, which
+            # must be spared.
+            inner = "exec setsid sh -c 'sleep 60 & wait'"
+            shell = subprocess.Popen(["sh", "-c", inner + " & wait"], start_new_session=True)
+            helper = subprocess.Popen(["sleep", "60"])
+            print(json.dumps({"shell": shell.pid, "helper": helper.pid}), flush=True)
         elif msg["op"] == "die":
             sys.stderr.write("something broke\\n" * 3 + "last words\\n")
             sys.exit(4)
@@ -100,6 +108,29 @@ async def test_leaving_the_block_ends_the_cli_and_its_children(tmp_path: Path) -
         pids = await cli.receive()
     assert not _alive(pids["me"])
     assert not _alive(pids["child"])
+
+
+def _children_of(pid: int) -> list[int]:
+    return [p for p, (ppid, _) in _cli_process._process_table().items() if ppid == pid]
+
+
+async def test_end_commands_ends_the_commands_the_cli_started_and_spares_the_cli(
+    tmp_path: Path,
+) -> None:
+    async with open_cli(_argv(tmp_path), env=dict(os.environ), cwd=tmp_path) as cli:
+        await cli.send({"op": "command"})
+        pids = await cli.receive()
+        shell = pids["shell"]
+        # The shell's child, in a session of its own, and its child.
+        inner = wait_until(lambda: _children_of(shell), what="the shell's child")[0]
+        sleep = wait_until(lambda: _children_of(inner), what="the inner shell's child")[0]
+        table = _cli_process._process_table()
+        assert table[inner][1] == inner != table[shell][1]
+        assert cli.end_commands() == 3
+        wait_until(lambda: not any(map(_alive, (shell, inner, sleep))), what="the command ended")
+        assert _alive(pids["helper"])
+        await cli.send({"op": "echo", "value": "still here"})
+        assert await cli.receive() == {"echo": "still here"}
 
 
 _WORKER = textwrap.dedent(
