@@ -78,14 +78,36 @@ def responses_events(
     *,
     calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]  (call_id, name, args)
     usage: tuple[int, int] = (10, 5),
+    added: bool = False,
 ) -> list[bytes]:
     """A Responses stream: created, text deltas, function calls, completed with usage."""
     response = {"id": "resp_fake", "object": "response", "model": model, "output": []}
     frames = [_typed({"type": "response.created", "response": {**response, "status": "queued"}})]
     output: list[dict[str, Any]] = []
     if deltas:
+        if added:
+            item0 = {
+                "type": "message",
+                "id": "msg_fake",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            frames.append(
+                _typed({"type": "response.output_item.added", "output_index": 0, "item": item0})
+            )
         for d in deltas:
-            frames.append(_typed({"type": "response.output_text.delta", "delta": d}))
+            frames.append(
+                _typed(
+                    {
+                        "type": "response.output_text.delta",
+                        "delta": d,
+                        "item_id": "msg_fake",
+                        "output_index": 0,
+                        "content_index": 0,
+                    }
+                )
+            )
         text = "".join(deltas)
         message = {
             "type": "message",

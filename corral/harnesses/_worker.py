@@ -117,7 +117,12 @@ class Verdict:
 
 
 class WorkerKind(Protocol):
-    """What a harness implementation provides. One instance per worker process."""
+    """What a harness implementation provides. One instance per worker process.
+
+    A kind that keeps something across turns that a task must own (a coding-agent CLI and
+    the task reading it) also defines ``async def run(self) -> None``: the worker runs it
+    for its whole life, beside the turns, and cancels it when it stops (:meth:`Worker.serve`).
+    """
 
     async def run_turn(self, turn: TurnContext) -> None:
         """Run one turn, emitting through ``turn``; raise :class:`TurnFailed` to fail it."""
@@ -496,6 +501,9 @@ class Worker:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._alive_loop)
             nursery.start_soon(self.outbox.run)
+            background = getattr(self.kind, "run", None)
+            if background is not None:
+                nursery.start_soon(background)
             async for incoming in self.peer.inbox:
                 reply = await self._on_input(incoming, nursery)
                 if reply is not None:

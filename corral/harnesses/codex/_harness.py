@@ -1,0 +1,365 @@
+"""The ``codex`` worker kind: the Codex CLI's app-server, one per worker, driven turn by turn.
+
+``codex app-server`` is started on the session's first turn and kept for the next ones (its
+start and a thread's open cost ~0.1 s each); the worker's :meth:`CodexHarness.run` task owns
+it and reads it, and a turn that finds it gone (it exited, it was killed) starts another.
+Its thread — Codex's conversation, kept in the session's ``CODEX_HOME`` — is opened once per
+CLI: resumed by the id saved beside it (``thread/resume``), so a restarted worker goes on
+with the same conversation; started (``thread/start``) in a home that has none, and then
+given the history the turn's message carries (``thread/inject_items``), so a session whose
+home was lost still goes on where it was.
+
+A turn is ``turn/start`` with the user's new message, relayed by :class:`~._relay.Relay`
+until ``turn/completed``. An interrupt (the worker cancels the turn) sends
+``turn/interrupt`` and waits for the turn's end, then ends what Codex still runs of it (it
+leaves an interrupted command running, in a session of its own); a CLI that does not end
+its turn within :data:`INTERRUPT_GRACE_S` is ended itself. A CLI that dies mid-turn fails the
+turn ``harness_crashed`` at once; the next turn starts another and resumes the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from ... import clis
+from .._cli_process import CliError, open_cli
+from .._worker import TurnContext, TurnFailed
+from ._home import Launch, cli_env, prepare, save_thread, saved_thread
+from ._input import TurnInput, turn_input
+from ._relay import Relay, Usage
+from ._rpc import (
+    ApprovalAnswer,
+    AppServer,
+    ClientInfo,
+    InitializeParams,
+    Notification,
+    ProtocolError,
+    RpcFailed,
+    ServerRequest,
+    ThreadInjectItemsParams,
+    ThreadOpened,
+    ThreadResumeParams,
+    ThreadStartParams,
+    TurnInterruptParams,
+    TurnStarted,
+    TurnStartParams,
+    result_as,
+)
+from ._settings import Settings, provider_of, resolve_settings
+
+log = logging.getLogger("corral.harnesses.codex")
+
+#: Codex asks before anything but a known-safe read; commands may write the working dir.
+APPROVAL_POLICY = "untrusted"
+SANDBOX = "workspace-write"
+#: How long an interrupted turn has to end before its CLI is ended instead.
+INTERRUPT_GRACE_S = 5.0
+CLIENT = ClientInfo(name="corral", version="1")
+
+
+@dataclass
+class _Wanted:
+    """A turn's request for a running app-server, answered by :meth:`CodexHarness.run`."""
+
+    launch: Launch
+    done: trio.Event = field(default_factory=trio.Event)
+    server: AppServer | None = None
+    error: CliError | None = None
+
+
+@dataclass
+class _Running:
+    """The app-server :meth:`CodexHarness.run` holds, and what this worker knows of it."""
+
+    launch: Launch
+    server: AppServer
+    scope: trio.CancelScope
+    gone: trio.Event = field(default_factory=trio.Event)
+    #: The thread it has open, and the model Codex said it serves there.
+    thread: str | None = None
+    served: str = ""
+    usage: Usage = field(default_factory=Usage)
+
+
+class CodexHarness:
+    """The ``codex`` worker kind.
+
+    Args:
+        options: worker options from the harness actor (none are read).
+        environ: where the ``HARNESS_*`` variables are read; ``os.environ`` by default.
+    """
+
+    def __init__(
+        self,
+        options: Mapping[str, object] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.options = dict(options or {})
+        self.environ = os.environ if environ is None else environ
+        self._wants, self._wanted = trio.open_memory_channel[_Wanted](0)
+        self._running: _Running | None = None
+
+    # --- the app-server, owned by the worker's task ------------------------------------------
+
+    async def run(self) -> None:
+        """Start an app-server whenever a turn needs one, and read it until it ends."""
+        async for wanted in self._wanted:
+            try:
+                await self._serve(wanted)
+            except CliError as exc:
+                wanted.error = exc
+            finally:
+                wanted.done.set()
+
+    async def _serve(self, wanted: _Wanted) -> None:
+        launch = wanted.launch
+        try:
+            await trio.to_thread.run_sync(prepare, launch)
+        except OSError as exc:
+            raise CliError(f"cannot prepare the codex home {launch.home}: {exc}") from exc
+        argv = [launch.cli_path, "app-server"]
+        env = cli_env(launch, self.environ)
+        async with open_cli(argv, env=env, cwd=launch.workdir) as cli:
+            server = AppServer(cli)
+            with trio.CancelScope() as scope:
+                running = _Running(launch, server, scope)
+                self._running = running
+                wanted.server = server
+                wanted.done.set()
+                try:
+                    await server.read()
+                except CliError as exc:
+                    log.warning("the codex app-server ended: %s", exc)
+                finally:
+                    self._running = None
+                    running.gone.set()
+
+    async def _app_server(self, launch: Launch) -> _Running:
+        """The running app-server for ``launch`` (one started for another is ended first),
+        initialized.
+
+        Raises:
+            TurnFailed: ``harness_unavailable``: it cannot be started or initialized.
+        """
+        running = self._running
+        if running is not None and running.launch != launch:
+            await self._end(running)
+            running = None
+        if running is not None:
+            return running
+        wanted = _Wanted(launch)
+        await self._wants.send(wanted)
+        await wanted.done.wait()
+        running = self._running
+        if wanted.server is None or running is None or running.server is not wanted.server:
+            why = wanted.error or "it ended as it started"
+            raise TurnFailed("harness_unavailable", f"the codex CLI could not start: {why}")
+        try:
+            await running.server.request("initialize", InitializeParams(client_info=CLIENT))
+            await running.server.notify("initialized")
+        except (CliError, RpcFailed) as exc:
+            await self._end(running)
+            raise TurnFailed("harness_unavailable", f"the codex CLI did not start: {exc}") from exc
+        return running
+
+    async def _end(self, running: _Running) -> None:
+        """End an app-server and wait until its task has let it go."""
+        running.scope.cancel()
+        await running.gone.wait()
+
+    # --- a turn ------------------------------------------------------------------------------
+
+    async def run_turn(self, turn: TurnContext) -> None:
+        settings = resolve_settings(turn, self.environ)
+        cli_path = clis.find("codex", self.environ)
+        if cli_path is None:
+            cli = clis.CLIS["codex"]
+            raise TurnFailed(
+                "harness_unavailable",
+                f"harness 'codex' needs the 'codex' CLI on PATH, which was not found. "
+                f"Install it with: {cli.install}",
+            )
+        given = turn_input(turn.message)
+        if not given.parts:
+            raise TurnFailed("bad_request", "the turn's message has no user input for codex")
+        await turn.check_llm_request(
+            {
+                "model": settings.model,
+                "messages_count": len(given.history) + 1,
+                "tools_count": 0,
+                "system_prompt_preview": (settings.instructions or "")[:200],
+                "last_user_message": given.text[:500],
+            }
+        )
+        launch = Launch(
+            cli_path=cli_path,
+            home=turn.cli_home,
+            workdir=turn.workdir,
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+        )
+        running = await self._app_server(launch)
+        try:
+            await self._open_thread(running, settings, given)
+            await self._turn(running, settings, given, turn)
+        except (CliError, RpcFailed, ProtocolError) as exc:
+            if running.server.ended is not None:
+                raise TurnFailed("harness_crashed", f"the codex CLI ended: {exc}") from exc
+            raise TurnFailed("harness_error", str(exc)) from exc
+
+    async def _open_thread(self, running: _Running, settings: Settings, given: TurnInput) -> None:
+        """Open the session's thread in this app-server, once: resume the saved one, else
+        start one and give it the history."""
+        if running.thread is not None:
+            return
+        launch, server = running.launch, running.server
+        start = ThreadStartParams(
+            model=settings.model,
+            cwd=str(launch.workdir),
+            approval_policy=APPROVAL_POLICY,
+            sandbox=SANDBOX,
+            developer_instructions=settings.instructions,
+        )
+        saved = await trio.to_thread.run_sync(saved_thread, launch.codex_home)
+        opened: ThreadOpened | None = None
+        if saved is not None:
+            try:
+                resume = ThreadResumeParams(**msgspec.structs.asdict(start), thread_id=saved)
+                result = await server.request("thread/resume", resume)
+                opened = result_as(result, ThreadOpened, "thread/resume")
+            except RpcFailed as exc:
+                log.warning("thread %s could not be resumed, starting another: %s", saved, exc)
+        if opened is None:
+            result = await server.request("thread/start", start)
+            opened = result_as(result, ThreadOpened, "thread/start")
+            await trio.to_thread.run_sync(save_thread, launch.codex_home, opened.thread.id)
+            if given.history:
+                seed = ThreadInjectItemsParams(thread_id=opened.thread.id, items=given.history)
+                await server.request("thread/inject_items", seed)
+        running.thread, running.served = opened.thread.id, opened.model
+
+    async def _turn(
+        self, running: _Running, settings: Settings, given: TurnInput, turn: TurnContext
+    ) -> None:
+        server, thread = running.server, running.thread
+        assert thread is not None
+        served = running.served if running.served == settings.model else settings.model
+        relay = Relay(
+            turn,
+            server,
+            served=served,
+            provider=provider_of(settings.base_url),
+            usage=running.usage,
+            idle_timeout_s=settings.idle_timeout_s,
+        )
+        with server.listen() as events:
+            requested = False
+            try:
+                with _unwrapped():
+                    async with trio.open_nursery() as nursery:
+
+                        async def start() -> None:
+                            params = TurnStartParams(
+                                thread_id=thread, input=given.parts, model=settings.model
+                            )
+                            answer = await server.request("turn/start", params)
+                            started = result_as(answer, TurnStarted, "turn/start")
+                            relay.codex_turn = relay.codex_turn or started.turn.id
+
+                        requested = True
+                        nursery.start_soon(start)
+                        ended = await relay.run(events, nursery)
+                        # Anything still asking was asked of a turn Codex has ended.
+                        nursery.cancel_scope.cancel()
+                requested = False
+            finally:
+                if requested:
+                    with trio.CancelScope(shield=True):
+                        await self._interrupt(running, relay, events)
+        running.usage = Usage(before=relay.usage.now)
+        if ended.status == "failed":
+            raise TurnFailed("provider_error", relay.failure(ended))
+        if ended.status == "interrupted":
+            raise TurnFailed("interrupted", "codex interrupted the turn")
+
+    async def _interrupt(
+        self,
+        running: _Running,
+        relay: Relay,
+        events: trio.MemoryReceiveChannel[Notification | ServerRequest],
+    ) -> None:
+        """Stop Codex's turn (the worker's turn was cancelled, or failed): ``turn/interrupt``,
+        then its end, then whatever it left running; end the CLI if it does not comply."""
+        server = running.server
+        if server.ended is not None:
+            return
+        known = trio.Event()
+        over = trio.Event()
+        if relay.codex_turn is not None:
+            known.set()
+
+        async def drain() -> None:
+            async for message in events:
+                if isinstance(message, ServerRequest):
+                    await server.answer(message, ApprovalAnswer(decision="decline"))
+                elif message.method == "turn/started" and relay.codex_turn is None:
+                    relay.codex_turn = result_as(
+                        message.params, TurnStarted, "turn/started"
+                    ).turn.id
+                    known.set()
+                elif message.method == "turn/completed":
+                    over.set()
+                    return
+
+        with trio.move_on_after(INTERRUPT_GRACE_S):
+            try:
+                with _unwrapped():
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(drain)
+                        await known.wait()
+                        assert relay.codex_turn is not None
+                        params = TurnInterruptParams(
+                            thread_id=running.thread or "", turn_id=relay.codex_turn
+                        )
+                        await server.request("turn/interrupt", params)
+                        await over.wait()
+                        nursery.cancel_scope.cancel()
+            except (CliError, RpcFailed, ProtocolError) as exc:
+                log.warning("codex did not take the interrupt: %s", exc)
+        if over.is_set():
+            ended = server.cli.end_commands()
+            if ended:
+                log.info("ended %d process(es) the interrupted codex turn left running", ended)
+        else:
+            log.warning("codex did not end its turn in %gs: ending the CLI", INTERRUPT_GRACE_S)
+            await self._end(running)
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """Give back the first failure a nursery wrapped in an exception group as itself: a
+    :class:`TurnFailed` for the worker to report, a :class:`CliError` to map. Cancellation
+    alone stays as it is (trio's scopes take it out of the group)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        failures = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+        if failures and isinstance(failures[0], Exception):
+            raise failures[0] from group
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc

@@ -1,0 +1,376 @@
+"""The ``codex`` kind through a real host: the real Codex CLI (``codex app-server``, from
+``cli_bin``) against a fake Responses API on 127.0.0.1 (H-04, H-12, H-13, S-08)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from corral.harnesses.protocol import Approval, InputAccepted, Interrupt, PolicyVerdict
+from tests.conftest import HostProcess, wait_for
+from tests.fake_openai import FakeOpenAI, Reply, responses_events
+from tests.integration._dispatch import FakeDispatch, fake_dispatch
+
+#: The tests share one host; each runs its own session ids.
+SHARE_HOST = True
+#: The harness actor alone: a stand-in dispatch (``fake_dispatch``) drives it.
+HOST_ACTORS = frozenset({"harness"})
+
+MODEL = "gpt-fake"
+KEY = "sk-test-codex-key"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _codex_installed(cli_bin: Path) -> Iterator[None]:
+    """The module's hosts find the pinned ``codex`` (``CORRAL_CLI_PATH`` reaches workers)."""
+    before = os.environ.get("CORRAL_CLI_PATH")
+    os.environ["CORRAL_CLI_PATH"] = str(cli_bin)
+    yield
+    if before is None:
+        os.environ.pop("CORRAL_CLI_PATH", None)
+    else:
+        os.environ["CORRAL_CLI_PATH"] = before
+
+
+def _spec(server: FakeOpenAI, **executor: Any) -> dict[str, Any]:
+    auth = {"type": "api_key", "api_key": KEY, "base_url": server.base_url}
+    return {
+        "name": "coder",
+        "prompt": "Be terse.",
+        "executor": {"harness": "codex", "model": MODEL, "auth": auth, **executor},
+    }
+
+
+def _text(frames: list[str]) -> Reply:
+    return Reply(frames=responses_events(MODEL, frames, added=True))
+
+
+def _command(cmd: str, call_id: str = "call_1") -> Reply:
+    return Reply(
+        frames=responses_events(MODEL, calls=[(call_id, "exec_command", json.dumps({"cmd": cmd}))])
+    )
+
+
+@asynccontextmanager
+async def answering(
+    d: FakeDispatch, session_id: str, *, tool_call: str = "ALLOW", person: str = "accept"
+) -> AsyncIterator[list[Any]]:
+    """Stand in for dispatch's policy actor and for the person: every ``PHASE_LLM_REQUEST``
+    is allowed, every ``PHASE_TOOL_CALL`` answered ``tool_call``, every elicitation
+    ``person``. Yields the requests answered, in order."""
+    answered: list[Any] = []
+
+    async def loop() -> None:
+        seen = 0
+        while True:
+            await d.wait_for(lambda _, known=seen: len(d.events) > known, timeout=3600)
+            fresh, seen = d.events[seen:], len(d.events)
+            for event in fresh:
+                if event.__struct_config__.tag == "policy_evaluation.requested":
+                    tool = event.phase == "PHASE_TOOL_CALL"
+                    action = f"POLICY_ACTION_{tool_call if tool else 'ALLOW'}"
+                    verdict = PolicyVerdict(
+                        session_id=session_id,
+                        evaluation_id=event.evaluation_id,
+                        action=action,
+                        reason="no shell here" if action.endswith("DENY") else None,
+                    )
+                    answered.append(event)
+                    assert await d.send(verdict) == InputAccepted(status=204)
+                elif event.__struct_config__.tag == "response.elicitation_request":
+                    answered.append(event)
+                    approval = Approval(
+                        session_id=session_id, elicitation_id=event.elicitation_id, action=person
+                    )
+                    assert await d.send(approval, durable=True) == InputAccepted(status=204)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(loop)
+        yield answered
+        nursery.cancel_scope.cancel()
+
+
+def _items(d: FakeDispatch, turn: str) -> list[dict[str, Any]]:
+    return [e.item for e in d.of_turn(turn) if e.__struct_config__.tag.endswith("item.done")]
+
+
+def _text_of(d: FakeDispatch, turn: str) -> str:
+    return "".join(e.delta for e in d.of_turn(turn) if e.__struct_config__.tag.endswith("t.delta"))
+
+
+def _input_texts(request: Any) -> list[str]:
+    """The texts of the user and assistant messages a model request carries."""
+    return [
+        part.get("text", "")
+        for item in request.json["input"]
+        if item.get("type") == "message" and item.get("role") in ("user", "assistant")
+        for part in item["content"]
+    ]
+
+
+def _worker_pid(host: HostProcess, session_id: str) -> int:
+    state = host.ask("inspect", actor="harness")["state"]
+    (w,) = [w for w in state["workers"] if w["session_id"] == session_id]
+    return int(w["pid"])
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat.split("(", 1)[1].rsplit(")", 1)
+        if int(rest.split()[1]) == pid and rest.split()[0] != "Z":
+            found.append((int(entry.name), name))
+    return found
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    found, frontier = [], [pid]
+    while frontier:
+        for child in _children(frontier.pop()):
+            found.append(child)
+            frontier.append(child[0])
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+async def _eventually(probe: Callable[[], Any], what: str) -> Any:
+    """:func:`wait_for` of a plain ``probe`` (the test's trio loop answers meanwhile)."""
+
+    async def asked() -> Any:
+        return probe()
+
+    return await wait_for(asked, what, timeout=15)
+
+
+async def _codex_pid(host: HostProcess, session_id: str) -> int:
+    worker = _worker_pid(host, session_id)
+    return await _eventually(
+        lambda: next((p for p, name in _children(worker) if name == "codex"), None),
+        "the worker's codex app-server",
+    )
+
+
+async def test_h04_a_plain_turn_streams_codex_text_with_usage_and_runtime_model(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(_text(["Hel", "lo"]))
+    async with fake_dispatch(host.endpoint) as d, answering(d, "s-cx-plain"):
+        turn = await d.start_turn("s-cx-plain", _spec(server), "say hello")
+        end = await d.terminal(turn, timeout=30)
+
+    assert end.__struct_config__.tag == "response.completed", end
+    types = d.types(turn)
+    # H-04's shape: created first, completed last, text deltas between.
+    assert (types[0], types[-1]) == ("response.created", "response.completed")
+    assert "response.output_text.delta" in types
+    assert types.index("runtime_model") < types.index("response.output_text.delta")
+    assert _text_of(d, turn) == "Hello"
+    observed = next(e for e in d.of_turn(turn) if e.__struct_config__.tag == "runtime_model")
+    assert (observed.model, observed.provider) == (MODEL, "127.0.0.1")
+    assert end.response["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "total_tokens": 15,
+        "context_tokens": 15,
+        "model": MODEL,
+    }
+    (message,) = [i for i in _items(d, turn) if i["type"] == "message"]
+    assert (message["agent"], message["content"][0]["text"]) == ("coder", "Hello")
+    (request,) = server.requests
+    assert (request.path, request.json["model"]) == ("/v1/responses", MODEL)
+    assert request.headers["authorization"] == f"Bearer {KEY}"
+    assert "Be terse." in json.dumps(request.json["input"])
+    assert _input_texts(request)[-1] == "say hello"
+
+
+async def test_h12_each_session_has_a_codex_home_under_the_state_dir_with_corrals_config(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    """H-12: the CLI's home is the session's own, under the host's state dir (a test's host
+    has its own), with corral's config: the fake provider, offline, no key in the file."""
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(_text(["ok"]))
+    async with fake_dispatch(host.endpoint) as d, answering(d, "s-cx-home"):
+        turn = await d.start_turn("s-cx-home", _spec(server))
+        assert (await d.terminal(turn, timeout=30)).__struct_config__.tag == "response.completed"
+    (config,) = host.state_dir.glob("**/s-cx-home/.codex/config.toml")
+    text = config.read_text()
+    assert 'model_provider = "corral"' in text
+    assert f'base_url = "{server.base_url}"' in text
+    assert "[analytics]\nenabled = false" in text and "[features]\nplugins = false" in text
+    assert KEY not in text
+    assert oct(config.parent.stat().st_mode & 0o777) == "0o700"
+    assert (config.parent / "corral-thread.json").exists()
+
+
+async def _command_turn(
+    host: HostProcess,
+    nursery: trio.Nursery,
+    session_id: str,
+    cmd: str,
+    **answers: str,
+) -> tuple[FakeDispatch, str, FakeOpenAI, list[Any]]:
+    """A turn whose model runs ``cmd`` then says "done", answered as ``answers`` say."""
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(_command(cmd), _text(["done"]))
+    async with fake_dispatch(host.endpoint) as d, answering(d, session_id, **answers) as asked:
+        turn = await d.start_turn(session_id, _spec(server), "write the file")
+        end = await d.terminal(turn, timeout=30)
+    assert end.__struct_config__.tag == "response.completed", end
+    return d, turn, server, asked
+
+
+async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdir(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    d, turn, server, asked = await _command_turn(
+        host, nursery, "s-cx-accept", "echo made-by-codex > out.txt"
+    )
+    # Policy first (the model call, then the command), then the person.
+    assert [getattr(a, "phase", "elicitation") for a in asked] == [
+        "PHASE_LLM_REQUEST",
+        "PHASE_TOOL_CALL",
+        "elicitation",
+    ]
+    params = asked[-1].params
+    assert params["tool"]["name"] == "exec_command"
+    assert "echo made-by-codex > out.txt" in params["tool"]["arguments"]["command"]
+    items = _items(d, turn)
+    calls = [i for i in items if i["type"] == "function_call"]
+    assert [c["status"] for c in calls] == ["in_progress", "completed"]
+    assert calls[1]["agent"] == "coder" and calls[1]["name"] == "exec_command"
+    (output,) = [i for i in items if i["type"] == "function_call_output"]
+    assert output["call_id"] == calls[0]["call_id"] == "call_1"
+    workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
+    assert (workdir / "out.txt").read_text() == "made-by-codex\n"
+    # The command's output went back to the model, which said its last word.
+    sent = server.requests[1].json["input"]
+    assert any(i.get("type") == "function_call_output" and i["call_id"] == "call_1" for i in sent)
+    assert _text_of(d, turn) == "done"
+
+
+async def test_a_declined_command_does_not_run_and_the_model_is_told(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    d, turn, server, asked = await _command_turn(
+        host, nursery, "s-cx-decline", "echo nope > declined.txt", person="decline"
+    )
+    assert asked[-1].__struct_config__.tag == "response.elicitation_request"
+    calls = [i for i in _items(d, turn) if i["type"] == "function_call"]
+    workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
+    assert not (workdir / "declined.txt").exists()
+    (output,) = [i for i in _items(d, turn) if i["type"] == "function_call_output"]
+    assert output["output"].startswith("declined")
+    (told,) = [
+        i
+        for i in server.requests[1].json["input"]
+        if i.get("call_id") == "call_1" and i["type"] == "function_call_output"
+    ]
+    assert "reject" in json.dumps(told).lower()
+
+
+async def test_a_policy_deny_refuses_a_command_without_asking_anyone(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    d, turn, _, asked = await _command_turn(
+        host, nursery, "s-cx-deny", "echo nope > denied.txt", tool_call="DENY"
+    )
+    assert [a.__struct_config__.tag for a in asked] == ["policy_evaluation.requested"] * 2
+    (denied,) = [e for e in d.of_turn(turn) if e.__struct_config__.tag == "response.policy_denied"]
+    assert (denied.phase, denied.reason) == ("tool_call", "no shell here")
+    calls = [i for i in _items(d, turn) if i["type"] == "function_call"]
+    workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
+    assert not (workdir / "denied.txt").exists()
+
+
+def _hanging(deltas: list[str]) -> Reply:
+    """A model answer that streams ``deltas`` and then says nothing until the client goes."""
+    return Reply(frames=responses_events(MODEL, deltas, added=True), hang_after=2 + len(deltas))
+
+
+@pytest.mark.chaos
+async def test_kill_9_of_the_cli_mid_turn_fails_it_harness_crashed_and_the_next_turn_resumes(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(_hanging(["thinking"]), _text(["back"]))
+    session = "s-cx-kill"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session):
+        turn = await d.start_turn(session, _spec(server), "first question")
+        await d.wait_type("response.output_text.delta", turn_id=turn, timeout=30)
+        worker = _worker_pid(host, session)
+        os.kill(await _codex_pid(host, session), signal.SIGKILL)
+        with trio.fail_after(5):  # the CLI's end is seen at once, not at a liveness window
+            end = await d.terminal(turn)
+        assert end.__struct_config__.tag == "response.failed"
+        assert end.error["code"] == "harness_crashed"
+        assert "SIGKILL" in end.error["message"]
+
+        again = await d.start_turn(session, _spec(server), "second question")
+        end = await d.terminal(again, timeout=30)
+    assert end.__struct_config__.tag == "response.completed", end
+    assert _text_of(d, again) == "back"
+    # The same worker started another CLI, which resumed the thread.
+    assert _worker_pid(host, session) == worker
+    texts = _input_texts(server.requests[-1])
+    assert texts.index("first question") < texts.index("second question")
+
+
+@pytest.mark.chaos
+async def test_h13_an_interrupt_stops_codex_and_the_command_it_left_running(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    """H-13: codex is a scaffold harness, so its interrupted turn ends ``response.cancelled``
+    (what S-51 delivers to a parent). Nothing of the turn keeps running: Codex itself leaves
+    a command it has put in the background (here after 250 ms) running when its turn is
+    interrupted."""
+    server = FakeOpenAI()
+    await server.start(nursery)
+    background = json.dumps({"cmd": "sleep 60; echo late > late.txt", "yield_time_ms": 250})
+    server.queue(
+        Reply(frames=responses_events(MODEL, calls=[("call_1", "exec_command", background)])),
+        _hanging(["waiting for it"]),  # the model's next call, with the command running
+        _text(["after"]),
+    )
+    session = "s-cx-interrupt"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session):
+        turn = await d.start_turn(session, _spec(server), "run it")
+        await d.wait_type("response.output_text.delta", turn_id=turn, timeout=30)
+        codex = await _codex_pid(host, session)
+        # Through Codex's sandbox helper and bwrap, in sessions of their own.
+        command = await _eventually(
+            lambda: [p for p, name in _descendants(codex) if name in ("bash", "sleep")],
+            "the command running",
+        )
+        assert await d.send(Interrupt(session_id=session)) == InputAccepted(status=204)
+        end = await d.terminal(turn, timeout=15)
+        assert end.__struct_config__.tag == "response.cancelled"
+        await _eventually(lambda: all(map(_gone, command)), "the command ended")
+        # The CLI lives on for the next turn.
+        assert await _codex_pid(host, session) == codex
+        again = await d.start_turn(session, _spec(server), "go on")
+        assert (await d.terminal(again, timeout=30)).__struct_config__.tag == "response.completed"
+    assert _text_of(d, again) == "after"
