@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -14,9 +15,10 @@ from typing import Any
 import pytest
 import trio
 
+from corral.harnesses import availability
 from corral.harnesses.protocol import Approval, InputAccepted, Interrupt, PolicyVerdict
 from tests.conftest import HostProcess, wait_for
-from tests.fake_openai import FakeOpenAI, Reply, responses_events
+from tests.fake_openai import FakeOpenAI, Reply, error, responses_events
 from tests.integration._dispatch import FakeDispatch, fake_dispatch
 
 #: The tests share one host; each runs its own session ids.
@@ -65,7 +67,7 @@ async def answering(
 ) -> AsyncIterator[list[Any]]:
     """Stand in for dispatch's policy actor and for the person: every ``PHASE_LLM_REQUEST``
     is allowed, every ``PHASE_TOOL_CALL`` answered ``tool_call``, every elicitation
-    ``person``. Yields the requests answered, in order."""
+    ``person`` (``""``: left unanswered). Yields the requests answered, in order."""
     answered: list[Any] = []
 
     async def loop() -> None:
@@ -85,7 +87,7 @@ async def answering(
                     )
                     answered.append(event)
                     assert await d.send(verdict) == InputAccepted(status=204)
-                elif event.__struct_config__.tag == "response.elicitation_request":
+                elif event.__struct_config__.tag == "response.elicitation_request" and person:
                     answered.append(event)
                     approval = Approval(
                         session_id=session_id, elicitation_id=event.elicitation_id, action=person
@@ -246,7 +248,7 @@ async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdi
     host: HostProcess, nursery: trio.Nursery
 ) -> None:
     d, turn, server, asked = await _command_turn(
-        host, nursery, "s-cx-accept", "echo made-by-codex > out.txt"
+        host, nursery, "s-cx-accept", "echo made-by-codex > out.txt; env > env.txt"
     )
     # Policy first (the model call, then the command), then the person.
     assert [getattr(a, "phase", "elicitation") for a in asked] == [
@@ -256,7 +258,7 @@ async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdi
     ]
     params = asked[-1].params
     assert params["tool"]["name"] == "exec_command"
-    assert "echo made-by-codex > out.txt" in params["tool"]["arguments"]["command"]
+    assert "echo made-by-codex > out.txt;" in params["tool"]["arguments"]["command"]
     items = _items(d, turn)
     calls = [i for i in items if i["type"] == "function_call"]
     assert [c["status"] for c in calls] == ["in_progress", "completed"]
@@ -265,6 +267,10 @@ async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdi
     assert output["call_id"] == calls[0]["call_id"] == "call_1"
     workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
     assert (workdir / "out.txt").read_text() == "made-by-codex\n"
+    # The provider's key is the CLI's alone: a command sees neither it nor corral's variables.
+    env = (workdir / "env.txt").read_text()
+    assert KEY not in env and "HARNESS_" not in env and "CORRAL_" not in env
+    assert f"HOME={host.state_dir}" in env
     # The command's output went back to the model, which said its last word.
     sent = server.requests[1].json["input"]
     assert any(i.get("type") == "function_call_output" and i["call_id"] == "call_1" for i in sent)
@@ -374,3 +380,152 @@ async def test_h13_an_interrupt_stops_codex_and_the_command_it_left_running(
         again = await d.start_turn(session, _spec(server), "go on")
         assert (await d.terminal(again, timeout=30)).__struct_config__.tag == "response.completed"
     assert _text_of(d, again) == "after"
+
+
+@pytest.mark.chaos
+async def test_history_goes_on_across_turns_a_worker_restart_and_a_lost_home(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    """Codex's thread holds the conversation: the second turn's model call carries the first
+    turn; a new worker (the old one killed) resumes the thread from the session's home; a
+    home that was lost is seeded from the history the turn's message carries."""
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(_text(["Hi Bob"]), _text(["Bob, yes"]), _text(["still Bob"]), _text(["seeded"]))
+    session = "s-cx-history"
+    spec = _spec(server)
+    async with fake_dispatch(host.endpoint) as d, answering(d, session):
+        first = await d.start_turn(session, spec, "my name is Bob")
+        await d.terminal(first, timeout=30)
+        second = await d.start_turn(session, spec, "what is my name?")
+        await d.terminal(second, timeout=30)
+        assert _input_texts(server.requests[1])[-3:] == [
+            "my name is Bob",
+            "Hi Bob",
+            "what is my name?",
+        ]
+        worker = _worker_pid(host, session)
+        os.kill(worker, signal.SIGKILL)
+        await _eventually(lambda: _gone(worker), "the worker gone")
+        third = await d.start_turn(session, spec, "and now?")
+        end = await d.terminal(third, timeout=30)
+        assert end.__struct_config__.tag == "response.completed", end
+        assert _worker_pid(host, session) != worker
+        assert _input_texts(server.requests[2])[-5:] == [
+            "my name is Bob",
+            "Hi Bob",
+            "what is my name?",
+            "Bob, yes",
+            "and now?",
+        ]
+        # The home is lost (a new host's state dir): the turn's history seeds a new thread.
+        (home,) = host.state_dir.glob(f"**/{session}/.codex")
+        shutil.rmtree(home)
+        history = [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "I am Ann"}],
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hi Ann"}],
+            },
+        ]
+        worker = _worker_pid(host, session)
+        os.kill(worker, signal.SIGKILL)
+        await _eventually(lambda: _gone(worker), "the worker gone")
+        fourth = await d.start_turn(session, spec, "who am I?", history=history)
+        end = await d.terminal(fourth, timeout=30)
+    assert end.__struct_config__.tag == "response.completed", end
+    assert _input_texts(server.requests[3])[-3:] == ["I am Ann", "Hi Ann", "who am I?"]
+    assert "my name is Bob" not in _input_texts(server.requests[3])
+
+
+async def test_s08_without_the_codex_cli_a_turn_fails_at_once_naming_the_npm_package(
+    host_factory: Callable[..., HostProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    nursery: trio.Nursery,
+) -> None:
+    """S-08's shape: the CLI, and how to install it; the kind is not offered (§L)."""
+    monkeypatch.delenv("CORRAL_CLI_PATH")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert "'codex' CLI" in (availability(["codex"])["codex"] or "")
+    host = host_factory().start()
+    server = FakeOpenAI()
+    await server.start(nursery)
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-cx-missing", _spec(server))
+        end = await d.terminal(turn, timeout=10)
+    assert end.__struct_config__.tag == "response.failed"
+    assert end.error["code"] == "harness_unavailable"
+    assert "needs the 'codex' CLI on PATH" in end.error["message"]
+    assert "npm install -g @openai/codex@" in end.error["message"]
+    assert server.requests == []
+
+
+@pytest.mark.chaos
+async def test_a_cli_that_stops_talking_fails_the_turn_timeout_and_the_next_turn_works(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(_hanging(["a"]), _text(["awake"]))
+    session = "s-cx-silent"
+    spec = _spec(server, idle_timeout_s=1)
+    async with fake_dispatch(host.endpoint) as d, answering(d, session):
+        turn = await d.start_turn(session, spec, "hello")
+        await d.wait_type("response.output_text.delta", turn_id=turn, timeout=30)
+        codex = await _codex_pid(host, session)
+        os.kill(codex, signal.SIGSTOP)
+        end = await d.terminal(turn, timeout=15)
+        assert end.__struct_config__.tag == "response.failed"
+        assert end.error == {
+            "code": "timeout",
+            "message": "the codex CLI said nothing for 1s (idle_timeout_s)",
+        }
+        assert _gone(codex)
+        again = await d.start_turn(session, spec, "wake up")
+        end = await d.terminal(again, timeout=30)
+    assert end.__struct_config__.tag == "response.completed", end
+    assert _text_of(d, again) == "awake"
+
+
+async def test_a_provider_error_fails_the_turn_with_what_codex_reports(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(error(400, "model gpt-fake does not exist"))
+    async with fake_dispatch(host.endpoint) as d, answering(d, "s-cx-400"):
+        turn = await d.start_turn("s-cx-400", _spec(server))
+        end = await d.terminal(turn, timeout=30)
+    assert end.__struct_config__.tag == "response.failed"
+    assert end.error["code"] == "provider_error"
+    assert end.error["message"] == "codex: model gpt-fake does not exist (other)"
+
+
+@pytest.mark.chaos
+async def test_an_interrupt_while_codex_waits_for_a_person_ends_the_turn_and_its_question(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    server = FakeOpenAI()
+    await server.start(nursery)
+    server.queue(_command("echo never > never.txt"), _text(["next"]))
+    session = "s-cx-interrupt-asking"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session, person=""):
+        turn = await d.start_turn(session, _spec(server), "run it")
+        asked = await d.wait_type("response.elicitation_request", turn_id=turn, timeout=30)
+        assert await d.send(Interrupt(session_id=session)) == InputAccepted(status=204)
+        end = await d.terminal(turn, timeout=15)
+        assert end.__struct_config__.tag == "response.cancelled"
+        rows = host.ask("elicitations")["elicitations"]
+        (row,) = [r for r in rows if r["elicitation_id"] == asked.elicitation_id]
+        assert row["state"] != "parked"
+        again = await d.start_turn(session, _spec(server), "go on")
+        assert (await d.terminal(again, timeout=30)).__struct_config__.tag == "response.completed"
+    calls = [i for i in _items(d, turn) if i["type"] == "function_call"]
+    workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
+    assert not (workdir / "never.txt").exists()
+    assert _text_of(d, again) == "next"

@@ -81,7 +81,8 @@ class _Running:
     launch: Launch
     server: AppServer
     scope: trio.CancelScope
-    gone: trio.Event = field(default_factory=trio.Event)
+    #: Set once the CLI and its process group are ended.
+    gone: trio.Event
     #: The thread it has open, and the model Codex said it serves there.
     thread: str | None = None
     served: str = ""
@@ -127,20 +128,23 @@ class CodexHarness:
             raise CliError(f"cannot prepare the codex home {launch.home}: {exc}") from exc
         argv = [launch.cli_path, "app-server"]
         env = cli_env(launch, self.environ)
-        async with open_cli(argv, env=env, cwd=launch.workdir) as cli:
-            server = AppServer(cli)
-            with trio.CancelScope() as scope:
-                running = _Running(launch, server, scope)
-                self._running = running
-                wanted.server = server
-                wanted.done.set()
-                try:
-                    await server.read()
-                except CliError as exc:
-                    log.warning("the codex app-server ended: %s", exc)
-                finally:
-                    self._running = None
-                    running.gone.set()
+        scope, gone = trio.CancelScope(), trio.Event()
+        try:
+            # Cancelled (:meth:`_end`), the block ends the CLI and its group before ``gone``.
+            with scope:
+                async with open_cli(argv, env=env, cwd=launch.workdir) as cli:
+                    server = AppServer(cli)
+                    self._running = _Running(launch, server, scope, gone)
+                    wanted.server = server
+                    wanted.done.set()
+                    try:
+                        await server.read()
+                    except CliError as exc:
+                        log.warning("the codex app-server ended: %s", exc)
+        finally:
+            if self._running is not None and self._running.gone is gone:
+                self._running = None
+            gone.set()
 
     async def _app_server(self, launch: Launch) -> _Running:
         """The running app-server for ``launch`` (one started for another is ended first),
@@ -280,6 +284,13 @@ class CodexHarness:
                         # Anything still asking was asked of a turn Codex has ended.
                         nursery.cancel_scope.cancel()
                 requested = False
+            except TurnFailed as exc:
+                if exc.code == "timeout":
+                    # A CLI that stopped talking will not take an interrupt either.
+                    requested = False
+                    with trio.CancelScope(shield=True):
+                        await self._end(running)
+                raise
             finally:
                 if requested:
                     with trio.CancelScope(shield=True):

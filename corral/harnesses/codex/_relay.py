@@ -223,6 +223,7 @@ class Relay:
     def failure(self, ended: TurnInfo) -> str:
         """What to say of a turn Codex ended ``failed``."""
         message = (ended.error.message if ended.error else "") or self._failure or "no reason given"
+        message = _provider_message(message)
         info = ended.error.codex_error_info if ended.error else None
         return f"codex: {message}" + (f" ({info})" if isinstance(info, str) and info else "")
 
@@ -265,6 +266,18 @@ class Relay:
                 patch["grant_root"] = change.grant_root
             return PATCH_TOOL, patch, change.item_id
         return None
+
+
+def _provider_message(message: str) -> str:
+    """Codex quotes a provider's error body as it came: OpenAI's JSON error gives its
+    ``error.message``; anything else stays as it is."""
+    try:
+        body = json.loads(message)
+    except ValueError:
+        return message
+    error = body.get("error") if isinstance(body, dict) else None
+    found = error.get("message") if isinstance(error, dict) else None
+    return found if isinstance(found, str) and found else message
 
 
 def _call(item: ThreadItem) -> dict[str, Any] | None:
