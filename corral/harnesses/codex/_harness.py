@@ -131,30 +131,38 @@ class CodexHarness:
         scope, gone = trio.CancelScope(), trio.Event()
         try:
             # Cancelled (:meth:`_end`), the block ends the CLI and its group before ``gone``.
-            with scope:
-                async with open_cli(argv, env=env, cwd=launch.workdir) as cli:
+            with scope, _unwrapped():
+                async with (
+                    open_cli(argv, env=env, cwd=launch.workdir) as cli,
+                    trio.open_nursery() as nursery,
+                ):
                     server = AppServer(cli)
+                    nursery.start_soon(_read, server)
+                    try:
+                        await server.request("initialize", InitializeParams(client_info=CLIENT))
+                        await server.notify("initialized")
+                    except RpcFailed as exc:
+                        raise CliError(str(exc)) from exc
                     self._running = _Running(launch, server, scope, gone)
                     wanted.server = server
                     wanted.done.set()
-                    try:
-                        await server.read()
-                    except CliError as exc:
-                        log.warning("the codex app-server ended: %s", exc)
         finally:
             if self._running is not None and self._running.gone is gone:
                 self._running = None
             gone.set()
 
     async def _app_server(self, launch: Launch) -> _Running:
-        """The running app-server for ``launch`` (one started for another is ended first),
-        initialized.
+        """The running, initialized app-server for ``launch`` (one started for another is
+        ended first).
 
         Raises:
             TurnFailed: ``harness_unavailable``: it cannot be started or initialized.
         """
         running = self._running
-        if running is not None and running.launch != launch:
+        if running is not None and running.server.ended is not None:
+            await running.gone.wait()  # it died: let its task let it go, then start another
+            running = None
+        elif running is not None and running.launch != launch:
             await self._end(running)
             running = None
         if running is not None:
@@ -166,12 +174,6 @@ class CodexHarness:
         if wanted.server is None or running is None or running.server is not wanted.server:
             why = wanted.error or "it ended as it started"
             raise TurnFailed("harness_unavailable", f"the codex CLI could not start: {why}")
-        try:
-            await running.server.request("initialize", InitializeParams(client_info=CLIENT))
-            await running.server.notify("initialized")
-        except (CliError, RpcFailed) as exc:
-            await self._end(running)
-            raise TurnFailed("harness_unavailable", f"the codex CLI did not start: {exc}") from exc
         return running
 
     async def _end(self, running: _Running) -> None:
@@ -271,10 +273,15 @@ class CodexHarness:
                     async with trio.open_nursery() as nursery:
 
                         async def start() -> None:
+                            nonlocal requested
                             params = TurnStartParams(
                                 thread_id=thread, input=given.parts, model=settings.model
                             )
-                            answer = await server.request("turn/start", params)
+                            try:
+                                answer = await server.request("turn/start", params)
+                            except RpcFailed:
+                                requested = False  # refused: no turn runs to interrupt
+                                raise
                             started = result_as(answer, TurnStarted, "turn/start")
                             relay.codex_turn = relay.codex_turn or started.turn.id
 
@@ -295,7 +302,8 @@ class CodexHarness:
                 if requested:
                     with trio.CancelScope(shield=True):
                         await self._interrupt(running, relay, events)
-        running.usage = Usage(before=relay.usage.now)
+                # What the thread has used so far is what the next turn's usage starts from.
+                running.usage = Usage(before=relay.usage.now or relay.usage.before)
         if ended.status == "failed":
             raise TurnFailed("provider_error", relay.failure(ended))
         if ended.status == "interrupted":
@@ -352,6 +360,15 @@ class CodexHarness:
         else:
             log.warning("codex did not end its turn in %gs: ending the CLI", INTERRUPT_GRACE_S)
             await self._end(running)
+
+
+async def _read(server: AppServer) -> None:
+    """Read the app-server until it ends (its end is logged: the turn it cut short, if any,
+    reports it)."""
+    try:
+        await server.read()
+    except CliError as exc:
+        log.warning("the codex app-server ended: %s", exc)
 
 
 @contextlib.contextmanager
