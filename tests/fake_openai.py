@@ -79,8 +79,14 @@ def responses_events(
     calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]  (call_id, name, args)
     usage: tuple[int, int] = (10, 5),
     added: bool = False,
+    custom: list[tuple[str, str, str]] = (),  # type: ignore[assignment]  (call_id, name, input)
 ) -> list[bytes]:
-    """A Responses stream: created, text deltas, function calls, completed with usage."""
+    """A Responses stream: created, text deltas, function calls, completed with usage.
+
+    ``added``: announce the message with ``response.output_item.added`` and name it in each
+    delta (``item_id``), as OpenAI does; the Codex CLI drops deltas of an item it was not told
+    of. ``custom``: calls of custom (freeform) tools, such as Codex's ``apply_patch``.
+    """
     response = {"id": "resp_fake", "object": "response", "model": model, "output": []}
     frames = [_typed({"type": "response.created", "response": {**response, "status": "queued"}})]
     output: list[dict[str, Any]] = []
@@ -125,6 +131,17 @@ def responses_events(
             "call_id": call_id,
             "name": name,
             "arguments": args,
+            "status": "completed",
+        }
+        output.append(item)
+        frames.append(_typed({"type": "response.output_item.done", "item": item}))
+    for call_id, name, text in custom:
+        item = {
+            "type": "custom_tool_call",
+            "id": f"ctc_{call_id}",
+            "call_id": call_id,
+            "name": name,
+            "input": text,
             "status": "completed",
         }
         output.append(item)

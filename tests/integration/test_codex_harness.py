@@ -529,3 +529,40 @@ async def test_an_interrupt_while_codex_waits_for_a_person_ends_the_turn_and_its
     workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
     assert not (workdir / "never.txt").exists()
     assert _text_of(d, again) == "next"
+
+
+async def test_a_file_change_codex_asks_for_is_relayed_as_apply_patch_and_accepted(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    """A model Codex knows to edit with ``apply_patch`` (a freeform tool): the patch is asked
+    about, shown as an ``apply_patch`` call with its changes, and applied."""
+    server = FakeOpenAI()
+    await server.start(nursery)
+    patch = "*** Begin Patch\n*** Add File: notes.txt\n+patched by codex\n*** End Patch\n"
+    model = "gpt-5.5"
+    server.queue(
+        Reply(frames=responses_events(model, custom=[("call_p", "apply_patch", patch)])),
+        Reply(frames=responses_events(model, ["patched"], added=True)),
+    )
+    session = "s-cx-patch"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session) as asked:
+        turn = await d.start_turn(session, _spec(server, model=model), "add notes")
+        end = await d.terminal(turn, timeout=30)
+    assert end.__struct_config__.tag == "response.completed", end
+    # Policy, then a person, as for a command.
+    assert [getattr(a, "phase", "person") for a in asked] == [
+        "PHASE_LLM_REQUEST",
+        "PHASE_TOOL_CALL",
+        "person",
+    ]
+    (change,) = asked[-1].params["tool"]["arguments"]["changes"]
+    assert (change["kind"], change["diff"]) == ("add", "patched by codex\n")
+    calls = [i for i in _items(d, turn) if i["type"] == "function_call"]
+    assert [(c["name"], c["status"]) for c in calls] == [
+        ("apply_patch", "in_progress"),
+        ("apply_patch", "completed"),
+    ]
+    assert json.loads(calls[1]["arguments"])["changes"] == [change]
+    (output,) = [i for i in _items(d, turn) if i["type"] == "function_call_output"]
+    assert output["output"] == f"completed: {change['path']}"
+    assert Path(change["path"]).read_text() == "patched by codex\n"
