@@ -72,6 +72,34 @@ DRAFTER = """
     """
 
 
+#: A parent that waits in its own turn for its child's answer, while the child waits on a
+#: person: the prompt reaches the parent's stream (mirrored), and is answered there.
+WAITER = """
+    spec_version: 1
+    name: waiter
+    executor:
+      harness: scripted
+      script:
+        turns:
+          - - {tool: sys_session_send, arguments: {agent: checker, title: c1, args: "check"}}
+            - gather: {tool: sys_read_inbox, marker: "[System: sub-agent task", count: 1,
+                       every_ms: 100, prefix: "merged: "}
+          - []
+    tools:
+      agents: [checker]
+    """
+CHECKER = """
+    spec_version: 1
+    name: checker
+    executor:
+      harness: scripted
+      script:
+        turns:
+          - - {elicit: {message: "May the checker answer?"}}
+            - {text: "CHECKED", on_decline: "NOT_CHECKED"}
+    """
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess]:
     root = tmp_path_factory.mktemp("subagents-cli")
@@ -79,6 +107,12 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess]:
     (agent / "agents" / "asker").mkdir(parents=True)
     (agent / "config.yaml").write_text(textwrap.dedent(PARENT))
     (agent / "agents" / "asker" / "config.yaml").write_text(textwrap.dedent(CHILD))
+    for name, text, child, child_text in (("waiter", WAITER, "checker", CHECKER),):
+        (root / "agents" / name / "agents" / child).mkdir(parents=True)
+        (root / "agents" / name / "config.yaml").write_text(textwrap.dedent(text))
+        (root / "agents" / name / "agents" / child / "config.yaml").write_text(
+            textwrap.dedent(child_text)
+        )
     lead = root / "agents" / "lead"
     (lead / "agents" / "drafter").mkdir(parents=True)
     (lead / "config.yaml").write_text(textwrap.dedent(LEAD))
@@ -214,3 +248,20 @@ def test_s18_a_child_continued_while_it_ran_delivers_only_its_final_turn(
     assert [e["dispatch_id"] for e in _entries(host) if e["child_id"] == child] == [
         entry["dispatch_id"]
     ]
+
+
+def test_a_child_s_prompt_is_answered_from_the_parent_s_turn(host: HostProcess) -> None:
+    """The child's approval is mirrored onto the parent's stream with its owner as
+    ``params.target_session_id`` (as the 0.19.1 server does); ``corral send --approve`` on
+    the parent answers it there, and the parent's turn gets the child's answer."""
+    code, sent = _cli(host, "send", "--agent", "waiter", "--approve", "go")
+    assert code == 0 and sent["status"] == "idle", sent
+    assert sent["text"].startswith("merged: ") and "CHECKED" in sent["text"], sent["text"]
+    (ask,) = [e for e in sent["events"] if e["type"] == "response.elicitation_request"]
+    child = ask["params"]["target_session_id"]
+    assert child != sent["session_id"] and ask["params"]["message"] == "May the checker answer?"
+    assert any(
+        e["type"] == "response.elicitation_resolved"
+        and e["elicitation_id"] == ask["elicitation_id"]
+        for e in sent["events"]
+    )
