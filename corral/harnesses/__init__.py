@@ -20,6 +20,7 @@ _BUILTIN = {
     # Agent YAMLs written for the runner corral replaces name these; both speak OpenAI.
     "openai-agents": "corral.harnesses.openai:OpenAIHarness",
     "open-responses": "corral.harnesses.openai:OpenAIHarness",
+    "claude-sdk": "corral.harnesses.claude:ClaudeHarness",
 }
 
 #: Python modules a built-in kind needs besides its own module.
