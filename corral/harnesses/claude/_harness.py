@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -58,51 +59,64 @@ class ClaudeHarness:
         history = _messages(turn.message)
         if not history or history[-1].get("role") != "user":
             raise TurnFailed("invalid_message", "the turn's history ends with no user message")
-        # Before the turn's watchdog: the server may hold this until a person answers.
-        await turn.check_llm_request(_llm_request_data(settings, history))
-        with trio.move_on_at(deadline(settings.turn_timeout_s)) as watchdog:
-            await self._run(turn, cli, settings, history)
-        if watchdog.cancelled_caught:
-            raise TurnFailed("timeout", f"the turn took longer than {settings.turn_timeout_s:g}s")
-
-    async def _run(
-        self, turn: TurnContext, cli: str, settings: Settings, history: list[dict[str, Any]]
-    ) -> None:
         home = turn.cli_home
-        session = self.session
-        seed = False
-        if session is None or not session.alive or session.key != settings.key:
-            if session is not None:
-                session.stop()
-            resume = resumable(home, await trio.to_thread.run_sync(load_state, home))
-            seed = resume is None and len(history) > 1
-            session = self.session = await start(
-                turn.services,
-                argv(cli, settings, resume=resume),
-                cli_env(cli, settings, home, self.environ),
-                turn.workdir,
-                settings,
-            )
-            fresh = True
-        else:
-            fresh = False
+        session, seed = await self._session(turn, cli, settings, home, len(history) > 1)
         relay = Relay(turn, session, settings, home)
         try:
             with collapsed():
                 async with trio.open_nursery() as handlers:
                     relay.handlers = handlers
-                    if fresh:
-                        await relay.control("initialize")
-                    await relay.run(_content(history, seed))
+                    # The policy question and the CLI's start at once: the start is most of a
+                    # new session's first turn. The question comes before the turn's
+                    # watchdog: the server may hold it until a person answers.
+                    async with trio.open_nursery() as first:
+                        first.start_soon(
+                            turn.check_llm_request, _llm_request_data(settings, history)
+                        )
+                        if session.fresh:
+                            first.start_soon(relay.control, "initialize")
+                    session.fresh = False
+                    await self._relay(relay, _content(history, seed), settings.turn_timeout_s)
                     handlers.cancel_scope.cancel()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await relay.interrupt()
-            raise
         except BaseException:
-            # Whatever state it was left in, the next turn starts it again (and resumes).
-            session.stop()
+            if not relay.settled:
+                # Whatever state it was left in, the next turn starts it again (and resumes).
+                session.stop()
             raise
+
+    async def _session(
+        self, turn: TurnContext, cli: str, settings: Settings, home: Path, seeds: bool
+    ) -> tuple[ClaudeSession, bool]:
+        """The worker's Claude Code for ``settings``, started (resuming the session's
+        conversation) unless it runs; and whether the turn must seed the conversation."""
+        session = self.session
+        if session is not None and session.alive and session.key == settings.key:
+            return session, False
+        if session is not None:
+            session.stop()
+        resume = resumable(home, await trio.to_thread.run_sync(load_state, home))
+        self.session = await start(
+            turn.services,
+            argv(cli, settings, resume=resume),
+            cli_env(cli, settings, home, self.environ),
+            turn.workdir,
+            settings,
+        )
+        return self.session, resume is None and seeds
+
+    @staticmethod
+    async def _relay(relay: Relay, content: list[dict[str, Any]], limit: float) -> None:
+        """The turn's message relayed, within ``limit`` seconds; an interrupt (or the limit)
+        ends Claude Code's turn through its own control request."""
+        with trio.move_on_at(deadline(limit)) as watchdog:
+            try:
+                await relay.run(content)
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True):
+                    await relay.interrupt()
+                raise
+        if watchdog.cancelled_caught:
+            raise TurnFailed("timeout", f"the turn took longer than {limit:g}s (turn_timeout_s)")
 
 
 def _messages(message: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -68,6 +68,8 @@ class Relay:
         self._context = 0
         #: Set once the turn is being ended: requests are refused without asking anyone.
         self.stopping = False
+        #: An interrupted turn Claude Code ended cleanly: the CLI can take the next one.
+        self.settled = False
 
     # --- the turn --------------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class Relay:
                         nursery.start_soon(self.session.request, "interrupt")
                         await self._pump(True)
                         nursery.cancel_scope.cancel()
+                self.settled = True
             except (TurnFailed, CliError, ControlError):
                 self.session.stop()
         if grace.cancelled_caught:

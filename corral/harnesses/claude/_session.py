@@ -48,6 +48,8 @@ class ClaudeSession:
     def __init__(self, cli: CliProcess, scope: trio.CancelScope, key: tuple[Any, ...]) -> None:
         self.cli = cli
         self.key = key
+        #: Not initialized yet: the first turn sends ``initialize`` before its message.
+        self.fresh = True
         self._scope = scope
         self._answers: dict[str, tuple[trio.Event, list[dict[str, Any]]]] = {}
 
