@@ -160,7 +160,12 @@ async def _measure(inst: Instance, quick: bool) -> Document:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the harness benchmark and return the CLI.md result document."""
+    """Run the harness benchmark and return the CLI.md result document; with a ``kind``, the
+    CLI harness kind's (:mod:`corral.bench.cli_harness`)."""
+    if params.get("kind"):
+        from . import cli_harness
+
+        return cli_harness.run(str(params["kind"]), bool(params.get("quick")))
     with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n") as inst:
         return trio.run(_measure, inst, bool(params.get("quick")))
 
