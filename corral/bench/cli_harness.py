@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -31,25 +30,19 @@ import trio
 from .. import clis
 from .._jsonlines import JsonObject
 from ..actors._control import request
-from ..bus import Peer, open_peer
+from ..bus import open_peer
 from ..config import LivenessSettings
 from ..harnesses._cli_process import open_cli
 from ..harnesses.claude._settings import argv as claude_argv
 from ..harnesses.claude._settings import cli_env as claude_env
 from ..harnesses.claude._settings import resolve as claude_settings
 from ..harnesses.protocol import (
-    HARNESS_ACTOR,
     AnyOutput,
-    Output,
-    OutputTextDelta,
-    PolicyEvaluationRequested,
-    PolicyVerdict,
-    TurnStart,
-    is_terminal,
 )
 from ..instance import Instance
 from ._common import Document, NotRunnable, figure, percentile, running_host
 from ._fake_provider import FakeProvider, anthropic_text
+from .harness import first_delta
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 KEY = "bench-key"
@@ -184,40 +177,6 @@ async def _by_hand(bench: CliBench, cli: str, url: str, alive: AsyncExitStack) -
 # --- through corral ----------------------------------------------------------------------
 
 
-async def _turn(peer: Peer, session_id: str, spec: JsonObject) -> float:
-    """One turn through the harness actor: its start → its first delta (s)."""
-    turn_id = uuid.uuid4().hex
-    text = {"type": "input_text", "text": "hi"}
-    content = [{"type": "message", "role": "user", "content": [text]}]
-    message = {"type": "message", "role": "user", "model": "bench", "content": content}
-    start = TurnStart(
-        session_id=session_id, turn_id=turn_id, spec=spec, message=message, reply_to=peer.name
-    )
-    t0 = time.perf_counter()
-    await peer.cast(HARNESS_ACTOR, start, durable=True, session_id=session_id)
-    first: float | None = None
-    with trio.fail_after(TURN_LIMIT_S):
-        async for incoming in peer.inbox:
-            peer.ack(incoming)
-            msg = incoming.msg
-            if not isinstance(msg, Output) or msg.turn_id != turn_id:
-                continue
-            if isinstance(msg, PolicyEvaluationRequested):
-                verdict = PolicyVerdict(
-                    session_id=session_id,
-                    evaluation_id=msg.evaluation_id,
-                    action="POLICY_ACTION_ALLOW",
-                )
-                await peer.call(HARNESS_ACTOR, verdict, timeout=10)
-            elif first is None and isinstance(msg, OutputTextDelta):
-                first = time.perf_counter() - t0
-            elif is_terminal(msg):
-                if first is None:
-                    raise RuntimeError(f"the turn streamed no text: {msg}")
-                return first
-    raise RuntimeError("the inbox closed before the turn ended")
-
-
 def _worker_pids(inst: Instance) -> dict[str, int]:
     workers = request(inst.control_path, "inspect", actor="harness")["state"]["workers"]
     return {w["session_id"]: int(w["pid"]) for w in workers}
@@ -242,8 +201,8 @@ async def _measure(kind: str, inst: Instance, cli: str, n: int) -> Document:
             took, pid = await _by_hand(bench, cli, provider.url, alive)
             floor.append(took)
             by_hand.append(pid)
-            cold.append(await _turn(peer, f"cli-{i}", spec))
-            warm.append(await _turn(peer, f"cli-{i}", spec))
+            cold.append(await first_delta(peer, f"cli-{i}", spec, limit_s=TURN_LIMIT_S))
+            warm.append(await first_delta(peer, f"cli-{i}", spec, limit_s=TURN_LIMIT_S))
         workers = list((await trio.to_thread.run_sync(_worker_pids, inst)).values())
         cli_pss = [await trio.to_thread.run_sync(_pss_mb, _descendants(p)) for p in by_hand]
         sessions = [await trio.to_thread.run_sync(_pss_mb, _descendants(w)) for w in workers]

@@ -19,7 +19,7 @@ import trio
 from corral.harnesses import availability
 from corral.harnesses.protocol import Approval, InputAccepted, Interrupt, PolicyVerdict, ToolResult
 from tests.conftest import HostProcess, wait_for
-from tests.fake_anthropic import FakeAnthropic, Reply, message_events, text_reply
+from tests.fake_anthropic import FakeAnthropic, Reply, error, message_events, text_reply
 from tests.integration._dispatch import FakeDispatch, fake_dispatch
 
 SHARE_HOST = True
@@ -33,6 +33,8 @@ def _clis_reach_the_host(cli_bin: Path) -> Iterator[None]:
     """The module's host finds the pinned CLIs (CORRAL_CLI_PATH reaches its workers)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CORRAL_CLI_PATH", str(cli_bin))
+        # A secret of the host's, which no worker or CLI may see.
+        patch.setenv("HOST_SECRET_FOR_TEST", "s3cret-of-the-host")
         yield
 
 
@@ -166,32 +168,49 @@ async def test_h04_a_turn_streams_reasoning_and_text_then_completes_with_usage(
     assert environ["ANTHROPIC_API_KEY"] == KEY
     assert environ["HOME"].startswith(str(host.state_dir))
     assert not [k for k in environ if k.startswith(("HARNESS_", "CORRAL_"))]
+    assert "s3cret-of-the-host" not in Path(f"/proc/{cli}/environ").read_text()
     assert Path(f"/proc/{cli}/cwd").resolve() == tmp_path.resolve()
+
+
+async def _bash_turn(
+    host: HostProcess,
+    nursery: trio.Nursery,
+    workdir: Path,
+    session_id: str,
+    *,
+    answer: str | None,
+    tool_call: str = "ALLOW",
+) -> tuple[FakeDispatch, str, FakeAnthropic]:
+    """A turn whose model runs ``echo hi > out.txt`` in Claude Code's Bash; the person
+    ``answer``s the permission elicitation (None: none may be asked), the policy actor
+    answers ``tool_call``. The command has not run before the answer."""
+    fake = FakeAnthropic()
+    await fake.start(nursery)
+    fake.queue(_bash("echo hi > out.txt"), text_reply("Done."))
+    async with fake_dispatch(host.endpoint) as d:
+        nursery.start_soon(_answer_policies, d, session_id, tool_call)
+        turn = await d.start_turn(session_id, _spec(fake, workdir), "write it")
+        if answer is not None:
+            asked = await d.wait_type("response.elicitation_request", timeout=60)
+            tool = asked.params["tool"]
+            assert (tool["name"], tool["arguments"]["command"]) == ("Bash", "echo hi > out.txt")
+            assert not (workdir / "out.txt").exists()
+            rows = host.ask("elicitations")["elicitations"]
+            mine = [r["state"] for r in rows if r["elicitation_id"] == asked.elicitation_id]
+            assert mine == ["parked"]
+            verdict = Approval(
+                session_id=session_id, elicitation_id=asked.elicitation_id, action=answer
+            )
+            assert await d.send(verdict, durable=True) == InputAccepted(status=204)
+        end = await d.terminal(turn, timeout=60)
+        assert _tag(end) == "response.completed", end
+    return d, turn, fake
 
 
 async def test_e01_a_shell_command_is_asked_and_runs_once_accepted(
     host: HostProcess, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    fake = FakeAnthropic()
-    await fake.start(nursery)
-    fake.queue(_bash("echo hi > out.txt"), text_reply("Written."))
-    async with fake_dispatch(host.endpoint) as d:
-        nursery.start_soon(_answer_policies, d, "s-accept")
-        turn = await d.start_turn("s-accept", _spec(fake, tmp_path), "write it")
-        asked = await d.wait_type("response.elicitation_request", timeout=60)
-        tool = asked.params["tool"]
-        assert (tool["name"], tool["arguments"]["command"]) == ("Bash", "echo hi > out.txt")
-        assert not (tmp_path / "out.txt").exists()
-        rows = host.ask("elicitations")["elicitations"]
-        assert [r["state"] for r in rows if r["elicitation_id"] == asked.elicitation_id] == [
-            "parked"
-        ]
-        verdict = Approval(
-            session_id="s-accept", elicitation_id=asked.elicitation_id, action="accept"
-        )
-        assert await d.send(verdict, durable=True) == InputAccepted(status=204)
-        end = await d.terminal(turn, timeout=60)
-        assert _tag(end) == "response.completed", end
+    d, turn, _ = await _bash_turn(host, nursery, tmp_path, "s-accept", answer="accept")
     assert (tmp_path / "out.txt").read_text() == "hi\n"
     items = [e.item for e in d.of_turn(turn) if _tag(e) == "response.output_item.done"]
     calls = [(i["type"], i.get("status"), i.get("agent")) for i in items if i["type"] != "message"]
@@ -202,25 +221,13 @@ async def test_e01_a_shell_command_is_asked_and_runs_once_accepted(
     ]
     assert items[1]["call_id"] == "toolu_1" and items[1]["name"] == "Bash"
     assert json.loads(items[1]["arguments"])["command"] == "echo hi > out.txt"
-    assert "Written." in "".join(getattr(e, "delta", "") for e in d.of_turn(turn))
+    assert "Done." in "".join(getattr(e, "delta", "") for e in d.of_turn(turn))
 
 
 async def test_e02_a_declined_command_does_not_run_and_the_model_is_told(
     host: HostProcess, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    fake = FakeAnthropic()
-    await fake.start(nursery)
-    fake.queue(_bash("echo hi > out.txt"), text_reply("Fine, I won't."))
-    async with fake_dispatch(host.endpoint) as d:
-        nursery.start_soon(_answer_policies, d, "s-decline")
-        turn = await d.start_turn("s-decline", _spec(fake, tmp_path), "write it")
-        asked = await d.wait_type("response.elicitation_request", timeout=60)
-        verdict = Approval(
-            session_id="s-decline", elicitation_id=asked.elicitation_id, action="decline"
-        )
-        assert await d.send(verdict, durable=True) == InputAccepted(status=204)
-        end = await d.terminal(turn, timeout=60)
-        assert _tag(end) == "response.completed", end
+    _, _, fake = await _bash_turn(host, nursery, tmp_path, "s-decline", answer="decline")
     assert not (tmp_path / "out.txt").exists()
     result = fake.requests[-1].json["messages"][-1]["content"][0]
     assert (result["type"], result["is_error"]) == ("tool_result", True)
@@ -230,16 +237,10 @@ async def test_e02_a_declined_command_does_not_run_and_the_model_is_told(
 async def test_a_policy_deny_refuses_the_command_without_asking(
     host: HostProcess, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    fake = FakeAnthropic()
-    await fake.start(nursery)
-    fake.queue(_bash("echo hi > out.txt"), text_reply("Denied, then."))
-    async with fake_dispatch(host.endpoint) as d:
-        nursery.start_soon(_answer_policies, d, "s-deny", "DENY")
-        turn = await d.start_turn("s-deny", _spec(fake, tmp_path), "write it")
-        end = await d.terminal(turn, timeout=60)
-        assert _tag(end) == "response.completed", end
-        types = d.types(turn)
-    assert "response.elicitation_request" not in types
+    d, turn, fake = await _bash_turn(
+        host, nursery, tmp_path, "s-deny", answer=None, tool_call="DENY"
+    )
+    assert "response.elicitation_request" not in d.types(turn)
     (denied,) = [e for e in d.of_turn(turn) if _tag(e) == "response.policy_denied"]
     assert (denied.reason, denied.phase) == ("no shells here", "tool_call")
     assert not (tmp_path / "out.txt").exists()
@@ -382,6 +383,75 @@ async def test_a_fresh_home_is_seeded_with_the_turns_history(
         assert _tag(await d.terminal(turn, 60)) == "response.completed"
     sent = " ".join(_texts(fake.requests[0]))
     assert "User: green" in sent and "Assistant: Noted: green." in sent and "which?" in sent
+
+
+async def test_a_provider_error_fails_the_turn_and_the_next_turn_goes_on(
+    host: HostProcess, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    fake = FakeAnthropic()
+    await fake.start(nursery)
+    # Claude Code tries a call again even on a 401, max_retries times: none here.
+    fake.queue(error(401, "invalid x-api-key"), text_reply("Fine now."))
+    spec = _spec(fake, tmp_path, max_retries=0)
+    async with fake_dispatch(host.endpoint) as d:
+        nursery.start_soon(_answer_policies, d, "s-401")
+        end = await d.terminal(await d.start_turn("s-401", spec, "one"), 60)
+        assert _tag(end) == "response.failed"
+        assert end.error["code"] == "provider_error"
+        assert "Invalid API key" in end.error["message"]
+        assert "(HTTP 401 from 127.0.0.1)" in end.error["message"]
+        assert KEY not in end.error["message"]
+        cli = await _cli_of(host, "s-401")
+        turn2 = await d.start_turn("s-401", spec, "two")
+        assert _tag(await d.terminal(turn2, 60)) == "response.completed"
+        assert await _cli_of(host, "s-401") == cli  # a clean end: the CLI stays
+
+
+async def test_a_silent_claude_code_fails_the_turn_at_its_idle_timeout(
+    host: HostProcess, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The provider holds its answer: Claude Code writes nothing, and the turn fails
+    ``timeout`` after ``idle_timeout_s`` instead of hanging; the next turn starts a new CLI,
+    which resumes the session."""
+    fake = FakeAnthropic()
+    await fake.start(nursery)
+    fake.queue(Reply(frames=message_events(["never"]), hang_after=0), text_reply("Awake."))
+    spec = _spec(fake, tmp_path, idle_timeout_s=4)
+    async with fake_dispatch(host.endpoint) as d:
+        nursery.start_soon(_answer_policies, d, "s-idle")
+        turn = await d.start_turn("s-idle", spec, "one")
+        await wait_for(lambda: trio.to_thread.run_sync(lambda: bool(fake.requests)), "a call")
+        cli = await _cli_of(host, "s-idle")
+        with trio.fail_after(15):
+            end = await d.terminal(turn)
+        assert (end.error["code"], end.error["message"]) == (
+            "timeout",
+            "no output from Claude Code for 4s",
+        )
+        with trio.fail_after(10):
+            await fake.requests[0].closed.wait()  # the CLI, ended, let go of the call
+        turn2 = await d.start_turn("s-idle", spec, "two")
+        assert _tag(await d.terminal(turn2, 60)) == "response.completed"
+        assert await _cli_of(host, "s-idle") != cli
+
+
+async def test_a_model_override_restarts_claude_code_on_the_same_conversation(
+    host: HostProcess, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    fake = FakeAnthropic()
+    await fake.start(nursery)
+    fake.queue(text_reply("One."), text_reply("Two."))
+    spec = _spec(fake, tmp_path)
+    async with fake_dispatch(host.endpoint) as d:
+        nursery.start_soon(_answer_policies, d, "s-model")
+        assert _tag(await d.terminal(await d.start_turn("s-model", spec, "one"), 60)) == (
+            "response.completed"
+        )
+        turn = await d.start_turn("s-model", spec, "two", model_override="claude-other")
+        assert _tag(await d.terminal(turn, 60)) == "response.completed"
+    first, second = fake.requests
+    assert (first.json["model"], second.json["model"]) == ("claude-test", "claude-other")
+    assert "One." in " ".join(_texts(second))
 
 
 async def test_s08_a_missing_cli_fails_the_turn_at_once(

@@ -36,7 +36,7 @@ from .._cli_process import CliError, CliExited
 from .._permission import decide
 from .._worker import TurnContext, TurnFailed
 from . import _mcp
-from ._session import ClaudeSession, ControlError, collapsed, save_state
+from ._session import START_TIMEOUT_S, ClaudeSession, ControlError, collapsed, save_state
 from ._settings import MCP_PREFIX, MCP_SERVER, Settings, mapping
 
 log = logging.getLogger("corral.harnesses.claude")
@@ -68,7 +68,8 @@ class Relay:
         self._context = 0
         #: Set once the turn is being ended: requests are refused without asking anyone.
         self.stopping = False
-        #: An interrupted turn Claude Code ended cleanly: the CLI can take the next one.
+        #: Claude Code ended its turn (a result, an interrupt it finished): the CLI can take
+        #: the next one, whatever this one's end.
         self.settled = False
 
     # --- the turn --------------------------------------------------------------------------
@@ -77,7 +78,7 @@ class Relay:
         """A control request of ours (``initialize``), relaying the CLI's output meanwhile."""
         with collapsed():
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump, False)
+                nursery.start_soon(self._pump, False, START_TIMEOUT_S)
                 answer = await self.session.request(subtype, **fields)
                 nursery.cancel_scope.cancel()
         return answer
@@ -98,6 +99,7 @@ class Relay:
             }
         )
         result = await self._pump(True)
+        self.settled = True  # its turn is over, whatever its result says
         self._finish(result)
 
     async def interrupt(self) -> None:
@@ -120,10 +122,12 @@ class Relay:
 
     # --- reading ---------------------------------------------------------------------------
 
-    async def _pump(self, until_result: bool) -> dict[str, Any]:
-        """Relay the CLI's lines; return its ``result`` (or relay forever)."""
+    async def _pump(self, until_result: bool, silence: float | None = None) -> dict[str, Any]:
+        """Relay the CLI's lines; return its ``result`` (or relay forever). ``silence``: how
+        long it may write nothing (default ``idle_timeout_s``)."""
+        limit = self.settings.idle_limit() if silence is None else silence
         while True:
-            with trio.CancelScope(deadline=self._idle_deadline()) as scope:
+            with trio.CancelScope(deadline=self._idle_deadline(limit)) as scope:
                 self._receive = scope
                 try:
                     line = await self.session.cli.receive()
@@ -134,15 +138,14 @@ class Relay:
                 finally:
                     self._receive = None
             if scope.cancelled_caught:
-                limit = self.settings.idle_timeout_s
                 raise TurnFailed("timeout", f"no output from Claude Code for {limit:g}s")
             if await self._on_line(line) and until_result:
                 return line
 
-    def _idle_deadline(self) -> float:
+    def _idle_deadline(self, limit: float) -> float:
         if self._running:  # a person or a runner tool may take any time
             return math.inf
-        return trio.current_time() + self.settings.idle_limit()
+        return trio.current_time() + limit
 
     async def _on_line(self, line: dict[str, Any]) -> bool:
         """Relay one line; True for the turn's ``result``."""
@@ -267,7 +270,7 @@ class Relay:
                 ):
                     await self._refuse(request_id, request, INTERRUPTED)
             if not self._running and self._receive is not None:
-                self._receive.deadline = self._idle_deadline()
+                self._receive.deadline = self._idle_deadline(self.settings.idle_limit())
 
     async def _decide(self, request: dict[str, Any]) -> dict[str, Any]:
         subtype = request.get("subtype")
@@ -325,8 +328,13 @@ class Relay:
         if result.get("subtype") == "success" and not result.get("is_error"):
             return
         text = result.get("result") or "; ".join(map(str, result.get("errors") or []))
-        code = "provider_error" if result.get("api_error_status") else "harness_error"
-        raise TurnFailed(code, f"Claude Code: {text or result.get('subtype') or 'failed'}")
+        text = f"Claude Code: {text or result.get('subtype') or 'failed'}"
+        status = result.get("api_error_status")
+        if status:
+            raise TurnFailed(
+                "provider_error", f"{text} (HTTP {status} from {self.settings.provider})"
+            )
+        raise TurnFailed("harness_error", text)
 
 
 def _allow(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,8 @@ log = logging.getLogger("corral.harnesses.claude")
 
 #: In the session's ``cli_home``: the Claude Code session to resume.
 STATE_FILE = "claude-sdk.json"
-#: How long the CLI may take to answer ``initialize`` (it starts in ~0.5 s).
+#: How long the CLI may write nothing while it starts (~0.5 s on an idle machine; its
+#: ``initialize`` answer ends the start).
 START_TIMEOUT_S = 60.0
 
 
