@@ -17,10 +17,14 @@ provider serves every agent of a test module:
               or ``sys_agent_list`` call (no arguments); after its output: ``info: …`` ...
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
 ``calls``     the tool call its last user text names, as JSON ``{"tool", "arguments"}`` (a test
-              passes ids it only learns at run time); after its output: ``called: …``
+              passes ids it only learns at run time); woken by a sub-agent's result, a
+              ``sys_read_inbox``; after its output: ``called: …``
 ``delegate``  a ``sys_session_send`` to its sub-agent ``child`` (title ``t1``); woken by the
               child's result (a last user text ``[System: sub-agent …``) a ``sys_read_inbox``;
               after either output: ``delegate: …``
+``fanout``    two ``sys_session_send`` calls, to ``child`` titled ``t1`` then ``t2`` (the second
+              once the first has answered its handle: both children then work at once), then
+              ``fanout: launched``; woken, a ``sys_read_inbox`` and ``fanout: …``
 
 Every request body is appended to ``--log`` as one JSON line, with the path it came to.
 
@@ -86,6 +90,22 @@ def _tool_output(body: dict[str, Any]) -> str | None:
     return None
 
 
+def _calls_since_user(body: dict[str, Any]) -> int:
+    """How many tool calls the input holds after its last user message (this turn's)."""
+    items = body.get("input") if "input" in body else body.get("messages")
+    count = 0
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("role") == "user":
+            count = 0
+        elif item.get("type") == "function_call":
+            count += 1
+        elif item.get("role") == "assistant" and item.get("tool_calls"):
+            count += len(item["tool_calls"])
+    return count
+
+
 def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float]:
     """(text deltas, a tool call (name, arguments JSON) or None, pause between deltas)."""
     model = str(body.get("model") or "")
@@ -98,7 +118,9 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
     if model == "calls":
         output = _tool_output(body)
         if output is not None:
-            return ["called: ", output[:200]], None, 0.0
+            return ["called: ", output[:300]], None, 0.0
+        if _user_texts(body)[-1].startswith("[System: sub-agent"):
+            return [], ("sys_read_inbox", "{}"), 0.0
         asked = json.loads(_user_texts(body)[-1])
         return [], (asked["tool"], json.dumps(asked["arguments"])), 0.0
     if model == "delegate":
@@ -110,6 +132,19 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
             return [], ("sys_read_inbox", "{}"), 0.0
         send = {"agent": "child", "title": "t1", "args": "hi child"}
         return [], ("sys_session_send", json.dumps(send)), 0.0
+    if model == "fanout":
+        output = _tool_output(body)
+        users = _user_texts(body)
+        woken = bool(users) and users[-1].startswith("[System: sub-agent")
+        if output is not None and woken:
+            return ["fanout: ", output[:600]], None, 0.0
+        if woken:
+            return [], ("sys_read_inbox", "{}"), 0.0
+        sent = _calls_since_user(body)
+        if sent < 2:
+            send = {"agent": "child", "title": f"t{sent + 1}", "args": f"part {sent + 1}"}
+            return [], ("sys_session_send", json.dumps(send)), 0.0
+        return ["fanout: launched"], None, 0.0
     if model == "echo":
         return ["echo: ", " | ".join(_user_texts(body))], None, 0.0
     if model == "history":
