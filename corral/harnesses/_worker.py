@@ -177,6 +177,13 @@ class TurnContext:
         return home
 
     @property
+    def services(self) -> trio.Nursery:
+        """A nursery as long-lived as the worker, for what a kind keeps across turns (a CLI
+        it drives): its tasks are cancelled when the worker stops."""
+        assert self.worker.services is not None, "the worker is not serving"
+        return self.worker.services
+
+    @property
     def agent(self) -> str:
         """The agent's name, as the server knows it: the message's ``model`` (§C.1).
 
@@ -443,6 +450,8 @@ class Worker:
         self._turn_done.set()
         self.outbox = Outbox(peer)
         self.held = HeldEvents()
+        #: The nursery of :meth:`serve` (``TurnContext.services``).
+        self.services: trio.Nursery | None = None
 
     async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
         """Send an output event (durable ones wait until the broker has them).
@@ -494,6 +503,7 @@ class Worker:
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
+            self.services = nursery
             nursery.start_soon(self._alive_loop)
             nursery.start_soon(self.outbox.run)
             async for incoming in self.peer.inbox:
