@@ -62,6 +62,7 @@ CLIS: Final[dict[str, Cli]] = {
 #: The CLI each harness kind needs (omnigent's names and their native-UI variants).
 KIND_CLI: Final[dict[str, str]] = {
     "claude-sdk": "claude",
+    "claude": "claude",  # omnigent's alias of claude-sdk
     "claude-native": "claude",
     "codex": "codex",
     "codex-native": "codex",

@@ -21,6 +21,11 @@ from .._jsonlines import JsonObject
 from ..instance import Instance
 
 
+class NotRunnable(RuntimeError):
+    """The benchmark cannot run on this machine (what it needs is missing); the message says
+    what and how to install it."""
+
+
 class Figure(TypedDict):
     """One result row of a benchmark."""
 

@@ -20,6 +20,10 @@ _BUILTIN = {
     # Agent YAMLs written for the runner corral replaces name these; both speak OpenAI.
     "openai-agents": "corral.harnesses.openai:OpenAIHarness",
     "open-responses": "corral.harnesses.openai:OpenAIHarness",
+    "claude-sdk": "corral.harnesses.claude:ClaudeHarness",
+    # omnigent's alias of claude-sdk: its server routes it as claude-sdk (PROTOCOL_0_19 §L)
+    # but hands the runner the spec as written.
+    "claude": "corral.harnesses.claude:ClaudeHarness",
     "codex": "corral.harnesses.codex:CodexHarness",
 }
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import trio
 
+from .._lifeline import group_alive, signal_group
+
 log = logging.getLogger("corral.harnesses.cli")
 
 #: The longest line a CLI may write (a whole tool output can be one line).
@@ -210,15 +212,21 @@ class CliProcess:
                 self._stderr_size -= len(self._stderr_tail.popleft())
 
     async def _end(self) -> None:
-        """SIGTERM the CLI's group, SIGKILL it after :data:`KILL_GRACE_S`; close the pipes."""
+        """SIGTERM the CLI's group, SIGKILL it after :data:`KILL_GRACE_S`, and return once
+        no member runs (bounded: one stuck in the kernel is left); close the pipes."""
         pgid = self.proc.pid  # start_new_session: the CLI leads its own group
         if self.proc.poll() is None:
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             with trio.move_on_after(KILL_GRACE_S):
                 await self.wait()
         # Whatever of the group is left (the CLI's shells) goes with it.
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         await self.wait()
+        # SIGKILL is delivered asynchronously, and the members are not this process's
+        # children to wait for: polled, so that "ended" means gone.
+        with trio.move_on_after(KILL_GRACE_S):
+            while await trio.to_thread.run_sync(group_alive, pgid):
+                await trio.sleep(0.01)
         for stream in (self._stdin, self._stdout, self._stderr):
             await stream.aclose()
 
@@ -296,11 +304,6 @@ def _process_table() -> dict[int, tuple[int, int]]:
         if fields[0] not in (b"Z", b"X"):
             table[int(entry.name)] = (int(fields[1]), int(fields[3]))
     return table
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _describe(code: int) -> str:

@@ -117,12 +117,7 @@ class Verdict:
 
 
 class WorkerKind(Protocol):
-    """What a harness implementation provides. One instance per worker process.
-
-    A kind that keeps something across turns that a task must own (a coding-agent CLI and
-    the task reading it) also defines ``async def run(self) -> None``: the worker runs it
-    for its whole life, beside the turns, and cancels it when it stops (:meth:`Worker.serve`).
-    """
+    """What a harness implementation provides. One instance per worker process."""
 
     async def run_turn(self, turn: TurnContext) -> None:
         """Run one turn, emitting through ``turn``; raise :class:`TurnFailed` to fail it."""
@@ -180,6 +175,13 @@ class TurnContext:
         home = Path(tempfile.gettempdir()) / f"corral-home-{os.getuid()}-{key}"
         home.mkdir(mode=0o700, exist_ok=True)
         return home
+
+    @property
+    def services(self) -> trio.Nursery:
+        """A nursery as long-lived as the worker, for what a kind keeps across turns (a CLI
+        it drives): its tasks are cancelled when the worker stops."""
+        assert self.worker.services is not None, "the worker is not serving"
+        return self.worker.services
 
     @property
     def agent(self) -> str:
@@ -448,6 +450,8 @@ class Worker:
         self._turn_done.set()
         self.outbox = Outbox(peer)
         self.held = HeldEvents()
+        #: The nursery of :meth:`serve` (``TurnContext.services``).
+        self.services: trio.Nursery | None = None
 
     async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
         """Send an output event (durable ones wait until the broker has them).
@@ -499,11 +503,9 @@ class Worker:
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
+            self.services = nursery
             nursery.start_soon(self._alive_loop)
             nursery.start_soon(self.outbox.run)
-            background = getattr(self.kind, "run", None)
-            if background is not None:
-                nursery.start_soon(background)
             async for incoming in self.peer.inbox:
                 reply = await self._on_input(incoming, nursery)
                 if reply is not None:

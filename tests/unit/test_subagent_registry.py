@@ -204,7 +204,7 @@ async def test_s21_a_registered_entry_names_its_parent_and_is_gone_once_drained(
     assert (entry.parent_id, entry.agent, entry.title) == ("conv_parent", "worker", "phase-a")
     await registry.ended("conv_child", "turn_1", "completed", "done")
     assert await registry.drained("conv_parent", [entry.dispatch_id]) == [entry]
-    assert entry.done and registry.undelivered() == []
+    assert entry.drained and registry.open_for("conv_child") == []
 
 
 async def test_s17_a_drained_result_ends_only_its_own_entry(tmp_path: Path) -> None:
@@ -221,9 +221,9 @@ async def test_s17_a_drained_result_ends_only_its_own_entry(tmp_path: Path) -> N
     assert await registry.drained("conv_parent", ids) == []
     (second,) = registry.open_for("conv_child")
     assert second.dispatch_id == "subagent_000000000002" and not second.drained
-    # Drained before its wake was marked: nothing is left to deliver after a restart.
+    # Drained before its wake was marked: still woken after a restart (one wake a result).
     again, undelivered = await _loaded(tmp_path)
-    assert undelivered == []
+    assert [e.dispatch_id for e in undelivered] == ["subagent_000000000001"]
     assert again.entries["subagent_000000000001"].drained
     assert [e.dispatch_id for e in again.open_for("conv_child")] == ["subagent_000000000002"]
 
@@ -242,6 +242,8 @@ async def test_s17_done_entries_are_forgotten_past_the_newest_kept_and_the_log_s
         await registry.add(entry)
         (done,) = await registry.ended(entry.child_id, "turn_1", "completed", "x")
         await registry.drained("conv_parent", [done.dispatch_id])
+        done.pushed = done.woken = True
+        await registry.save(done)
     assert len(registry.entries) == 6  # the live one and the newest five done
     assert "subagent_000000000027" in registry.entries
     assert "subagent_000000000000" not in registry.entries

@@ -143,8 +143,9 @@ class WorkEntry(msgspec.Struct, kw_only=True):
 
     @property
     def done(self) -> bool:
-        """Nothing is left to do for it: its result was delivered, or the parent took it."""
-        return self.terminal and (self.woken or self.drained)
+        """Nothing is left to do for it: its result was delivered (the parent woken for it;
+        it may have taken it before, ``drained``)."""
+        return self.terminal and self.woken
 
     @property
     def key(self) -> str:

@@ -117,8 +117,9 @@ class SubagentWork(SessionRoutes):
                 await self.work.save(entry)
             if not entry.woken:
                 await self._tell_parent(entry)
-                if not entry.drained:  # a parent that took it already needs no wake
-                    await self._retrying(entry, "wake", functools.partial(self._wake, entry))
+                # Woken even if its running turn took the result already (omnigent's runner
+                # wakes at delivery, too): an agent's script counts on one wake per result.
+                await self._retrying(entry, "wake", functools.partial(self._wake, entry))
                 entry.woken = True
                 await self.work.save(entry)
         finally:

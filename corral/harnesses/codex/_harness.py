@@ -1,8 +1,9 @@
 """The ``codex`` worker kind: the Codex CLI's app-server, one per worker, driven turn by turn.
 
 ``codex app-server`` is started on the session's first turn and kept for the next ones (its
-start and a thread's open cost ~0.1 s each); the worker's :meth:`CodexHarness.run` task owns
-it and reads it, and a turn that finds it gone (it exited, it was killed) starts another.
+start costs most of a second, a thread's open ~30 ms); a task of the worker's
+(``TurnContext.services``) owns it and reads it, and a turn that finds it gone (it exited,
+it was killed) starts another.
 Its thread — Codex's conversation, kept in the session's ``CODEX_HOME`` — is opened once per
 CLI: resumed by the id saved beside it (``thread/resume``), so a restarted worker goes on
 with the same conversation; started (``thread/start``) in a home that has none, and then
@@ -66,7 +67,7 @@ CLIENT = ClientInfo(name="corral", version="1")
 
 @dataclass
 class _Wanted:
-    """A turn's request for a running app-server, answered by :meth:`CodexHarness.run`."""
+    """A turn's request for a running app-server, answered by :meth:`CodexHarness._run`."""
 
     launch: Launch
     done: trio.Event = field(default_factory=trio.Event)
@@ -76,7 +77,7 @@ class _Wanted:
 
 @dataclass
 class _Running:
-    """The app-server :meth:`CodexHarness.run` holds, and what this worker knows of it."""
+    """The app-server :meth:`CodexHarness._run` holds, and what this worker knows of it."""
 
     launch: Launch
     server: AppServer
@@ -107,11 +108,13 @@ class CodexHarness:
         self.environ = os.environ if environ is None else environ
         self._wants, self._wanted = trio.open_memory_channel[_Wanted](0)
         self._running: _Running | None = None
+        self._serving = False
 
-    # --- the app-server, owned by the worker's task ------------------------------------------
+    # --- the app-server, owned by a task of the worker's --------------------------------------
 
-    async def run(self) -> None:
-        """Start an app-server whenever a turn needs one, and read it until it ends."""
+    async def _run(self) -> None:
+        """Start an app-server whenever a turn needs one, and read it until it ends (a task
+        in ``TurnContext.services``, as long-lived as the worker)."""
         async for wanted in self._wanted:
             try:
                 await self._serve(wanted)
@@ -151,13 +154,16 @@ class CodexHarness:
                 self._running = None
             gone.set()
 
-    async def _app_server(self, launch: Launch) -> _Running:
+    async def _app_server(self, turn: TurnContext, launch: Launch) -> _Running:
         """The running, initialized app-server for ``launch`` (one started for another is
         ended first).
 
         Raises:
             TurnFailed: ``harness_unavailable``: it cannot be started or initialized.
         """
+        if not self._serving:
+            turn.services.start_soon(self._run)
+            self._serving = True
         running = self._running
         if running is not None and running.server.ended is not None:
             await running.gone.wait()  # it died: let its task let it go, then start another
@@ -212,7 +218,7 @@ class CodexHarness:
             base_url=settings.base_url,
             api_key=settings.api_key,
         )
-        running = await self._app_server(launch)
+        running = await self._app_server(turn, launch)
         try:
             await self._open_thread(running, settings, given)
             await self._turn(running, settings, given, turn)
