@@ -40,6 +40,35 @@ def anthropic_text(model: str, pieces: list[str]) -> list[bytes]:
     return [sse(e) for e in events]
 
 
+def responses_text(model: str, pieces: list[str]) -> list[bytes]:
+    """A Responses API stream answering ``pieces`` as one message, its deltas naming the item
+    ``response.output_item.added`` announced (the Codex CLI drops deltas of an unannounced
+    item)."""
+    item: dict[str, Any] = {"type": "message", "id": "msg_bench", "role": "assistant"}
+    part = {"type": "output_text", "text": "".join(pieces), "annotations": []}
+    done = {**item, "status": "completed", "content": [part]}
+    item["content"] = []
+    usage = {"input_tokens": 10, "output_tokens": len(pieces), "total_tokens": 10 + len(pieces)}
+    response = {"id": "resp_bench", "object": "response", "model": model}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {**response, "status": "in_progress"}},
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+    ]
+    events += [
+        {"type": "response.output_text.delta", "item_id": "msg_bench", "output_index": 0,
+         "content_index": 0, "delta": p}
+        for p in pieces
+    ]  # fmt: skip
+    events += [
+        {"type": "response.output_item.done", "output_index": 0, "item": done},
+        {
+            "type": "response.completed",
+            "response": {**response, "status": "completed", "output": [done], "usage": usage},
+        },
+    ]
+    return [sse(e) for e in events]
+
+
 class FakeProvider:
     """``await provider.start(nursery)``; every request is answered with ``frames``."""
 

@@ -25,6 +25,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import trio
 
 from .. import clis
@@ -36,15 +37,22 @@ from ..harnesses._cli_process import open_cli
 from ..harnesses.claude._settings import argv as claude_argv
 from ..harnesses.claude._settings import cli_env as claude_env
 from ..harnesses.claude._settings import resolve as claude_settings
+from ..harnesses.codex._harness import APPROVAL_POLICY, SANDBOX
+from ..harnesses.codex._harness import CLIENT as CODEX_CLIENT
+from ..harnesses.codex._home import Launch as CodexLaunch
+from ..harnesses.codex._home import cli_env as codex_env
+from ..harnesses.codex._home import prepare as codex_prepare
+from ..harnesses.codex._rpc import InitializeParams, ThreadStartParams, TurnStartParams
 from ..harnesses.protocol import (
     AnyOutput,
 )
 from ..instance import Instance
 from ._common import Document, NotRunnable, figure, percentile, running_host
-from ._fake_provider import FakeProvider, anthropic_text
+from ._fake_provider import FakeProvider, anthropic_text, responses_text
 from .harness import first_delta
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
+CODEX_INIT = InitializeParams(client_info=CODEX_CLIENT)
 KEY = "bench-key"
 MODEL = "bench-model"
 #: How long one turn may take before the run is given up.
@@ -68,6 +76,9 @@ class CliBench:
     #: Whether a line the CLI writes by hand is its first text delta; and its turn's end.
     is_delta: Callable[[JsonObject], bool]
     is_end: Callable[[JsonObject], bool]
+    #: The lines to send in answer to one the CLI wrote by hand (a JSON-RPC CLI's next
+    #: request needs an id its last answer gave); none by default.
+    reply: Callable[[JsonObject], list[JsonObject]] = lambda line: []
 
 
 def _claude_spec(url: str) -> JsonObject:
@@ -103,6 +114,41 @@ def _claude_delta(line: JsonObject) -> bool:
     )
 
 
+def _codex_spec(url: str) -> JsonObject:
+    auth = {"type": "api_key", "api_key": KEY, "base_url": f"{url}/v1"}
+    return {"name": "bench", "executor": {"harness": "codex", "model": MODEL, "auth": auth}}
+
+
+def _codex_by_hand(
+    cli: str, url: str, home: Path, cwd: Path
+) -> tuple[list[str], dict[str, str], list[JsonObject]]:
+    """The app-server as the kind starts it (its config written the same way), told to open
+    a thread; :func:`_codex_reply` starts the turn in it."""
+    launch = CodexLaunch(cli_path=cli, home=home, workdir=cwd, base_url=f"{url}/v1", api_key=KEY)
+    codex_prepare(launch)
+    thread = ThreadStartParams(
+        model=MODEL, cwd=str(cwd), approval_policy=APPROVAL_POLICY, sandbox=SANDBOX
+    )
+    lines: list[JsonObject] = [
+        {"id": 1, "method": "initialize", "params": msgspec.to_builtins(CODEX_INIT)},
+        {"method": "initialized"},
+        {"id": 2, "method": "thread/start", "params": msgspec.to_builtins(thread)},
+    ]
+    return [cli, "app-server"], codex_env(launch, os.environ), lines
+
+
+def _codex_reply(line: JsonObject) -> list[JsonObject]:
+    """``turn/start`` once ``thread/start`` answered with the thread's id."""
+    if line.get("id") != 2 or not isinstance(line.get("result"), dict):
+        return []
+    turn = TurnStartParams(
+        thread_id=line["result"]["thread"]["id"],
+        input=[{"type": "text", "text": "hi"}],
+        model=MODEL,
+    )
+    return [{"id": 3, "method": "turn/start", "params": msgspec.to_builtins(turn)}]
+
+
 KINDS: dict[str, CliBench] = {
     "claude-sdk": CliBench(
         command="claude",
@@ -111,6 +157,15 @@ KINDS: dict[str, CliBench] = {
         by_hand=_claude_by_hand,
         is_delta=_claude_delta,
         is_end=lambda line: line.get("type") == "result",
+    ),
+    "codex": CliBench(
+        command="codex",
+        frames=lambda: responses_text(MODEL, ["Hel", "lo"]),
+        spec=_codex_spec,
+        by_hand=_codex_by_hand,
+        is_delta=lambda line: line.get("method") == "item/agentMessage/delta",
+        is_end=lambda line: line.get("method") == "turn/completed",
+        reply=_codex_reply,
     ),
 }
 
@@ -169,6 +224,8 @@ async def _by_hand(bench: CliBench, cli: str, url: str, alive: AsyncExitStack) -
         while not bench.is_end(line := await proc.receive()):
             if first is None and bench.is_delta(line):
                 first = time.perf_counter() - t0
+            for answer in bench.reply(line):
+                await proc.send(answer)
     if first is None:
         raise RuntimeError(f"{bench.command} by hand streamed no text")
     return first, proc.pid

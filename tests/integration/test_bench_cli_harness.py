@@ -50,3 +50,27 @@ def test_a_kind_that_cannot_run_here_is_refused_with_the_reason(tmp_path: Path) 
     # A kind is a harness kind for this benchmark, a process kind for chaos.
     out = corral("bench", "chaos", "--kind", "claude-sdk", "--json")
     assert out.returncode == 2 and "not one of chaos's kinds" in out.stderr
+
+
+@pytest.mark.chaos
+def test_codex_is_measured_against_its_app_server_by_hand(cli_bin: Path) -> None:
+    out = corral(
+        "bench",
+        "harness",
+        "--kind",
+        "codex",
+        "--quick",
+        "--json",
+        env={"CORRAL_CLI_PATH": str(cli_bin)},
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert "codex by hand" in doc["baseline"]["name"] and doc["baseline"]["value"] > 0
+    rows = {r["name"]: r for r in doc["results"]}
+    # By hand, the app-server is told to open a thread and start a turn in it, as the kind
+    # does; the next turn, on the CLI kept running, skips the start.
+    assert rows["new session to first delta p50"]["ratio_to_baseline"] > 1
+    assert rows["next turn to first delta p50"]["value"] < doc["baseline"]["value"]
+    assert rows["session PSS, worker + CLI (median)"]["ratio_to_baseline"] > 1
+    assert doc["params"]["kind"] == "codex" and "codex-cli" in doc["params"]["cli_version"]

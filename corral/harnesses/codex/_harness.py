@@ -202,15 +202,6 @@ class CodexHarness:
         given = turn_input(turn.message)
         if not given.parts:
             raise TurnFailed("bad_request", "the turn's message has no user input for codex")
-        await turn.check_llm_request(
-            {
-                "model": settings.model,
-                "messages_count": len(given.history) + 1,
-                "tools_count": 0,
-                "system_prompt_preview": (settings.instructions or "")[:200],
-                "last_user_message": given.text[:500],
-            }
-        )
         launch = Launch(
             cli_path=cli_path,
             home=turn.cli_home,
@@ -218,7 +209,19 @@ class CodexHarness:
             base_url=settings.base_url,
             api_key=settings.api_key,
         )
-        running = await self._app_server(turn, launch)
+        question = {
+            "model": settings.model,
+            "messages_count": len(given.history) + 1,
+            "tools_count": 0,
+            "system_prompt_preview": (settings.instructions or "")[:200],
+            "last_user_message": given.text[:500],
+        }
+        # A new session's CLI starts while the model call's policy question is out (the
+        # CLI's start is most of a first turn's wait); a DENY leaves it for the next turn.
+        with _unwrapped():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(turn.check_llm_request, question)
+                running = await self._app_server(turn, launch)
         try:
             await self._open_thread(running, settings, given)
             await self._turn(running, settings, given, turn)
