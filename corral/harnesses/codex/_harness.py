@@ -48,9 +48,11 @@ from ._rpc import (
     ThreadOpened,
     ThreadResumeParams,
     ThreadStartParams,
+    TurnInfo,
     TurnInterruptParams,
     TurnStarted,
     TurnStartParams,
+    params_as,
     result_as,
 )
 from ._settings import Settings, provider_of, resolve_settings
@@ -84,8 +86,9 @@ class _Running:
     scope: trio.CancelScope
     #: Set once the CLI and its process group are ended.
     gone: trio.Event
-    #: The thread it has open, and the model Codex said it serves there.
+    #: The thread it has open, the model it was opened for and the one Codex said it serves.
     thread: str | None = None
+    opened_for: str = ""
     served: str = ""
     usage: Usage = field(default_factory=Usage)
 
@@ -259,14 +262,20 @@ class CodexHarness:
             if given.history:
                 seed = ThreadInjectItemsParams(thread_id=opened.thread.id, items=given.history)
                 await server.request("thread/inject_items", seed)
-        running.thread, running.served = opened.thread.id, opened.model
+        running.thread, running.opened_for, running.served = (
+            opened.thread.id,
+            settings.model,
+            opened.model,
+        )
 
     async def _turn(
         self, running: _Running, settings: Settings, given: TurnInput, turn: TurnContext
     ) -> None:
         server, thread = running.server, running.thread
         assert thread is not None
-        served = running.served if running.served == settings.model else settings.model
+        # What Codex said it serves, for the model the thread was opened with; a turn that
+        # asks for another is served that one (Codex says no more).
+        served = running.served if settings.model == running.opened_for else settings.model
         relay = Relay(
             turn,
             server,
@@ -275,40 +284,19 @@ class CodexHarness:
             usage=running.usage,
             idle_timeout_s=settings.idle_timeout_s,
         )
+        params = TurnStartParams(thread_id=thread, input=given.parts, model=settings.model)
         with server.listen() as events:
-            requested = False
             try:
-                with _unwrapped():
-                    async with trio.open_nursery() as nursery:
-
-                        async def start() -> None:
-                            nonlocal requested
-                            params = TurnStartParams(
-                                thread_id=thread, input=given.parts, model=settings.model
-                            )
-                            try:
-                                answer = await server.request("turn/start", params)
-                            except RpcFailed:
-                                requested = False  # refused: no turn runs to interrupt
-                                raise
-                            started = result_as(answer, TurnStarted, "turn/start")
-                            relay.codex_turn = relay.codex_turn or started.turn.id
-
-                        requested = True
-                        nursery.start_soon(start)
-                        ended = await relay.run(events, nursery)
-                        # Anything still asking was asked of a turn Codex has ended.
-                        nursery.cancel_scope.cancel()
-                requested = False
+                ended = await self._relayed(relay, events, params)
             except TurnFailed as exc:
                 if exc.code == "timeout":
                     # A CLI that stopped talking will not take an interrupt either.
-                    requested = False
+                    relay.outstanding = False
                     with trio.CancelScope(shield=True):
                         await self._end(running)
                 raise
             finally:
-                if requested:
+                if relay.outstanding:
                     with trio.CancelScope(shield=True):
                         await self._interrupt(running, relay, events)
                 # What the thread has used so far is what the next turn's usage starts from.
@@ -317,6 +305,34 @@ class CodexHarness:
             raise TurnFailed("provider_error", relay.failure(ended))
         if ended.status == "interrupted":
             raise TurnFailed("interrupted", "codex interrupted the turn")
+
+    async def _relayed(
+        self,
+        relay: Relay,
+        events: trio.MemoryReceiveChannel[Notification | ServerRequest],
+        params: TurnStartParams,
+    ) -> TurnInfo:
+        """Start Codex's turn and relay it to its end."""
+        server = relay.server
+
+        async def start() -> None:
+            try:
+                answer = await server.request("turn/start", params)
+            except RpcFailed:
+                relay.outstanding = False  # refused: no turn runs to interrupt
+                raise
+            started = result_as(answer, TurnStarted, "turn/start")
+            relay.codex_turn = relay.codex_turn or started.turn.id
+
+        with _unwrapped():
+            async with trio.open_nursery() as nursery:
+                relay.outstanding = True
+                # Relayed from the start: Codex may say something before it answers.
+                nursery.start_soon(start)
+                ended = await relay.run(events, nursery)
+                # Anything still asking was asked of a turn Codex has ended.
+                nursery.cancel_scope.cancel()
+        return ended
 
     async def _interrupt(
         self,
@@ -339,9 +355,7 @@ class CodexHarness:
                 if isinstance(message, ServerRequest):
                     await server.answer(message, ApprovalAnswer(decision="decline"))
                 elif message.method == "turn/started" and relay.codex_turn is None:
-                    relay.codex_turn = result_as(
-                        message.params, TurnStarted, "turn/started"
-                    ).turn.id
+                    relay.codex_turn = params_as(message, TurnStarted).turn.id
                     known.set()
                 elif message.method == "turn/completed":
                     over.set()

@@ -89,6 +89,8 @@ class Relay:
     idle_timeout_s: float
     #: Codex's id of this turn, once known.
     codex_turn: str | None = None
+    #: Whether Codex may be running this turn: asked to start it, and not seen to end it.
+    outstanding: bool = False
     #: Approvals being decided: no idle deadline meanwhile (a person may take long).
     asking: int = 0
     _idle: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -171,6 +173,7 @@ class Relay:
         elif method == "turn/completed":
             ended = params_as(message, TurnStarted).turn
             if self.codex_turn is None or ended.id == self.codex_turn:
+                self.outstanding = False
                 return ended
         return None
 
