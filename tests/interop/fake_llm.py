@@ -16,6 +16,8 @@ provider serves every agent of a test module:
 ``sessioninfo``, ``sessionlist``, ``agentlist``  a ``sys_session_get_info``, ``sys_session_list``
               or ``sys_agent_list`` call (no arguments); after its output: ``info: …`` ...
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
+``codexcmd``  an ``exec_command`` call (the Codex CLI's shell tool: ``echo hello-from-codex >
+              codex.txt``); after its output: ``codex said: …``
 ``calls``     the tool call its last user text names, as JSON ``{"tool", "arguments"}`` (a test
               passes ids it only learns at run time); woken by a sub-agent's result, a
               ``sys_read_inbox``; after its output: ``called: …``
@@ -51,6 +53,8 @@ TOOLS = {
     "sessioninfo": ("sys_session_get_info", {}, "info: "),
     "sessionlist": ("sys_session_list", {}, "sessions: "),
     "agentlist": ("sys_agent_list", {}, "agents: "),
+    # The Codex CLI's own shell tool (the codex harness).
+    "codexcmd": ("exec_command", {"cmd": "echo hello-from-codex > codex.txt"}, "codex said: "),
 }
 
 
