@@ -124,24 +124,15 @@ def responses_events(
         }
         output.append(message)
         frames.append(_typed({"type": "response.output_item.done", "item": message}))
-    for call_id, name, args in calls:
+    tools = [("function_call", "arguments", call) for call in calls]
+    tools += [("custom_tool_call", "input", call) for call in custom]
+    for kind, field_name, (call_id, name, value) in tools:
         item = {
-            "type": "function_call",
+            "type": kind,
             "id": f"fc_{call_id}",
             "call_id": call_id,
             "name": name,
-            "arguments": args,
-            "status": "completed",
-        }
-        output.append(item)
-        frames.append(_typed({"type": "response.output_item.done", "item": item}))
-    for call_id, name, text in custom:
-        item = {
-            "type": "custom_tool_call",
-            "id": f"ctc_{call_id}",
-            "call_id": call_id,
-            "name": name,
-            "input": text,
+            field_name: value,
             "status": "completed",
         }
         output.append(item)

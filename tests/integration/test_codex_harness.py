@@ -42,8 +42,16 @@ def _codex_installed(cli_bin: Path) -> Iterator[None]:
         os.environ["CORRAL_CLI_PATH"] = before
 
 
-def _spec(server: FakeOpenAI, **executor: Any) -> dict[str, Any]:
-    auth = {"type": "api_key", "api_key": KEY, "base_url": server.base_url}
+@pytest.fixture
+async def llm(nursery: trio.Nursery) -> FakeOpenAI:
+    """The fake Responses API the test's agents call, on 127.0.0.1 for the test's length."""
+    server = FakeOpenAI()
+    await server.start(nursery)
+    return server
+
+
+def _spec(llm: FakeOpenAI, **executor: Any) -> dict[str, Any]:
+    auth = {"type": "api_key", "api_key": KEY, "base_url": llm.base_url}
     return {
         "name": "coder",
         "prompt": "Be terse.",
@@ -171,13 +179,11 @@ async def _codex_pid(host: HostProcess, session_id: str) -> int:
 
 
 async def test_h04_a_plain_turn_streams_codex_text_with_usage_and_runtime_model(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(_text(["Hel", "lo"]))
+    llm.queue(_text(["Hel", "lo"]))
     async with fake_dispatch(host.endpoint) as d, answering(d, "s-cx-plain"):
-        turn = await d.start_turn("s-cx-plain", _spec(server), "say hello")
+        turn = await d.start_turn("s-cx-plain", _spec(llm), "say hello")
         end = await d.terminal(turn, timeout=30)
 
     assert end.__struct_config__.tag == "response.completed", end
@@ -198,7 +204,7 @@ async def test_h04_a_plain_turn_streams_codex_text_with_usage_and_runtime_model(
     }
     (message,) = [i for i in _items(d, turn) if i["type"] == "message"]
     assert (message["agent"], message["content"][0]["text"]) == ("coder", "Hello")
-    (request,) = server.requests
+    (request,) = llm.requests
     assert (request.path, request.json["model"]) == ("/v1/responses", MODEL)
     assert request.headers["authorization"] == f"Bearer {KEY}"
     assert "Be terse." in json.dumps(request.json["input"])
@@ -206,20 +212,18 @@ async def test_h04_a_plain_turn_streams_codex_text_with_usage_and_runtime_model(
 
 
 async def test_h12_each_session_has_a_codex_home_under_the_state_dir_with_corrals_config(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
     """H-12: the CLI's home is the session's own, under the host's state dir (a test's host
     has its own), with corral's config: the fake provider, offline, no key in the file."""
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(_text(["ok"]))
+    llm.queue(_text(["ok"]))
     async with fake_dispatch(host.endpoint) as d, answering(d, "s-cx-home"):
-        turn = await d.start_turn("s-cx-home", _spec(server))
+        turn = await d.start_turn("s-cx-home", _spec(llm))
         assert (await d.terminal(turn, timeout=30)).__struct_config__.tag == "response.completed"
     (config,) = host.state_dir.glob("**/s-cx-home/.codex/config.toml")
     text = config.read_text()
     assert 'model_provider = "corral"' in text
-    assert f'base_url = "{server.base_url}"' in text
+    assert f'base_url = "{llm.base_url}"' in text
     assert "[analytics]\nenabled = false" in text and "[features]\nplugins = false" in text
     assert KEY not in text
     assert oct(config.parent.stat().st_mode & 0o777) == "0o700"
@@ -228,27 +232,25 @@ async def test_h12_each_session_has_a_codex_home_under_the_state_dir_with_corral
 
 async def _command_turn(
     host: HostProcess,
-    nursery: trio.Nursery,
+    llm: FakeOpenAI,
     session_id: str,
     cmd: str,
     **answers: str,
-) -> tuple[FakeDispatch, str, FakeOpenAI, list[Any]]:
+) -> tuple[FakeDispatch, str, list[Any]]:
     """A turn whose model runs ``cmd`` then says "done", answered as ``answers`` say."""
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(_command(cmd), _text(["done"]))
+    llm.queue(_command(cmd), _text(["done"]))
     async with fake_dispatch(host.endpoint) as d, answering(d, session_id, **answers) as asked:
-        turn = await d.start_turn(session_id, _spec(server), "write the file")
+        turn = await d.start_turn(session_id, _spec(llm), "write the file")
         end = await d.terminal(turn, timeout=30)
     assert end.__struct_config__.tag == "response.completed", end
-    return d, turn, server, asked
+    return d, turn, asked
 
 
 async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdir(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    d, turn, server, asked = await _command_turn(
-        host, nursery, "s-cx-accept", "echo made-by-codex > out.txt; env > env.txt"
+    d, turn, asked = await _command_turn(
+        host, llm, "s-cx-accept", "echo made-by-codex > out.txt; env > env.txt"
     )
     # Policy first (the model call, then the command), then the person.
     assert [getattr(a, "phase", "elicitation") for a in asked] == [
@@ -272,16 +274,16 @@ async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdi
     assert KEY not in env and "HARNESS_" not in env and "CORRAL_" not in env
     assert f"HOME={host.state_dir}" in env
     # The command's output went back to the model, which said its last word.
-    sent = server.requests[1].json["input"]
+    sent = llm.requests[1].json["input"]
     assert any(i.get("type") == "function_call_output" and i["call_id"] == "call_1" for i in sent)
     assert _text_of(d, turn) == "done"
 
 
 async def test_a_declined_command_does_not_run_and_the_model_is_told(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    d, turn, server, asked = await _command_turn(
-        host, nursery, "s-cx-decline", "echo nope > declined.txt", person="decline"
+    d, turn, asked = await _command_turn(
+        host, llm, "s-cx-decline", "echo nope > declined.txt", person="decline"
     )
     assert asked[-1].__struct_config__.tag == "response.elicitation_request"
     calls = [i for i in _items(d, turn) if i["type"] == "function_call"]
@@ -291,17 +293,17 @@ async def test_a_declined_command_does_not_run_and_the_model_is_told(
     assert output["output"].startswith("declined")
     (told,) = [
         i
-        for i in server.requests[1].json["input"]
+        for i in llm.requests[1].json["input"]
         if i.get("call_id") == "call_1" and i["type"] == "function_call_output"
     ]
     assert "reject" in json.dumps(told).lower()
 
 
 async def test_a_policy_deny_refuses_a_command_without_asking_anyone(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    d, turn, _, asked = await _command_turn(
-        host, nursery, "s-cx-deny", "echo nope > denied.txt", tool_call="DENY"
+    d, turn, asked = await _command_turn(
+        host, llm, "s-cx-deny", "echo nope > denied.txt", tool_call="DENY"
     )
     assert [a.__struct_config__.tag for a in asked] == ["policy_evaluation.requested"] * 2
     (denied,) = [e for e in d.of_turn(turn) if e.__struct_config__.tag == "response.policy_denied"]
@@ -318,14 +320,12 @@ def _hanging(deltas: list[str]) -> Reply:
 
 @pytest.mark.chaos
 async def test_kill_9_of_the_cli_mid_turn_fails_it_harness_crashed_and_the_next_turn_resumes(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(_hanging(["thinking"]), _text(["back"]))
+    llm.queue(_hanging(["thinking"]), _text(["back"]))
     session = "s-cx-kill"
     async with fake_dispatch(host.endpoint) as d, answering(d, session):
-        turn = await d.start_turn(session, _spec(server), "first question")
+        turn = await d.start_turn(session, _spec(llm), "first question")
         await d.wait_type("response.output_text.delta", turn_id=turn, timeout=30)
         worker = _worker_pid(host, session)
         os.kill(await _codex_pid(host, session), signal.SIGKILL)
@@ -335,35 +335,33 @@ async def test_kill_9_of_the_cli_mid_turn_fails_it_harness_crashed_and_the_next_
         assert end.error["code"] == "harness_crashed"
         assert "SIGKILL" in end.error["message"]
 
-        again = await d.start_turn(session, _spec(server), "second question")
+        again = await d.start_turn(session, _spec(llm), "second question")
         end = await d.terminal(again, timeout=30)
     assert end.__struct_config__.tag == "response.completed", end
     assert _text_of(d, again) == "back"
     # The same worker started another CLI, which resumed the thread.
     assert _worker_pid(host, session) == worker
-    texts = _input_texts(server.requests[-1])
+    texts = _input_texts(llm.requests[-1])
     assert texts.index("first question") < texts.index("second question")
 
 
 @pytest.mark.chaos
 async def test_h13_an_interrupt_stops_codex_and_the_command_it_left_running(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
     """H-13: codex is a scaffold harness, so its interrupted turn ends ``response.cancelled``
     (what S-51 delivers to a parent). Nothing of the turn keeps running: Codex itself leaves
     a command it has put in the background (here after 250 ms) running when its turn is
     interrupted."""
-    server = FakeOpenAI()
-    await server.start(nursery)
     background = json.dumps({"cmd": "sleep 60; echo late > late.txt", "yield_time_ms": 250})
-    server.queue(
+    llm.queue(
         Reply(frames=responses_events(MODEL, calls=[("call_1", "exec_command", background)])),
         _hanging(["waiting for it"]),  # the model's next call, with the command running
         _text(["after"]),
     )
     session = "s-cx-interrupt"
     async with fake_dispatch(host.endpoint) as d, answering(d, session):
-        turn = await d.start_turn(session, _spec(server), "run it")
+        turn = await d.start_turn(session, _spec(llm), "run it")
         await d.wait_type("response.output_text.delta", turn_id=turn, timeout=30)
         codex = await _codex_pid(host, session)
         # Through Codex's sandbox helper and bwrap, in sessions of their own.
@@ -377,29 +375,27 @@ async def test_h13_an_interrupt_stops_codex_and_the_command_it_left_running(
         await _eventually(lambda: all(map(_gone, command)), "the command ended")
         # The CLI lives on for the next turn.
         assert await _codex_pid(host, session) == codex
-        again = await d.start_turn(session, _spec(server), "go on")
+        again = await d.start_turn(session, _spec(llm), "go on")
         assert (await d.terminal(again, timeout=30)).__struct_config__.tag == "response.completed"
     assert _text_of(d, again) == "after"
 
 
 @pytest.mark.chaos
 async def test_history_goes_on_across_turns_a_worker_restart_and_a_lost_home(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
     """Codex's thread holds the conversation: the second turn's model call carries the first
     turn; a new worker (the old one killed) resumes the thread from the session's home; a
     home that was lost is seeded from the history the turn's message carries."""
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(_text(["Hi Bob"]), _text(["Bob, yes"]), _text(["still Bob"]), _text(["seeded"]))
+    llm.queue(_text(["Hi Bob"]), _text(["Bob, yes"]), _text(["still Bob"]), _text(["seeded"]))
     session = "s-cx-history"
-    spec = _spec(server)
+    spec = _spec(llm)
     async with fake_dispatch(host.endpoint) as d, answering(d, session):
         first = await d.start_turn(session, spec, "my name is Bob")
         await d.terminal(first, timeout=30)
         second = await d.start_turn(session, spec, "what is my name?")
         await d.terminal(second, timeout=30)
-        assert _input_texts(server.requests[1])[-3:] == [
+        assert _input_texts(llm.requests[1])[-3:] == [
             "my name is Bob",
             "Hi Bob",
             "what is my name?",
@@ -411,7 +407,7 @@ async def test_history_goes_on_across_turns_a_worker_restart_and_a_lost_home(
         end = await d.terminal(third, timeout=30)
         assert end.__struct_config__.tag == "response.completed", end
         assert _worker_pid(host, session) != worker
-        assert _input_texts(server.requests[2])[-5:] == [
+        assert _input_texts(llm.requests[2])[-5:] == [
             "my name is Bob",
             "Hi Bob",
             "what is my name?",
@@ -439,41 +435,37 @@ async def test_history_goes_on_across_turns_a_worker_restart_and_a_lost_home(
         fourth = await d.start_turn(session, spec, "who am I?", history=history)
         end = await d.terminal(fourth, timeout=30)
     assert end.__struct_config__.tag == "response.completed", end
-    assert _input_texts(server.requests[3])[-3:] == ["I am Ann", "Hi Ann", "who am I?"]
-    assert "my name is Bob" not in _input_texts(server.requests[3])
+    assert _input_texts(llm.requests[3])[-3:] == ["I am Ann", "Hi Ann", "who am I?"]
+    assert "my name is Bob" not in _input_texts(llm.requests[3])
 
 
 async def test_s08_without_the_codex_cli_a_turn_fails_at_once_naming_the_npm_package(
     host_factory: Callable[..., HostProcess],
     monkeypatch: pytest.MonkeyPatch,
-    nursery: trio.Nursery,
+    llm: FakeOpenAI,
 ) -> None:
     """S-08's shape: the CLI, and how to install it; the kind is not offered (§L)."""
     monkeypatch.delenv("CORRAL_CLI_PATH")
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     assert "'codex' CLI" in (availability(["codex"])["codex"] or "")
     host = host_factory().start()
-    server = FakeOpenAI()
-    await server.start(nursery)
     async with fake_dispatch(host.endpoint) as d:
-        turn = await d.start_turn("s-cx-missing", _spec(server))
+        turn = await d.start_turn("s-cx-missing", _spec(llm))
         end = await d.terminal(turn, timeout=10)
     assert end.__struct_config__.tag == "response.failed"
     assert end.error["code"] == "harness_unavailable"
     assert "needs the 'codex' CLI on PATH" in end.error["message"]
     assert "npm install -g @openai/codex@" in end.error["message"]
-    assert server.requests == []
+    assert llm.requests == []
 
 
 @pytest.mark.chaos
 async def test_a_cli_that_stops_talking_fails_the_turn_timeout_and_the_next_turn_works(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(_hanging(["a"]), _text(["awake"]))
+    llm.queue(_hanging(["a"]), _text(["awake"]))
     session = "s-cx-silent"
-    spec = _spec(server, idle_timeout_s=1)
+    spec = _spec(llm, idle_timeout_s=1)
     async with fake_dispatch(host.endpoint) as d, answering(d, session):
         turn = await d.start_turn(session, spec, "hello")
         await d.wait_type("response.output_text.delta", turn_id=turn, timeout=30)
@@ -493,13 +485,11 @@ async def test_a_cli_that_stops_talking_fails_the_turn_timeout_and_the_next_turn
 
 
 async def test_a_provider_error_fails_the_turn_with_what_codex_reports(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(error(400, "model gpt-fake does not exist"))
+    llm.queue(error(400, "model gpt-fake does not exist"))
     async with fake_dispatch(host.endpoint) as d, answering(d, "s-cx-400"):
-        turn = await d.start_turn("s-cx-400", _spec(server))
+        turn = await d.start_turn("s-cx-400", _spec(llm))
         end = await d.terminal(turn, timeout=30)
     assert end.__struct_config__.tag == "response.failed"
     assert end.error["code"] == "provider_error"
@@ -508,14 +498,12 @@ async def test_a_provider_error_fails_the_turn_with_what_codex_reports(
 
 @pytest.mark.chaos
 async def test_an_interrupt_while_codex_waits_for_a_person_ends_the_turn_and_its_question(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    server = FakeOpenAI()
-    await server.start(nursery)
-    server.queue(_command("echo never > never.txt"), _text(["next"]))
+    llm.queue(_command("echo never > never.txt"), _text(["next"]))
     session = "s-cx-interrupt-asking"
     async with fake_dispatch(host.endpoint) as d, answering(d, session, person=""):
-        turn = await d.start_turn(session, _spec(server), "run it")
+        turn = await d.start_turn(session, _spec(llm), "run it")
         asked = await d.wait_type("response.elicitation_request", turn_id=turn, timeout=30)
         assert await d.send(Interrupt(session_id=session)) == InputAccepted(status=204)
         end = await d.terminal(turn, timeout=15)
@@ -523,7 +511,7 @@ async def test_an_interrupt_while_codex_waits_for_a_person_ends_the_turn_and_its
         rows = host.ask("elicitations")["elicitations"]
         (row,) = [r for r in rows if r["elicitation_id"] == asked.elicitation_id]
         assert row["state"] != "parked"
-        again = await d.start_turn(session, _spec(server), "go on")
+        again = await d.start_turn(session, _spec(llm), "go on")
         assert (await d.terminal(again, timeout=30)).__struct_config__.tag == "response.completed"
     calls = [i for i in _items(d, turn) if i["type"] == "function_call"]
     workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
@@ -532,21 +520,19 @@ async def test_an_interrupt_while_codex_waits_for_a_person_ends_the_turn_and_its
 
 
 async def test_a_file_change_codex_asks_for_is_relayed_as_apply_patch_and_accepted(
-    host: HostProcess, nursery: trio.Nursery
+    host: HostProcess, llm: FakeOpenAI
 ) -> None:
     """A model Codex knows to edit with ``apply_patch`` (a freeform tool): the patch is asked
     about, shown as an ``apply_patch`` call with its changes, and applied."""
-    server = FakeOpenAI()
-    await server.start(nursery)
     patch = "*** Begin Patch\n*** Add File: notes.txt\n+patched by codex\n*** End Patch\n"
     model = "gpt-5.5"
-    server.queue(
+    llm.queue(
         Reply(frames=responses_events(model, custom=[("call_p", "apply_patch", patch)])),
         Reply(frames=responses_events(model, ["patched"], added=True)),
     )
     session = "s-cx-patch"
     async with fake_dispatch(host.endpoint) as d, answering(d, session) as asked:
-        turn = await d.start_turn(session, _spec(server, model=model), "add notes")
+        turn = await d.start_turn(session, _spec(llm, model=model), "add notes")
         end = await d.terminal(turn, timeout=30)
     assert end.__struct_config__.tag == "response.completed", end
     # Policy, then a person, as for a command.
