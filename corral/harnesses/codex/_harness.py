@@ -34,8 +34,9 @@ from .._cli_process import CliError, open_cli
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, cli_env, prepare, save_thread, saved_thread
 from ._input import TurnInput, turn_input
-from ._relay import Relay, Usage
+from ._relay import APPROVALS, Relay, Usage
 from ._rpc import (
+    METHOD_NOT_FOUND,
     ApprovalAnswer,
     AppServer,
     ClientInfo,
@@ -352,8 +353,10 @@ class CodexHarness:
 
         async def drain() -> None:
             async for message in events:
-                if isinstance(message, ServerRequest):
+                if isinstance(message, ServerRequest) and message.method in APPROVALS:
                     await server.answer(message, ApprovalAnswer(decision="decline"))
+                elif isinstance(message, ServerRequest):
+                    await server.refuse(message, METHOD_NOT_FOUND, "the turn is being stopped")
                 elif message.method == "turn/started" and relay.codex_turn is None:
                     relay.codex_turn = params_as(message, TurnStarted).turn.id
                     known.set()

@@ -62,6 +62,7 @@ log = logging.getLogger("corral.harnesses.codex")
 
 COMMAND_APPROVAL = "item/commandExecution/requestApproval"
 FILE_CHANGE_APPROVAL = "item/fileChange/requestApproval"
+APPROVALS = (COMMAND_APPROVAL, FILE_CHANGE_APPROVAL)
 #: The tool names the session's transcript shows for Codex's own tools.
 SHELL_TOOL = "exec_command"
 PATCH_TOOL = "apply_patch"

@@ -283,8 +283,15 @@ class FileChangeApproval(_Read):
     grant_root: str | None = None
 
 
-_logged: set[str] = set()
 T = TypeVar("T")
+#: What was logged already: each kind of bad input once per worker, not once per message.
+_logged: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: object) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        log.warning(message, *args)
 
 
 def params_as(message: Notification | ServerRequest, kind: type[T]) -> T:
@@ -297,9 +304,7 @@ def params_as(message: Notification | ServerRequest, kind: type[T]) -> T:
     try:
         return msgspec.convert(message.params, kind)
     except msgspec.ValidationError as exc:
-        if message.method not in _logged:
-            _logged.add(message.method)
-            log.warning("codex app-server sent a malformed %s: %s", message.method, exc)
+        _warn_once(message.method, "codex app-server sent a malformed %s: %s", message.method, exc)
         raise ProtocolError(f"{message.method}: {exc}") from exc
 
 
@@ -329,10 +334,6 @@ class AppServer:
         self._listener: trio.MemorySendChannel[Notification | ServerRequest] | None = None
         #: Why the CLI can no longer be used (set once its output ended).
         self.ended: CliError | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.cli.pid
 
     async def request(
         self, method: str, params: msgspec.Struct, *, timeout: float = REQUEST_TIMEOUT_S
@@ -412,7 +413,9 @@ class AppServer:
         try:
             message = msgspec.convert(raw, _Message)
         except msgspec.ValidationError as exc:
-            log.warning("codex app-server sent a message that is not JSON-RPC: %s", exc)
+            _warn_once(
+                "not JSON-RPC", "codex app-server sent a message that is not JSON-RPC: %s", exc
+            )
             return
         if message.method is None:
             waiting = self._waiting.get(message.id) if isinstance(message.id, int) else None
