@@ -80,16 +80,34 @@ def responses_events(
     usage: tuple[int, int] = (10, 5),
     added: bool = False,
     custom: list[tuple[str, str, str]] = (),  # type: ignore[assignment]  (call_id, name, input)
+    reasoning: list[str] = (),  # type: ignore[assignment]
 ) -> list[bytes]:
     """A Responses stream: created, text deltas, function calls, completed with usage.
 
     ``added``: announce the message with ``response.output_item.added`` and name it in each
     delta (``item_id``), as OpenAI does; the Codex CLI drops deltas of an item it was not told
     of. ``custom``: calls of custom (freeform) tools, such as Codex's ``apply_patch``.
+    ``reasoning``: a reasoning item's summary, streamed first in these pieces.
     """
     response = {"id": "resp_fake", "object": "response", "model": model, "output": []}
     frames = [_typed({"type": "response.created", "response": {**response, "status": "queued"}})]
     output: list[dict[str, Any]] = []
+    if reasoning:
+        thought: dict[str, Any] = {"type": "reasoning", "id": "rs_fake", "summary": []}
+        at = {"item_id": "rs_fake", "output_index": 0, "summary_index": 0}
+        frames.append(
+            _typed({"type": "response.output_item.added", "output_index": 0, "item": thought})
+        )
+        frames += [
+            _typed({"type": "response.reasoning_summary_text.delta", **at, "delta": piece})
+            for piece in reasoning
+        ]
+        summary = [{"type": "summary_text", "text": "".join(reasoning)}]
+        thought = {**thought, "summary": summary}
+        output.append(thought)
+        frames.append(
+            _typed({"type": "response.output_item.done", "output_index": 0, "item": thought})
+        )
     if deltas:
         if added:
             item0 = {

@@ -113,7 +113,8 @@ def _items(d: FakeDispatch, turn: str) -> list[dict[str, Any]]:
 
 
 def _text_of(d: FakeDispatch, turn: str) -> str:
-    return "".join(e.delta for e in d.of_turn(turn) if e.__struct_config__.tag.endswith("t.delta"))
+    deltas = [e for e in d.of_turn(turn) if e.__struct_config__.tag == "response.output_text.delta"]
+    return "".join(e.delta for e in deltas)
 
 
 def _input_texts(request: Any) -> list[str]:
@@ -178,10 +179,11 @@ async def _codex_pid(host: HostProcess, session_id: str) -> int:
     )
 
 
-async def test_h04_a_plain_turn_streams_codex_text_with_usage_and_runtime_model(
+async def test_h04_a_plain_turn_streams_codex_reasoning_and_text_with_usage_and_runtime_model(
     host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    llm.queue(_text(["Hel", "lo"]))
+    thought = ["thinking ", "hard"]
+    llm.queue(Reply(frames=responses_events(MODEL, ["Hel", "lo"], added=True, reasoning=thought)))
     async with fake_dispatch(host.endpoint) as d, answering(d, "s-cx-plain"):
         turn = await d.start_turn("s-cx-plain", _spec(llm), "say hello")
         end = await d.terminal(turn, timeout=30)
@@ -193,6 +195,11 @@ async def test_h04_a_plain_turn_streams_codex_text_with_usage_and_runtime_model(
     assert "response.output_text.delta" in types
     assert types.index("runtime_model") < types.index("response.output_text.delta")
     assert _text_of(d, turn) == "Hello"
+    reasoned = [
+        e.delta for e in d.of_turn(turn) if e.__struct_config__.tag.endswith("ing_text.delta")
+    ]
+    assert reasoned == thought
+    assert types.index("response.reasoning_text.delta") < types.index("response.output_text.delta")
     observed = next(e for e in d.of_turn(turn) if e.__struct_config__.tag == "runtime_model")
     assert (observed.model, observed.provider) == (MODEL, "127.0.0.1")
     assert end.response["usage"] == {
@@ -552,3 +559,18 @@ async def test_a_file_change_codex_asks_for_is_relayed_as_apply_patch_and_accept
     (output,) = [i for i in _items(d, turn) if i["type"] == "function_call_output"]
     assert output["output"] == f"completed: {change['path']}"
     assert Path(change["path"]).read_text() == "patched by codex\n"
+
+
+async def test_d11_a_model_override_reaches_codex_and_is_the_serving_model(
+    host: HostProcess, llm: FakeOpenAI
+) -> None:
+    llm.queue(_text(["one"]), _text(["two"]))
+    session = "s-cx-override"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session):
+        first = await d.start_turn(session, _spec(llm), "hi")
+        await d.terminal(first, timeout=30)
+        second = await d.start_turn(session, _spec(llm), "again", model_override="gpt-other")
+        end = await d.terminal(second, timeout=30)
+    assert [r.json["model"] for r in llm.requests] == [MODEL, "gpt-other"]
+    observed = [e.model for e in d.of_turn(second) if e.__struct_config__.tag == "runtime_model"]
+    assert observed == ["gpt-other"] and end.response["usage"]["model"] == "gpt-other"
