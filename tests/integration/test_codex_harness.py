@@ -257,7 +257,10 @@ async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdi
     host: HostProcess, llm: FakeOpenAI
 ) -> None:
     d, turn, asked = await _command_turn(
-        host, llm, "s-cx-accept", "echo made-by-codex > out.txt; env > env.txt"
+        host,
+        llm,
+        "s-cx-accept",
+        "echo made-by-codex > out.txt; env > env.txt; cat /proc/*/environ > proc.txt",
     )
     # Policy first (the model call, then the command), then the person.
     assert [getattr(a, "phase", "elicitation") for a in asked] == [
@@ -276,10 +279,15 @@ async def test_an_accepted_command_asks_a_person_then_runs_in_the_session_workdi
     assert output["call_id"] == calls[0]["call_id"] == "call_1"
     workdir = Path(json.loads(calls[0]["arguments"])["cwd"])
     assert (workdir / "out.txt").read_text() == "made-by-codex\n"
-    # The provider's key is the CLI's alone: a command sees neither it nor corral's variables.
+    # The provider's key is the CLI's alone: a command sees neither it nor corral's variables,
     env = (workdir / "env.txt").read_text()
     assert KEY not in env and "HARNESS_" not in env and "CORRAL_" not in env
     assert f"HOME={host.state_dir}" in env
+    # Nor can it read it from the CLI's own environment: the sandbox shows it its own
+    # processes only.
+    seen = (workdir / "proc.txt").read_bytes()
+    assert b"CODEX_HOME=" in seen or b"CODEX_SESSION_ID=" in seen
+    assert KEY.encode() not in seen and b"CODEX_PROVIDER_API_KEY" not in seen
     # The command's output went back to the model, which said its last word.
     sent = llm.requests[1].json["input"]
     assert any(i.get("type") == "function_call_output" and i["call_id"] == "call_1" for i in sent)
