@@ -38,11 +38,11 @@ from ..harnesses.claude._settings import argv as claude_argv
 from ..harnesses.claude._settings import cli_env as claude_env
 from ..harnesses.claude._settings import resolve as claude_settings
 from ..harnesses.codex._harness import APPROVAL_POLICY, SANDBOX
-from ..harnesses.codex._harness import CLIENT as CODEX_CLIENT
+from ..harnesses.codex._harness import INITIALIZE as CODEX_INIT
 from ..harnesses.codex._home import Launch as CodexLaunch
 from ..harnesses.codex._home import cli_env as codex_env
 from ..harnesses.codex._home import prepare as codex_prepare
-from ..harnesses.codex._rpc import InitializeParams, ThreadStartParams, TurnStartParams
+from ..harnesses.codex._rpc import ThreadStartParams, TurnStartParams
 from ..harnesses.protocol import (
     AnyOutput,
 )
@@ -52,7 +52,6 @@ from ._fake_provider import FakeProvider, anthropic_text, responses_text
 from .harness import first_delta
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
-CODEX_INIT = InitializeParams(client_info=CODEX_CLIENT)
 KEY = "bench-key"
 MODEL = "bench-model"
 #: How long one turn may take before the run is given up.

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from corral.harnesses import availability
-from corral.harnesses.protocol import Approval, InputAccepted, Interrupt, PolicyVerdict
+from corral.harnesses.protocol import Approval, InputAccepted, Interrupt, PolicyVerdict, ToolResult
 from tests.conftest import HostProcess, wait_for
 from tests.fake_openai import FakeOpenAI, Reply, error, responses_events
 from tests.integration._dispatch import FakeDispatch, fake_dispatch
@@ -582,3 +582,60 @@ async def test_d11_a_model_override_reaches_codex_and_is_the_serving_model(
     assert [r.json["model"] for r in llm.requests] == [MODEL, "gpt-other"]
     observed = [e.model for e in d.of_turn(second) if e.__struct_config__.tag == "runtime_model"]
     assert observed == ["gpt-other"] and end.response["usage"]["model"] == "gpt-other"
+
+
+SHELL_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "sys_os_shell",
+        "description": "Run a shell command in the session's environment.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+
+
+async def test_the_runners_tools_are_offered_to_codex_and_run_by_the_runner(
+    host: HostProcess, llm: FakeOpenAI
+) -> None:
+    """The turn's ``tools`` are Codex's dynamic tools: the model sees them beside Codex's own,
+    and a call of one is the runner's (``action_required``, answered by dispatch), its output
+    going back to the model — and offered again to a resumed thread."""
+    call = ("call_rt", "sys_os_shell", json.dumps({"command": "uname"}))
+    llm.queue(
+        Reply(frames=responses_events(MODEL, calls=[call])),
+        _text(["the runner says Linux"]),
+        _text(["again"]),
+    )
+    session = "s-cx-runner-tools"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session) as asked:
+        turn = await d.start_turn(session, _spec(llm), "which OS?", tools=[SHELL_TOOL])
+        wanted = await d.wait_for(
+            lambda e: getattr(e, "item", {}).get("status") == "action_required", timeout=30
+        )
+        assert (wanted.item["name"], json.loads(wanted.item["arguments"])) == (
+            "sys_os_shell",
+            {"command": "uname"},
+        )
+        result = ToolResult(session_id=session, call_id=wanted.item["call_id"], output="Linux")
+        assert await d.send(result) == InputAccepted(status=204)
+        end = await d.terminal(turn, timeout=30)
+        assert end.__struct_config__.tag == "response.completed", end
+        # A new worker, the thread resumed: the runner's tools are still the model's.
+        worker = _worker_pid(host, session)
+        os.kill(worker, signal.SIGKILL)
+        await _eventually(lambda: _gone(worker), "the worker gone")
+        again = await d.start_turn(session, _spec(llm), "and now?", tools=[SHELL_TOOL])
+        assert (await d.terminal(again, timeout=30)).__struct_config__.tag == "response.completed"
+    first, second, third = llm.requests
+    offered = [t.get("name") for t in first.json["tools"]]
+    assert "sys_os_shell" in offered and "exec_command" in offered
+    assert "sys_os_shell" in [t.get("name") for t in third.json["tools"]]
+    sent = [i for i in second.json["input"] if i.get("call_id") == "call_rt"]
+    assert [i["type"] for i in sent] == ["function_call", "function_call_output"]
+    assert sent[1]["output"] == "Linux"
+    # The runner's call is shown once, as every kind shows it (no Codex item on top), and
+    # the model call's policy question counted the tool; no person was asked.
+    calls = [i for i in _items(d, turn) if i["type"] == "function_call"]
+    assert [c["status"] for c in calls] == ["in_progress", "action_required", "completed"]
+    assert [(a.phase, a.data["tools_count"]) for a in asked] == [("PHASE_LLM_REQUEST", 1)] * 2
+    assert _text_of(d, turn) == "the runner says Linux"

@@ -15,12 +15,11 @@ import pytest
 import trio
 
 from corral.harnesses._cli_process import CliExited, open_cli
+from corral.harnesses.codex._harness import INITIALIZE
 from corral.harnesses.codex._relay import Relay, Usage
 from corral.harnesses.codex._rpc import (
     METHOD_NOT_FOUND,
     AppServer,
-    ClientInfo,
-    InitializeParams,
     Notification,
     ProtocolError,
     RpcFailed,
@@ -80,7 +79,7 @@ async def test_requests_get_their_results_and_an_error_is_a_typed_failure(tmp_pa
     async with await _serve(tmp_path) as cli, trio.open_nursery() as nursery:
         server = AppServer(cli)
         nursery.start_soon(server.read)
-        info = InitializeParams(client_info=ClientInfo(name="corral", version="1"))
+        info = INITIALIZE
         assert await server.request("initialize", info) == {"userAgent": "stand-in"}
         with pytest.raises(RpcFailed, match=r"^codex app-server refused refuse: no such thing"):
             await server.request("refuse", info)
@@ -121,7 +120,7 @@ async def test_an_unknown_server_request_during_a_turn_is_refused_and_the_turn_g
                 async for message in events:
                     seen.append(message)
                     if isinstance(message, ServerRequest):
-                        await relay._approve(message)
+                        await relay._answer(message)
                     elif message.method == "answered":
                         break
         assert [type(m).__name__ for m in seen] == ["Notification", "ServerRequest", "Notification"]

@@ -39,6 +39,7 @@ from ._rpc import (
     METHOD_NOT_FOUND,
     ApprovalAnswer,
     AppServer,
+    Capabilities,
     ClientInfo,
     InitializeParams,
     Notification,
@@ -65,7 +66,11 @@ APPROVAL_POLICY = "untrusted"
 SANDBOX = "workspace-write"
 #: How long an interrupted turn has to end before its CLI is ended instead.
 INTERRUPT_GRACE_S = 5.0
-CLIENT = ClientInfo(name="corral", version="1")
+#: ``experimentalApi``: the runner's tools go to Codex as ``dynamicTools``.
+INITIALIZE = InitializeParams(
+    client_info=ClientInfo(name="corral", version="1"),
+    capabilities=Capabilities(experimental_api=True),
+)
 
 
 @dataclass
@@ -146,7 +151,7 @@ class CodexHarness:
                     server = AppServer(cli)
                     nursery.start_soon(_read, server)
                     try:
-                        await server.request("initialize", InitializeParams(client_info=CLIENT))
+                        await server.request("initialize", INITIALIZE)
                         await server.notify("initialized")
                     except RpcFailed as exc:
                         raise CliError(str(exc)) from exc
@@ -216,7 +221,7 @@ class CodexHarness:
         question = {
             "model": settings.model,
             "messages_count": len(given.history) + 1,
-            "tools_count": 0,
+            "tools_count": len(given.tools),
             "system_prompt_preview": (settings.instructions or "")[:200],
             "last_user_message": given.text[:500],
         }
@@ -246,12 +251,17 @@ class CodexHarness:
             approval_policy=APPROVAL_POLICY,
             sandbox=SANDBOX,
             developer_instructions=settings.instructions,
+            dynamic_tools=given.tools or None,
         )
         saved = await trio.to_thread.run_sync(saved_thread, launch.codex_home)
         opened: ThreadOpened | None = None
         if saved is not None:
             try:
-                resume = ThreadResumeParams(**msgspec.structs.asdict(start), thread_id=saved)
+                # Its dynamic tools are the thread's: Codex keeps them with it.
+                kept = {
+                    k: v for k, v in msgspec.structs.asdict(start).items() if k != "dynamic_tools"
+                }
+                resume = ThreadResumeParams(**kept, thread_id=saved)
                 result = await server.request("thread/resume", resume)
                 opened = result_as(result, ThreadOpened, "thread/resume")
             except RpcFailed as exc:
@@ -284,6 +294,7 @@ class CodexHarness:
             provider=provider_of(settings.base_url),
             usage=running.usage,
             idle_timeout_s=settings.idle_timeout_s,
+            tools=frozenset(t["name"] for t in given.tools),
         )
         params = TurnStartParams(thread_id=thread, input=given.parts, model=settings.model)
         with server.listen() as events:

@@ -1,6 +1,7 @@
 """What Codex is given of a turn's message: the new user input, and the history before it.
 
-The turn's §iv.1 ``message`` holds the session's whole history, its last user message being
+The turn's §iv.1 ``message`` holds the session's whole history (and the runner's tools,
+offered to Codex as its *dynamic tools*: :func:`runner_tools`), its last user message being
 this turn's (dispatch runs a message that arrives mid-turn as a turn of its own). Codex
 keeps its own thread, so only that last message goes to ``turn/start``, as Codex's
 ``UserInput`` parts: text as ``text``, an image as ``image`` (its URL, a ``data:`` URL
@@ -25,6 +26,30 @@ _TEXT_PARTS = ("text", "input_text", "output_text")
 _TEXT_TYPES = ("application/json", "application/xml", "application/yaml", "application/x-yaml")
 
 
+def runner_tools(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The runner's tools the turn's message offers (``tools``, chat or flat shape), as Codex
+    dynamic tools: ``{type: "function", name, description, inputSchema}``."""
+    tools = []
+    for tool in message.get("tools") or []:
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            continue
+        nested = tool.get("function")
+        fn: dict[str, Any] = nested if isinstance(nested, dict) else tool
+        name = fn.get("name")
+        if isinstance(name, str) and name:
+            schema = fn.get("parameters") or {"type": "object", "properties": {}}
+            description = str(fn.get("description") or "")
+            tools.append(
+                {
+                    "type": "function",
+                    "name": name,
+                    "description": description,
+                    "inputSchema": schema,
+                }
+            )
+    return tools
+
+
 @dataclass(frozen=True, slots=True)
 class TurnInput:
     """The ``input`` of ``turn/start``, and the history before it as Responses items."""
@@ -33,6 +58,8 @@ class TurnInput:
     history: list[dict[str, Any]]
     #: The user's text, for the LLM-request policy check.
     text: str
+    #: The runner's tools (:func:`runner_tools`).
+    tools: list[dict[str, Any]]
 
 
 def turn_input(message: Mapping[str, Any]) -> TurnInput:
@@ -44,11 +71,12 @@ def turn_input(message: Mapping[str, Any]) -> TurnInput:
         else [i for i in content or [] if isinstance(i, dict)]
     )
     last = next((n for n in range(len(items) - 1, -1, -1) if _is_message(items[n], "user")), None)
+    tools = runner_tools(message)
     if last is None:
-        return TurnInput([], _seed(items), "")
+        return TurnInput([], _seed(items), "", tools)
     parts = _user_parts(items[last].get("content"))
     text = "\n".join(p["text"] for p in parts if p["type"] == "text")
-    return TurnInput(parts, _seed(items[:last]), text)
+    return TurnInput(parts, _seed(items[:last]), text, tools)
 
 
 def _is_message(item: Mapping[str, Any], role: str) -> bool:

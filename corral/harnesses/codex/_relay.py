@@ -19,9 +19,12 @@ What Codex says, and what the session sees of it:
 
 A command or file change Codex asks to run (``item/commandExecution/requestApproval``,
 ``item/fileChange/requestApproval``) is decided by :func:`corral.harnesses._permission.decide`
-— policy, then a person — and answered ``accept`` or ``decline``; every other server request
-is refused with a JSON-RPC error at once. Approvals are decided in tasks of their own, so
-the relay goes on reading meanwhile.
+— policy, then a person — and answered ``accept`` or ``decline``. A runner tool the model
+called (``item/tool/call``: the turn's ``tools`` are the thread's dynamic tools) runs through
+:meth:`TurnContext.call_tool`, which shows it as a ``function_call`` (Codex's own
+``dynamicToolCall`` item is not shown again). Every other server request is refused with a
+JSON-RPC error at once. Each is answered in a task of its own, so the relay goes on reading
+meanwhile.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from ._rpc import (
     ThreadItem,
     Tokens,
     TokenUsageUpdated,
+    ToolAnswer,
+    ToolCall,
     TurnInfo,
     TurnStarted,
     params_as,
@@ -63,6 +68,8 @@ log = logging.getLogger("corral.harnesses.codex")
 COMMAND_APPROVAL = "item/commandExecution/requestApproval"
 FILE_CHANGE_APPROVAL = "item/fileChange/requestApproval"
 APPROVALS = (COMMAND_APPROVAL, FILE_CHANGE_APPROVAL)
+#: The model called one of the runner's tools (Codex's dynamic tools).
+TOOL_CALL = "item/tool/call"
 #: The tool names the session's transcript shows for Codex's own tools.
 SHELL_TOOL = "exec_command"
 PATCH_TOOL = "apply_patch"
@@ -88,11 +95,14 @@ class Relay:
     provider: str
     usage: Usage
     idle_timeout_s: float
+    #: The runner tools this turn offers (by name): what ``item/tool/call`` may run.
+    tools: frozenset[str] = frozenset()
     #: Codex's id of this turn, once known.
     codex_turn: str | None = None
     #: Whether Codex may be running this turn: asked to start it, and not seen to end it.
     outstanding: bool = False
-    #: Approvals being decided: no idle deadline meanwhile (a person may take long).
+    #: Server requests being answered: no idle deadline meanwhile (a person, a runner tool
+    #: may take long).
     asking: int = 0
     _idle: trio.CancelScope = field(default_factory=trio.CancelScope)
     _streamed: set[str] = field(default_factory=set)
@@ -117,7 +127,7 @@ class Relay:
                 self._heard()
                 if isinstance(message, ServerRequest):
                     self._begin_asking()
-                    nursery.start_soon(self._approve, message)
+                    nursery.start_soon(self._answer, message)
                     continue
                 try:
                     ended = await self._on(message)
@@ -233,9 +243,13 @@ class Relay:
 
     # --- server requests --------------------------------------------------------------------
 
-    async def _approve(self, request: ServerRequest) -> None:
-        """Decide one server request and answer it (a task of its own)."""
+    async def _answer(self, request: ServerRequest) -> None:
+        """Answer one server request (a task of its own): an approval is decided, a runner
+        tool is run, anything else is refused."""
         try:
+            if request.method == TOOL_CALL:
+                await self.server.answer(request, await self._run_tool(request))
+                return
             asked = self._question(request)
             if asked is None:
                 await self.server.refuse(
@@ -250,6 +264,16 @@ class Relay:
             await self.server.refuse(request, INVALID_PARAMS, str(exc))
         finally:
             self._end_asking()
+
+    async def _run_tool(self, request: ServerRequest) -> ToolAnswer:
+        """Run the runner tool Codex's model called, the way every kind runs one
+        (:meth:`TurnContext.call_tool`: the call shown, policy, the tools actor)."""
+        call = params_as(request, ToolCall)
+        if call.tool not in self.tools or not isinstance(call.arguments, dict | None):
+            text = f"error: no runner tool {call.tool!r} taking an object of arguments here"
+            return ToolAnswer(content_items=[{"type": "inputText", "text": text}], success=False)
+        output = await self.turn.call_tool(call.tool, call.arguments or {})
+        return ToolAnswer(content_items=[{"type": "inputText", "text": output}], success=True)
 
     def _question(self, request: ServerRequest) -> tuple[str, dict[str, Any], str] | None:
         """The tool, arguments and call id ``request`` asks about; None for one corral does

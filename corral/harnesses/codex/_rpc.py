@@ -73,8 +73,14 @@ class ClientInfo(_Params):
     version: str
 
 
+class Capabilities(_Params):
+    #: Needed for ``dynamicTools`` (corral's runner tools) on ``thread/start``.
+    experimental_api: bool
+
+
 class InitializeParams(_Params):
     client_info: ClientInfo
+    capabilities: Capabilities
 
 
 class ThreadStartParams(_Params):
@@ -83,6 +89,9 @@ class ThreadStartParams(_Params):
     approval_policy: str
     sandbox: str
     developer_instructions: str | None = None
+    #: Tools Codex offers the model and asks the client to run (``item/tool/call``), as
+    #: ``{type: "function", name, description, inputSchema}``; kept with the thread.
+    dynamic_tools: list[dict[str, Any]] | None = None
 
 
 class ThreadResumeParams(_Params):
@@ -118,6 +127,13 @@ class TurnInterruptParams(_Params):
 class ApprovalAnswer(_Params):
     #: ``accept`` or ``decline`` (Codex tells the model a declined call was rejected).
     decision: str
+
+
+class ToolAnswer(_Params):
+    """The answer to ``item/tool/call``: the tool's output as text."""
+
+    content_items: list[dict[str, str]]
+    success: bool
 
 
 class _Request(msgspec.Struct):
@@ -281,6 +297,14 @@ class FileChangeApproval(_Read):
     item_id: str
     reason: str | None = None
     grant_root: str | None = None
+
+
+class ToolCall(_Read):
+    """``item/tool/call``: the model called one of the thread's dynamic tools."""
+
+    call_id: str
+    tool: str
+    arguments: Any = None
 
 
 T = TypeVar("T")
