@@ -25,16 +25,21 @@ def stack(
             yield s
 
 
-async def test_codexs_command_is_approved_through_the_server_and_transcribed(
-    client: Client, stack: Stack
-) -> None:
-    """The runner's hello offers ``codex`` (§L); Codex's command approval reaches the client
-    as the server's elicitation, the client's accept runs the command in the workspace, and
-    the server's transcript holds Codex's ``exec_command`` call and its output (§E.1)."""
+async def test_the_runners_hello_offers_codex(client: Client, stack: Stack) -> None:
+    """§L: the server routes a ``codex`` session only to a runner whose hello has it. (The
+    module's stack starts with this test: its cost is not the next one's.)"""
     runners = (await client.http.get("/v1/runners")).json()
     rows = runners.get("data", runners) if isinstance(runners, dict) else runners
     (runner,) = [r for r in rows if r["runner_id"] == stack.runner_id]
     assert "codex" in runner["harnesses"]
+
+
+async def test_codexs_command_is_approved_through_the_server_and_transcribed(
+    client: Client, stack: Stack
+) -> None:
+    """Codex's command approval reaches the client as the server's elicitation, the client's
+    accept runs the command in the workspace, and the server's transcript holds Codex's
+    ``exec_command`` call and its output (§E.1)."""
     session = await client.session("codexcmd")
     stream = await client.open_stream(session)
     start = len(stream.events)

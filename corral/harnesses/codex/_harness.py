@@ -103,7 +103,8 @@ class CodexHarness:
     """The ``codex`` worker kind.
 
     Args:
-        options: worker options from the harness actor (none are read).
+        options: worker options from the harness actor (the kinds' constructor takes them;
+            this one reads none: its settings are the agent spec's).
         environ: where the ``HARNESS_*`` variables are read; ``os.environ`` by default.
     """
 
@@ -113,7 +114,6 @@ class CodexHarness:
         *,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.options = dict(options or {})
         self.environ = os.environ if environ is None else environ
         self._wants, self._wanted = trio.open_memory_channel[_Wanted](0)
         self._running: _Running | None = None
