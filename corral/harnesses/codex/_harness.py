@@ -391,7 +391,7 @@ class CodexHarness:
             except (CliError, RpcFailed, ProtocolError) as exc:
                 log.warning("codex did not take the interrupt: %s", exc)
         if over.is_set():
-            ended = server.cli.end_commands()
+            ended = await trio.to_thread.run_sync(server.cli.end_commands)
             if ended:
                 log.info("ended %d process(es) the interrupted codex turn left running", ended)
         else:
