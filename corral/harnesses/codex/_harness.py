@@ -269,10 +269,11 @@ class CodexHarness:
         if opened is None:
             result = await server.request("thread/start", start)
             opened = result_as(result, ThreadOpened, "thread/start")
-            await trio.to_thread.run_sync(save_thread, launch.codex_home, opened.thread.id)
             if given.history:
                 seed = ThreadInjectItemsParams(thread_id=opened.thread.id, items=given.history)
                 await server.request("thread/inject_items", seed)
+            # Saved once it has the history: a turn cut off before starts (and seeds) anew.
+            await trio.to_thread.run_sync(save_thread, launch.codex_home, opened.thread.id)
         running.thread, running.opened_for, running.served = (
             opened.thread.id,
             settings.model,
