@@ -639,3 +639,33 @@ async def test_the_runners_tools_are_offered_to_codex_and_run_by_the_runner(
     assert [c["status"] for c in calls] == ["in_progress", "action_required", "completed"]
     assert [(a.phase, a.data["tools_count"]) for a in asked] == [("PHASE_LLM_REQUEST", 1)] * 2
     assert _text_of(d, turn) == "the runner says Linux"
+
+
+@pytest.mark.chaos
+async def test_kill_9_of_the_worker_while_codex_waits_for_a_person_ends_all_of_it(
+    host: HostProcess, llm: FakeOpenAI
+) -> None:
+    """The worker dies with an approval parked: the question is resolved and the turn fails
+    ``harness_restarted`` (docs/harnesses.md, *Parked elicitations*), the CLI died with its
+    worker (PDEATHSIG) so the command never runs, and the session's next turn resumes the
+    thread in a new worker."""
+    llm.queue(_command("echo late > parked.txt"), _text(["resumed"]))
+    session = "s-cx-kill-parked"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session, person=""):
+        turn = await d.start_turn(session, _spec(llm), "write it")
+        asked = await d.wait_type("response.elicitation_request", turn_id=turn, timeout=30)
+        codex = await _codex_pid(host, session)
+        os.kill(_worker_pid(host, session), signal.SIGKILL)
+        end = await d.terminal(turn, timeout=15)
+        assert end.__struct_config__.tag == "response.failed"
+        assert end.error["code"] == "harness_restarted"
+        await _eventually(lambda: _gone(codex), "the CLI gone with its worker")
+        rows = host.ask("elicitations")["elicitations"]
+        (row,) = [r for r in rows if r["elicitation_id"] == asked.elicitation_id]
+        assert row["state"] != "parked"
+        again = await d.start_turn(session, _spec(llm), "go on")
+        end = await d.terminal(again, timeout=30)
+    assert end.__struct_config__.tag == "response.completed", end
+    workdir = Path(json.loads(_items(d, turn)[0]["arguments"])["cwd"])
+    assert not (workdir / "parked.txt").exists()
+    assert _input_texts(llm.requests[-1])[-2:] == ["write it", "go on"]
