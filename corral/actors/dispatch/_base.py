@@ -30,6 +30,7 @@ from ...harnesses.protocol import HARNESS_ACTOR, InputAccepted, Output
 from ...server_client import ServerClient, pick_server
 from .._actor import Actor, ActorContext
 from .._crash import crash_point
+from .._tally import Tally
 from ..policy.messages import PolicyEvaluate, ToolCall, TurnEnded
 from ._fanout import Fanout
 from ._options import DispatchOptions
@@ -67,6 +68,11 @@ class DispatchBase(Actor):
         self._deleted_seq: dict[str, int] = {}
         #: Ids of sessions reclaimed from memory while idle (their records are in the store).
         self._reclaimed: set[str] = set()
+        #: The host is stopping (:meth:`~._actor.DispatchActor.drain`): no new turn starts; a
+        #: message is buffered, durably, for the next host's dispatch to run.
+        self.stopping = False
+        #: Set, and replaced, each time a turn ends: what a drain waits on.
+        self.turn_ended = trio.Event()
         self.stats = {
             "turns": 0,
             "buffered": 0,
@@ -76,7 +82,21 @@ class DispatchBase(Actor):
             "revived": 0,
             "duplicates": 0,
         }
+        #: What ``/metrics`` shows of the turns (``corral_turns_total``, time to first delta).
+        self.tally = Tally()
         self.fanout.on_delivered = self._delivered
+
+    def _ended(self, turn: Turn, status: str, failure: JsonObject | None) -> None:
+        """Count a turn's end by outcome (``completed``, ``failed`` with its error code,
+        ``interrupted``), and wake a drain waiting for the active turns to end."""
+        if status == "failed":
+            self.stats["failed"] += 1
+            code = str((failure or {}).get("code") or "unknown")
+            self.tally.count("turns", outcome="failed", error=code)
+        else:
+            self.tally.count("turns", outcome="interrupted" if turn.interrupted else "completed")
+        self.turn_ended.set()
+        self.turn_ended = trio.Event()
 
     async def _session(self, session_id: str, runner_id: str | None) -> Session | None:
         """The session of this id for a request through ``runner_id``: held, read back from

@@ -64,7 +64,8 @@ class TurnFlow(TurnSetup):
             session.spec = None
         body = msgspec.to_builtins(event)
         # An idle session with messages buffered has their turn queued: this one joins them.
-        if on_message(session.phase) == "buffer" or record.buffer:
+        # A stopping host starts no turn: the next one's dispatch runs the buffer at start.
+        if self.stopping or on_message(session.phase) == "buffer" or record.buffer:
             # Its own turn, after this one (PROTOCOL_0_19.md §E.3): the server saves each
             # turn's answer as its own item. BEHAVIOURS.md D-30 offered it to the running turn
             # as an injection; the real server decides, and with that the first turn's answer
@@ -146,7 +147,7 @@ class TurnFlow(TurnSetup):
         """Run the buffered messages as the next turn (queued when a turn ends with messages
         buffered, and at start for a session whose turn ended before they began)."""
         await self._drained(session.id)
-        if session.turn is not None or not session.record.buffer:
+        if session.turn is not None or not session.record.buffer or self.stopping:
             return
         if self.sessions.get(session.id) is not session:
             return
@@ -365,8 +366,7 @@ class TurnFlow(TurnSetup):
             await self.fanout.end_stream(turn.stream_to)
         buffered = bool(session.record.buffer)
         session.record.end_turn()
-        if status == "failed":
-            self.stats["failed"] += 1
+        self._ended(turn, status, failure)
         after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
         await self._child_ended(session, turn, status, failure, after is Next.EDGE)
         with self.fanout.held(session.id):
