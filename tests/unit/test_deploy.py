@@ -7,10 +7,12 @@ against the real server without a container."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
+from corral._child_env import Sandbox
 from corral.actors._metrics import METRICS
 from corral.config import BUILTIN, Config, listen_address, parse_config
+from corral.tools.sandbox import wrap
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -130,6 +134,35 @@ def test_systemd_analyze_verifies_the_unit_and_rates_its_exposure(tmp_path: Path
     exposure = re.search(r"Overall exposure level for corral.service: ([\d.]+)", rated.stdout)
     if rated.returncode == 0 and exposure:  # --offline needs systemd >= 250
         assert float(exposure.group(1)) <= 5.0, rated.stdout
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("bwrap")),
+    reason="needs root, setpriv and bwrap to take a user's privileges away",
+)
+def test_a_sandbox_runs_under_the_units_privilege_limits() -> None:
+    """What the unit takes away (no new privileges, no capability, not root) leaves corral's
+    bubblewrap sandboxes working: they are unprivileged user namespaces."""
+    unit = unit_directives((DEPLOY / "systemd" / "corral.service").read_text())["Service"]
+    assert unit["NoNewPrivileges"] == ["yes"] and unit["CapabilityBoundingSet"] == [""]
+    work = Path(tempfile.mkdtemp(prefix="corral-unit-"))
+    try:
+        work.chmod(0o777)  # the unprivileged user below works there
+        argv = wrap(
+            ["/bin/sh", "-c", "echo inside > out; grep -c . /proc/self/status >> out"],
+            Sandbox(),
+            cwd=work,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
+        )
+        limits = ["--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
+        user = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+        done = subprocess.run(
+            ["setpriv", *user, *limits, *argv], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert (work / "out").read_text().splitlines()[0] == "inside"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # --- container files ---------------------------------------------------------------------
