@@ -64,6 +64,8 @@ log = logging.getLogger("corral.host")
 INPROC_ENDPOINT = "inproc://corral-broker"
 #: A starting actor gets at least this long to say hello before liveness applies.
 START_GRACE_S = 10.0
+#: How often a drain looks whether the broker has delivered what it holds.
+DELIVERY_POLL_S = 0.02
 
 #: The broker's parked entries → the rows of ``corral elicitations``.
 ElicitationView = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
@@ -380,13 +382,24 @@ class Host:
         left = await self._drain_round(deadline)
         if not any(left.values()):
             # Once more: what the first round waited for may have left work to another
-            # actor (the end of a turn, to the gateway to relay).
+            # actor (the end of a turn, to the gateway to relay). Asked once the broker has
+            # delivered that work: an actor handles its messages in order, so its drain then
+            # starts with the work in hand.
+            await self._delivered(deadline)
             left = await self._drain_round(deadline)
         busy = {name: n for name, n in left.items() if n}
         if busy:
             log.warning("drain timed out after %.0fs; still in flight: %s", timeout, busy)
         else:
             log.info("drained")
+
+    async def _delivered(self, deadline: float) -> None:
+        """Return once no mailbox holds a durable message not yet delivered (or at the
+        deadline: an actor that is down keeps its messages queued)."""
+        assert self.broker is not None
+        with trio.move_on_at(deadline):
+            while any(box["queued"] for box in self.broker.mailboxes()):
+                await trio.sleep(DELIVERY_POLL_S)
 
     async def _drain_round(self, deadline: float) -> dict[str, int]:
         """Ask every running actor to drain, at once; what each has left in flight."""

@@ -96,8 +96,19 @@ async def test_sigterm_mid_turn_drains_it_to_its_end_and_the_next_host_runs_what
 
         with trio.fail_after(20):
             await api.follow(quick, "0", on_event)
-    assert consumed == ["buffered"]
-    assert first.status()["host"]["state"] == "draining", "the job's turn still runs"
+        assert consumed == ["buffered"]
+        assert first.status()["host"]["state"] == "draining", "the job's turn still runs"
+        # The turn's end reaches the client from this host, before it stops.
+        statuses: list[str] = []
+
+        async def on_status(event) -> bool:  # type: ignore[no-untyped-def]
+            if event.type == "session.status":
+                statuses.append(str(event.data["status"]))
+            return statuses[-1:] == ["idle"]
+
+        with trio.fail_after(30):
+            await api.follow(job, "0", on_status)
+        assert statuses == ["running", "idle"]
     assert _runs(tmp_path, "quick") == 0
     code = await trio.to_thread.run_sync(first.proc.wait, 60)
     assert code == 0

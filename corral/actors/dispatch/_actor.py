@@ -137,6 +137,9 @@ class DispatchActor(SubagentWork):
         with trio.move_on_after(wait_s):
             while self._active_turns():
                 await self.turn_ended.wait()
+            # Their ends are with the broker before the answer: the host asks the gateway
+            # to drain next, and it then has them to send.
+            await self.fanout.sent()
         return self._active_turns()
 
     def _active_turns(self) -> int:

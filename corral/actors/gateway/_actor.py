@@ -259,17 +259,20 @@ class GatewayActor(Actor):
             self.nursery.start_soon(tunnel.run)
 
     async def drain(self, wait_s: float) -> int:
-        """The host is stopping: wait up to ``wait_s`` for the events not yet written to
-        the server (the end of a turn the drain let finish) to go while a tunnel is up; the
+        """The host is stopping: wait up to ``wait_s`` for the events the server's open
+        streams have not been written yet (the end of a turn the drain let finish); the
         number left. None is lost either way: the buffer is durable, and the next host's
-        gateway sends what is left; with no tunnel up there is nothing to wait for."""
+        gateway sends what is left. Events of a session whose stream the server does not hold
+        open, or with no tunnel up, are not waited for: nothing would send them now."""
         with trio.move_on_after(wait_s):
-            while self.buffer.unsent_count() and self._connected():
+            while self._unsent_on_streams():
                 await trio.sleep(DRAIN_POLL_S)
-        return self.buffer.unsent_count() if self._connected() else 0
+        return self._unsent_on_streams()
 
-    def _connected(self) -> bool:
-        return any(t.state == "connected" for t in self.tunnels)
+    def _unsent_on_streams(self) -> int:
+        if not any(t.state == "connected" for t in self.tunnels):
+            return 0
+        return sum(self.buffer.pending_in(session_id) for session_id in self._streams)
 
     async def terminate(self) -> None:
         self.buffer.close()
