@@ -123,6 +123,8 @@ class HostMetrics:
     def child_spawning(self, row: ChildRow) -> None:
         """A child is being spawned: if it is a restart, count it by its last exit."""
         seen = self._restarts_seen.get(row.name, 0)
+        if row.restarts < seen:  # a new child of the name (a rebind): counted from zero
+            seen = 0
         if row.restarts > seen:
             cause = exit_cause(row.last_exit)
             self.restarts.count("restarts", row.restarts - seen, actor=row.name, cause=cause)

@@ -137,6 +137,9 @@ async def test_the_endpoint_text_has_every_family_and_counts_restarts_by_cause()
     killed = {"code": -9, "reason": "killed by signal 9 (SIGKILL)"}
     metrics.child_spawning(ChildRow("dispatch", True, False, 11, 1, killed))
     metrics.child_spawning(ChildRow("dispatch", True, False, 11, 1, killed))  # seen: once
+    metrics.child_spawning(ChildRow("gateway", True, False, 12, 2, killed))
+    metrics.child_spawning(ChildRow("gateway", True, False, 13, 0, None))  # a rebind: new child
+    metrics.child_spawning(ChildRow("gateway", True, False, 14, 1, killed))
     body, content_type = await metrics.render("")
     assert content_type.startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
@@ -147,7 +150,9 @@ async def test_the_endpoint_text_has_every_family_and_counts_restarts_by_cause()
         for f in families.values()
         for s in f.samples
     }
-    assert samples[("corral_actor_restarts_total", (("actor", "dispatch"), ("cause", "SIGKILL")))]
+    restarts = "corral_actor_restarts_total"
+    assert samples[(restarts, (("actor", "dispatch"), ("cause", "SIGKILL")))] == 1
+    assert samples[(restarts, (("actor", "gateway"), ("cause", "SIGKILL")))] == 3
     assert samples[("corral_host_state", (("state", "draining"),))] == 1
     assert samples[("corral_dead_letters", (("actor", "policy"),))] == 2
     assert samples[("corral_parked_elicitations", ())] == 1
