@@ -317,12 +317,17 @@ class Hosts:
 
     def cleanup(self) -> None:
         for h in self.hosts:
-            if h.proc is not None and h.proc.poll() is None:
-                h.proc.kill()
-                h.proc.wait(10)
-            for pid in processes_of(h.state_dir):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_host(h)
+
+
+def kill_host(h: HostProcess) -> None:
+    """Kill what is left of ``h``: its host process, and every process of its state dir."""
+    if h.proc is not None and h.proc.poll() is None:
+        h.proc.kill()
+        h.proc.wait(10)
+    for pid in processes_of(h.state_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -1,13 +1,12 @@
 """A real host with its embedded control plane and scripted agents, for the tests of running
 corral as a service (test_drain.py, test_service.py): start it, stop it, start another on the
-same state dir, and read a session's events back through the client API."""
+same state dir, and read a session's events back through the client API. What is left of a
+host after a test: ``tests.conftest.kill_host``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import trio
 
 from corral.cli._client import ControlPlane, StreamEvent
-from tests.conftest import FAST_LIVENESS, HostProcess, processes_of, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 
 #: Terminal edges of a turn on the client's stream.
 TERMINAL = ("idle", "failed")
@@ -50,16 +49,6 @@ def start(host: HostProcess, **env: str) -> HostProcess:
         lambda: any(t["state"] == "connected" for t in host.status()["tunnels"]), 30, "tunnel"
     )
     return host
-
-
-def cleanup(host: HostProcess) -> None:
-    """Kill whatever is left of ``host``'s processes."""
-    if host.proc is not None and host.proc.poll() is None:
-        host.proc.kill()
-        host.proc.wait(10)
-    for pid in processes_of(host.state_dir):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 async def session_events(

@@ -15,9 +15,9 @@ import pytest
 import trio
 
 from corral.cli._client import ControlPlane
-from tests.conftest import HostProcess, wait_until
+from tests.conftest import HostProcess, kill_host, wait_until
 
-from ._plane_host import cleanup, edges, plane_host, session_events, start, text
+from ._plane_host import edges, plane_host, session_events, start, text
 
 
 def _agents(root: Path) -> dict[str, str]:
@@ -62,7 +62,7 @@ def hosts(tmp_path: Path) -> Iterator[Callable[[str], HostProcess]]:
 
     yield make
     for host in made:
-        cleanup(host)
+        kill_host(host)
 
 
 async def _post(host: HostProcess, agent: str, message: str) -> str:

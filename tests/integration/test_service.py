@@ -17,9 +17,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FAST_LIVENESS, HostProcess, corral, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, corral, kill_host, wait_until
 
-from ._plane_host import cleanup, plane_host, start
+from ._plane_host import plane_host, start
 
 AGENTS = {
     "talk": """
@@ -143,7 +143,7 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
 def metrics_host(tmp_path: Path) -> Iterator[HostProcess]:
     host = plane_host(tmp_path, AGENTS, '[metrics]\nlisten = "127.0.0.1:0"\n')
     yield start(host)
-    cleanup(host)
+    kill_host(host)
 
 
 def _send(host: HostProcess, agent: str) -> dict[str, Any]:
