@@ -193,14 +193,16 @@ class HostMetrics:
         parked = gauge("corral_parked_elicitations", [])
         waiting = [e for e in src.elicitations() if e.get("state", "parked") == "parked"]
         parked.add_metric([], len(waiting))
+        # The lists ``corral status`` shows too (``ActorRole.status_lists``): the gateway's
+        # tunnels, the harness actor's workers.
         tunnels = gauge("corral_tunnel_state", ["runner_id", "state"])
-        for tunnel in (snapshots.get("gateway") or {}).get("tunnels", []):
+        for tunnel in _listed(snapshots, "tunnels"):
             states = dict.fromkeys(TUNNEL_STATES, 0.0) | {str(tunnel["state"]): 1.0}
             for state, value in states.items():
                 tunnels.add_metric([str(tunnel["runner_id"]), state], value)
         workers = gauge("corral_harness_workers", [])
-        if "harness" in snapshots:
-            workers.add_metric([], len(snapshots["harness"].get("workers", [])))
+        if any("workers" in snapshot for snapshot in snapshots.values()):
+            workers.add_metric([], len(_listed(snapshots, "workers")))
         out.extend(self._tallied())
         return out
 
@@ -258,6 +260,11 @@ class HostMetrics:
                 await self.refresh()
             except Exception:
                 log.exception("metrics: refreshing the actors' tallies failed")
+
+
+def _listed(snapshots: dict[str, dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The rows of list ``key`` in every snapshot that has one."""
+    return [row for snapshot in snapshots.values() for row in snapshot.get(key, [])]
 
 
 def _per_actor(boxes: list[dict[str, Any]]) -> dict[str, tuple[int, float, int]]:

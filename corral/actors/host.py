@@ -339,13 +339,17 @@ class Host:
         ]
 
     async def _snapshot_of(self, actor: str) -> dict[str, Any] | None:
-        """An actor's inspection snapshot, or None if it does not answer within a second."""
+        """An actor's inspection snapshot, or None if it does not answer within a second.
+
+        Best effort: a busy or restarting actor must not stall ``corral status`` or a
+        scrape.
+        """
         with trio.move_on_after(1.0):
             try:
                 reply = await self._peer.call(actor, InspectRequest(), timeout=1.0)
                 return dict(reply.state)
             except Exception:
-                log.debug("metrics: %s did not answer", actor, exc_info=True)
+                log.debug("%s did not answer an inspection", actor, exc_info=True)
         return None
 
     async def _ready_when_all_run(self) -> None:
@@ -394,11 +398,17 @@ class Host:
             log.info("drained")
 
     async def _delivered(self, deadline: float) -> None:
-        """Return once no mailbox holds a durable message not yet delivered (or at the
-        deadline: an actor that is down keeps its messages queued)."""
-        assert self.broker is not None
+        """Return once no running actor's mailbox holds a durable message not yet delivered
+        to it (or at the deadline)."""
+        assert self.broker is not None and self.children is not None
+        broker, children = self.broker, self.children.children
         with trio.move_on_at(deadline):
-            while any(box["queued"] for box in self.broker.mailboxes()):
+            while any(
+                box["queued"]
+                for name, child in children.items()
+                if child.spec.bus_peer and child.state is ChildState.RUNNING
+                for box in broker.mailboxes(name)
+            ):
                 await trio.sleep(DELIVERY_POLL_S)
 
     async def _drain_round(self, deadline: float) -> dict[str, int]:
@@ -563,13 +573,8 @@ class Host:
         child = self.children.children.get(actor)
         if child is None or child.state is not ChildState.RUNNING:
             return []
-        with trio.move_on_after(1.0):
-            try:
-                reply = await self._peer.call(actor, InspectRequest(), timeout=1.0)
-                return list(reply.state.get(key, []))
-            except Exception:
-                log.debug("status: %s did not answer", actor, exc_info=True)
-        return []
+        snapshot = await self._snapshot_of(actor)
+        return list((snapshot or {}).get(key, []))
 
     async def _op_mailboxes(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.broker is not None
