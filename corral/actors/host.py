@@ -382,6 +382,7 @@ class Host:
             return
         self.state = "draining"
         log.info("draining for up to %.0fs (a second signal stops at once)", timeout)
+        self.notifier.send(f"STATUS=draining: the turns in flight end (up to {timeout:.0f}s)")
         deadline = trio.current_time() + timeout
         left = await self._drain_round(deadline)
         if not any(left.values()):

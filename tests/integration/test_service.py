@@ -102,6 +102,7 @@ def test_sd_notify_ready_once_every_actor_runs_watchdog_pings_and_stopping_on_si
     assert host.proc is not None
     host.proc.send_signal(signal.SIGTERM)
     notify.until("STOPPING=1", 20)
+    notify.until("STATUS=draining: the turns in flight end (up to 5s)", 20)
     assert host.proc.wait(30) == 0
     assert sum("READY=1" in n.splitlines() for n in notify.received) == 1
 
