@@ -135,12 +135,12 @@ class DispatchActor(SubagentWork):
         if active:
             log.info("draining: waiting up to %.0fs for %d active turns", wait_s, active)
         with trio.move_on_after(wait_s):
-            while self._active_turns():
+            while self._active_turns() or self.ending:
                 await self.turn_ended.wait()
-            # Their ends are with the broker before the answer: the host asks the gateway
+            # Their edges are with the broker before the answer: the host asks the gateway
             # to drain next, and it then has them to send.
             await self.fanout.sent()
-        return self._active_turns()
+        return self._active_turns() + self.ending
 
     def _active_turns(self) -> int:
         return sum(1 for s in self.sessions.values() if s.turn)

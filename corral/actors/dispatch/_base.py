@@ -17,8 +17,10 @@ A part calls only what is below it in the chain, so each reads (and type-checks)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -71,7 +73,9 @@ class DispatchBase(Actor):
         #: The host is stopping (:meth:`~._actor.DispatchActor.drain`): no new turn starts; a
         #: message is buffered, durably, for the next host's dispatch to run.
         self.stopping = False
-        #: Set, and replaced, each time a turn ends: what a drain waits on.
+        #: Turns being ended (their edge not yet published and saved), and an event set and
+        #: replaced each time one has been: what a drain waits on.
+        self.ending = 0
         self.turn_ended = trio.Event()
         self.stats = {
             "turns": 0,
@@ -86,17 +90,25 @@ class DispatchBase(Actor):
         self.tally = Tally()
         self.fanout.on_delivered = self._delivered
 
-    def _ended(self, turn: Turn, status: str, failure: JsonObject | None) -> None:
-        """Count a turn's end by outcome (``completed``, ``failed`` with its error code,
-        ``interrupted``), and wake a drain waiting for the active turns to end."""
-        if status == "failed":
-            self.stats["failed"] += 1
-            code = str((failure or {}).get("code") or "unknown")
-            self.tally.count("turns", outcome="failed", error=code)
-        else:
-            self.tally.count("turns", outcome="interrupted" if turn.interrupted else "completed")
-        self.turn_ended.set()
-        self.turn_ended = trio.Event()
+    @contextlib.contextmanager
+    def _ending(self, turn: Turn, status: str, failure: JsonObject | None) -> Iterator[None]:
+        """Around the end of ``turn``: in flight for a drain until its edge is published and
+        saved; then counted by outcome (``completed``, ``failed`` with its error code,
+        ``interrupted``) and a waiting drain woken."""
+        self.ending += 1
+        try:
+            yield
+        finally:
+            self.ending -= 1
+            if status == "failed":
+                self.stats["failed"] += 1
+                code = str((failure or {}).get("code") or "unknown")
+                self.tally.count("turns", outcome="failed", error=code)
+            else:
+                outcome = "interrupted" if turn.interrupted else "completed"
+                self.tally.count("turns", outcome=outcome)
+            self.turn_ended.set()
+            self.turn_ended = trio.Event()
 
     async def _session(self, session_id: str, runner_id: str | None) -> Session | None:
         """The session of this id for a request through ``runner_id``: held, read back from

@@ -358,30 +358,30 @@ class TurnFlow(TurnSetup):
         """
         if session.turn is not turn:
             return
-        session.turn = None
-        if (session.record.tool_calls or turn.evaluated) and self.options.policy is not None:
-            ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
-            self.in_order(session.id, lambda: self._to_policy(ended))
-        if turn.stream_to is not None:
-            await self.fanout.end_stream(turn.stream_to)
-        buffered = bool(session.record.buffer)
-        session.record.end_turn()
-        self._ended(turn, status, failure)
-        after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
-        await self._child_ended(session, turn, status, failure, after is Next.EDGE)
-        with self.fanout.held(session.id):
-            if after is Next.CONTINUATION:
-                session.record.status = "running"
-            else:
-                session.record.status = status
-                edge: JsonObject = {"type": "session.status", "status": status}
-                if failure is not None:
-                    edge["error"] = failure
-                self._publish_saved(session, edge, run_id=turn.turn_id, terminal=True)
-            await self._save(session)
-            self._crash_point("end_saved")
-        if after is not Next.EDGE:
-            self.in_order(session.id, lambda: self._continue(session))
+        with self._ending(turn, status, failure):
+            session.turn = None
+            if (session.record.tool_calls or turn.evaluated) and self.options.policy is not None:
+                ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
+                self.in_order(session.id, lambda: self._to_policy(ended))
+            if turn.stream_to is not None:
+                await self.fanout.end_stream(turn.stream_to)
+            buffered = bool(session.record.buffer)
+            session.record.end_turn()
+            after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
+            await self._child_ended(session, turn, status, failure, after is Next.EDGE)
+            with self.fanout.held(session.id):
+                if after is Next.CONTINUATION:
+                    session.record.status = "running"
+                else:
+                    session.record.status = status
+                    edge: JsonObject = {"type": "session.status", "status": status}
+                    if failure is not None:
+                        edge["error"] = failure
+                    self._publish_saved(session, edge, run_id=turn.turn_id, terminal=True)
+                await self._save(session)
+                self._crash_point("end_saved")
+            if after is not Next.EDGE:
+                self.in_order(session.id, lambda: self._continue(session))
 
 
 def _answer(status: str) -> HttpResponse:
