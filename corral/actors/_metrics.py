@@ -60,11 +60,12 @@ REFRESH_S = 15.0
 #: A scrape that has not sent its request in this long is dropped.
 REQUEST_TIMEOUT_S = 10.0
 
-#: An actor's tally name → the family it feeds (without ``_total``, as the client adds it).
-_TALLIED = {
-    "turns": "corral_turns",
-    "turn_first_delta_seconds": "corral_turn_first_delta_seconds",
-    "deltas_relayed": "corral_deltas_relayed",
+#: An actor's tally name → the family it feeds (without ``_total``, as the client adds it)
+#: and its labels: every sample carries all of them (``""`` where a series has none).
+_TALLIED: dict[str, tuple[str, list[str]]] = {
+    "turns": ("corral_turns", ["outcome", "error"]),
+    "turn_first_delta_seconds": ("corral_turn_first_delta_seconds", []),
+    "deltas_relayed": ("corral_deltas_relayed", ["runner_id"]),
 }
 
 
@@ -213,29 +214,21 @@ class HostMetrics:
         merged = Tally()
         for incarnations in self.tallies.values():
             merged = add(merged, incarnations.total())
-        for name, family in _TALLIED.items():
+        for name, (family, labels) in _TALLIED.items():
             scraped = f"{family}_total" if f"{family}_total" in METRICS else family
-            help_text = METRICS[scraped][1]
-            if name in merged.counters:
-                series = merged.counters[name]
-                labels = sorted({k for key in series for k, _ in key})
-                counter = CounterMetricFamily(family, help_text, labels=labels)
-                for key, value in sorted(series.items()):
-                    row = dict(key)
-                    counter.add_metric([row.get(label, "") for label in labels], value)
-                yield counter
-            elif name in merged.histograms:
-                hseries = merged.histograms[name]
-                labels = sorted({k for key in hseries for k, _ in key})
+            kind, help_text = METRICS[scraped]
+            if kind == "histogram":
                 hist = HistogramMetricFamily(family, help_text, labels=labels)
-                for key, h in sorted(hseries.items()):
+                for key, h in sorted(merged.histograms.get(name, {}).items()):
                     row = dict(key)
                     hist.add_metric([row.get(label, "") for label in labels], _cumulative(h), h.sum)
                 yield hist
-            else:  # nothing counted yet: the family, empty, so dashboards find it
-                kind = METRICS[scraped][0]
-                empty = HistogramMetricFamily if kind == "histogram" else CounterMetricFamily
-                yield empty(family, help_text, labels=[])
+            else:
+                counter = CounterMetricFamily(family, help_text, labels=labels)
+                for key, value in sorted(merged.counters.get(name, {}).items()):
+                    row = dict(key)
+                    counter.add_metric([row.get(label, "") for label in labels], value)
+                yield counter
 
     async def render(self, accept: str) -> tuple[bytes, str]:
         """The exposition text for a scrape (OpenMetrics if ``accept`` asks), its type."""

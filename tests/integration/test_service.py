@@ -140,9 +140,21 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
+METRICS_CONFIG = '[metrics]\nlisten = "127.0.0.1:0"\n'
+
+
+@pytest.fixture(scope="module")
+def shared_metrics_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess]:
+    """A host with metrics for the tests that only run turns and scrape."""
+    host = plane_host(tmp_path_factory.mktemp("metrics"), AGENTS, METRICS_CONFIG)
+    yield start(host)
+    kill_host(host)
+
+
 @pytest.fixture
 def metrics_host(tmp_path: Path) -> Iterator[HostProcess]:
-    host = plane_host(tmp_path, AGENTS, '[metrics]\nlisten = "127.0.0.1:0"\n')
+    """A host with metrics of its own, for a test that kills its actors."""
+    host = plane_host(tmp_path, AGENTS, METRICS_CONFIG)
     yield start(host)
     kill_host(host)
 
@@ -152,31 +164,43 @@ def _send(host: HostProcess, agent: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
-@pytest.mark.chaos  # kill -9 of two actors
-def test_metrics_after_turns_and_after_kill9_of_dispatch_and_the_gateway(
-    metrics_host: HostProcess,
-) -> None:
-    host = metrics_host
+def _runner(host: HostProcess) -> str:
+    return str(next(t["runner_id"] for t in host.status()["tunnels"]))
+
+
+def test_metrics_after_turns(shared_metrics_host: HostProcess) -> None:
+    host = shared_metrics_host
     url = host.status()["host"]["metrics"]
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
     assert _send(host, "talk")["status"] == "idle"
     assert _send(host, "fails")["status"] == "failed"
-    before = scrape(url)
-    assert value(before, "corral_turns_total", outcome="completed", error="") == 1
-    assert value(before, "corral_turns_total", outcome="failed", error="demo_failure") == 1
-    assert value(before, "corral_turn_first_delta_seconds_count") == 2
-    runner = next(t["runner_id"] for t in host.status()["tunnels"])
-    assert value(before, "corral_deltas_relayed_total", runner_id=runner) == 5  # 4 + 1
-    assert value(before, "corral_tunnel_state", runner_id=runner, state="connected") == 1
-    assert value(before, "corral_tunnel_state", runner_id=runner, state="reconnecting") == 0
-    assert value(before, "corral_host_state", state="running") == 1
-    assert value(before, "corral_actor_up", actor="dispatch") == 1
-    assert value(before, "corral_actor_up", actor="server") == 1
-    assert value(before, "corral_mailbox_depth", actor="dispatch") == 0
-    assert value(before, "corral_parked_elicitations") == 0
-    assert value(before, "corral_harness_workers") == 2
-    assert not [k for k in before if k[0] == "corral_actor_restarts_total"]
+    seen = scrape(url)
+    assert value(seen, "corral_turns_total", outcome="completed", error="") == 1
+    assert value(seen, "corral_turns_total", outcome="failed", error="demo_failure") == 1
+    assert value(seen, "corral_turn_first_delta_seconds_count") == 2
+    assert value(seen, "corral_turn_first_delta_seconds_bucket", le="+Inf") == 2
+    runner = _runner(host)
+    assert value(seen, "corral_deltas_relayed_total", runner_id=runner) == 5  # 4 + 1
+    assert value(seen, "corral_tunnel_state", runner_id=runner, state="connected") == 1
+    assert value(seen, "corral_tunnel_state", runner_id=runner, state="reconnecting") == 0
+    assert value(seen, "corral_host_state", state="running") == 1
+    assert value(seen, "corral_actor_up", actor="dispatch") == 1
+    assert value(seen, "corral_actor_up", actor="server") == 1
+    assert value(seen, "corral_mailbox_depth", actor="dispatch") == 0
+    assert value(seen, "corral_parked_elicitations") == 0
+    assert value(seen, "corral_harness_workers") == 2
+    assert not [k for k in seen if k[0] == "corral_actor_restarts_total"]
 
+
+@pytest.mark.chaos  # kill -9 of two actors
+def test_metrics_after_kill9_of_dispatch_and_the_gateway_keep_their_counts(
+    metrics_host: HostProcess,
+) -> None:
+    host = metrics_host
+    url = host.status()["host"]["metrics"]
+    assert _send(host, "talk")["status"] == "idle"
+    runner = _runner(host)
+    assert value(scrape(url), "corral_deltas_relayed_total", runner_id=runner) == 4
     for name in ("dispatch", "gateway"):
         row = host.actor(name)
         os.kill(row["pid"], signal.SIGKILL)
@@ -186,19 +210,19 @@ def test_metrics_after_turns_and_after_kill9_of_dispatch_and_the_gateway(
     for name in ("dispatch", "gateway"):
         assert value(after, "corral_actor_restarts_total", actor=name, cause="SIGKILL") == 1
         assert value(after, "corral_actor_up", actor=name) == 1
-    # What the killed incarnations counted is kept.
+    # What the killed incarnations counted is kept ...
     assert value(after, "corral_turns_total", outcome="completed", error="") == 1
-    assert value(after, "corral_deltas_relayed_total", runner_id=runner) == 5
-    assert value(after, "corral_turn_first_delta_seconds_count") == 2
+    assert value(after, "corral_deltas_relayed_total", runner_id=runner) == 4
+    assert value(after, "corral_turn_first_delta_seconds_count") == 1
     # ... and the new ones count on top.
     assert _send(host, "talk")["status"] == "idle"
     again = scrape(url)
     assert value(again, "corral_turns_total", outcome="completed", error="") == 2
-    assert value(again, "corral_deltas_relayed_total", runner_id=runner) == 9
+    assert value(again, "corral_deltas_relayed_total", runner_id=runner) == 8
 
 
-def test_metrics_endpoint_serves_only_get_metrics(metrics_host: HostProcess) -> None:
-    url = metrics_host.status()["host"]["metrics"]
+def test_metrics_endpoint_serves_only_get_metrics(shared_metrics_host: HostProcess) -> None:
+    url = shared_metrics_host.status()["host"]["metrics"]
     base = url.removesuffix("/metrics")
     assert httpx.get(base + "/", timeout=10).status_code == 404
     assert httpx.post(url, timeout=10).status_code == 405

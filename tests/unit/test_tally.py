@@ -156,5 +156,5 @@ async def test_the_endpoint_text_has_every_family_and_counts_restarts_by_cause()
     assert samples[("corral_host_state", (("state", "draining"),))] == 1
     assert samples[("corral_dead_letters", (("actor", "policy"),))] == 2
     assert samples[("corral_parked_elicitations", ())] == 1
-    assert samples[("corral_turns_total", (("outcome", "completed"),))] == 1
+    assert samples[("corral_turns_total", (("error", ""), ("outcome", "completed")))] == 1
     assert samples[("corral_harness_workers", ())] == 1
