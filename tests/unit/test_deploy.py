@@ -213,6 +213,26 @@ def test_the_container_runs_as_a_user_on_a_state_volume_with_a_healthcheck_and_n
             assert all((REPO / s).exists() for s in sources if "from=" not in args), args
 
 
+def test_each_image_is_built_from_only_what_it_copies() -> None:
+    """The build context (the checkout's root) holds the venv and maybe a state dir: each
+    container file's ignore file lets through only what it copies."""
+    for name in ("Containerfile", "omnigent.Containerfile"):
+        rules = [
+            line
+            for line in (DEPLOY / f"{name}.dockerignore").read_text().splitlines()
+            if line and not line.startswith("#")
+        ]
+        assert rules[0] == "*", name
+        allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+        copied = {
+            source.rstrip("/")
+            for keyword, args in instructions(DEPLOY / name)
+            if keyword == "COPY" and "--from=" not in args
+            for source in args.split()[:-1]
+        }
+        assert copied == allowed, name
+
+
 def test_the_omnigent_image_is_the_version_the_interop_suite_runs() -> None:
     pinned = re.search(r"^VERSION=(\S+)$", (REPO / ".ci" / "omnigent-venv").read_text(), re.M)
     assert pinned
