@@ -17,11 +17,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 
 from corral._child_env import Sandbox
 from corral.actors._metrics import METRICS
+from corral.cli._up import FRESH_CONFIG
 from corral.config import BUILTIN, Config, listen_address, parse_config
 from corral.tools.sandbox import wrap
 
@@ -50,6 +52,11 @@ def test_the_service_config_is_a_valid_corral_toml_that_drains_and_serves_metric
     assert config.supervisor.drain_timeout_s > 0
     assert config.metrics.listen is not None
     assert listen_address(config.metrics.listen)[1] == 9464
+    # As safe as a fresh state dir's config: the embedded control plane asks before a shell.
+    fresh = tomllib.loads(FRESH_CONFIG)["server"]["policies"]
+    assert [msgspec.to_builtins(p) for p in config.server.policies] == [
+        {"phase": "PHASE_TOOL_CALL", **rule} for rule in fresh
+    ]
 
 
 # --- systemd -----------------------------------------------------------------------------
