@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from corral.cli._client import ControlPlane
+from corral.cli._client import ControlPlane, StreamEvent
 from tests.conftest import HostProcess, kill_host, wait_until
 
 from ._plane_host import edges, plane_host, session_events, start, text
@@ -79,36 +79,36 @@ async def test_sigterm_mid_turn_drains_it_to_its_end_and_the_next_host_runs_what
     job = await _post(first, "job", "go")
     await trio.to_thread.run_sync(lambda: wait_until(lambda: _runs(tmp_path, "job"), 30, "job"))
     assert first.proc is not None
-    first.proc.send_signal(signal.SIGTERM)
-    await trio.to_thread.run_sync(
-        lambda: first.wait_for(lambda s: s["host"]["state"] == "draining", 10, "draining")
-    )
-    # A message while the host drains: taken (buffered, durably), not started here.
-    async with ControlPlane(first.state_dir) as api:
-        quick = str((await api.create_session("quick"))["id"])
-        await api.post_message(quick, "meanwhile")
-        consumed: list[str] = []
-
-        async def on_event(event) -> bool:  # type: ignore[no-untyped-def]
-            if event.type == "session.input.consumed":
-                consumed.append(str(event.data["data"].get("runner_status")))
-            return bool(consumed)
-
-        with trio.fail_after(20):
-            await api.follow(quick, "0", on_event)
-        assert consumed == ["buffered"]
-        assert first.status()["host"]["state"] == "draining", "the job's turn still runs"
-        # The turn's end reaches the client from this host, before it stops.
+    async with ControlPlane(first.state_dir) as api, trio.open_nursery() as nursery:
+        # The job's turn is followed from before the SIGTERM: its end must reach the client
+        # from this host, before it stops (a stream that cannot be reopened fails the test).
         statuses: list[str] = []
 
-        async def on_status(event) -> bool:  # type: ignore[no-untyped-def]
+        async def on_status(event: StreamEvent) -> bool:
             if event.type == "session.status":
                 statuses.append(str(event.data["status"]))
             return statuses[-1:] == ["idle"]
 
+        nursery.start_soon(api.follow, job, "0", on_status)
+        first.proc.send_signal(signal.SIGTERM)
+        await trio.to_thread.run_sync(
+            lambda: first.wait_for(lambda s: s["host"]["state"] == "draining", 10, "draining")
+        )
+        # A message while the host drains: taken (buffered, durably), not started here (a
+        # new session's first message is buffered only by a stopping host).
+        quick = str((await api.create_session("quick"))["id"])
+        await api.post_message(quick, "meanwhile")
+        consumed: list[str] = []
+
+        async def on_event(event: StreamEvent) -> bool:
+            if event.type == "session.input.consumed":
+                consumed.append(str(event.data["data"].get("runner_status")))
+            return bool(consumed)
+
         with trio.fail_after(30):
-            await api.follow(job, "0", on_status)
-        assert statuses == ["running", "idle"]
+            await api.follow(quick, "0", on_event)
+    assert consumed == ["buffered"]
+    assert statuses == ["running", "idle"]
     assert _runs(tmp_path, "quick") == 0
     code = await trio.to_thread.run_sync(first.proc.wait, 60)
     assert code == 0
