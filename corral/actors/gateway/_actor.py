@@ -259,8 +259,8 @@ class GatewayActor(Actor):
             self.nursery.start_soon(tunnel.run)
 
     async def drain(self, wait_s: float) -> int:
-        """The host is stopping: wait up to ``wait_s`` for the events the server's open
-        streams have not been written yet (the end of a turn the drain let finish); the
+        """The host is stopping: wait up to ``wait_s`` for the events not yet written to
+        the streams the server holds open (the end of a turn the drain let finish); the
         number left. None is lost either way: the buffer is durable, and the next host's
         gateway sends what is left. Events of a session whose stream the server does not hold
         open, or with no tunnel up, are not waited for: nothing would send them now."""
