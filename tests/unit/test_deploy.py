@@ -23,6 +23,7 @@ import yaml
 
 from corral._child_env import Sandbox
 from corral.actors._metrics import METRICS
+from corral.cli._output import EXIT_USAGE
 from corral.cli._up import FRESH_CONFIG
 from corral.config import BUILTIN, Config, listen_address, parse_config
 from corral.tools.sandbox import wrap
@@ -92,6 +93,7 @@ def test_the_unit_is_a_hardened_notify_service_that_keeps_sandboxes_working() ->
     assert service["Type"] == "notify" and service["NotifyAccess"] == "main"
     assert seconds(service["WatchdogSec"]) > 0
     assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"] == str(EXIT_USAGE), "a bad config: no loop"
     exec_start = service["ExecStart"].split()
     assert exec_start[0].endswith("/corral") and exec_start[1] == "up"
     state_dir = exec_start[exec_start.index("--state-dir") + 1]
