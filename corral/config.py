@@ -75,6 +75,11 @@ class SupervisorSettings(_Section, frozen=True):
     period_s: Positive = 10.0
     #: Time a child gets between SIGTERM and SIGKILL.
     shutdown_timeout_s: Positive = 5.0
+    #: On SIGTERM (or ``stop``), how long the host waits for the turns in flight to end,
+    #: starting no new one, before it stops its actors (0: stop at once). A unit's
+    #: ``TimeoutStopSec=`` and a pod's ``terminationGracePeriodSeconds`` must cover it plus
+    #: the actors' shutdown timeouts (docs/deploy.md).
+    drain_timeout_s: NonNegative = 30.0
 
 
 class ActorSettings(_Section, frozen=True):
@@ -133,6 +138,14 @@ class ServerSettings(_Section, frozen=True):
     max_body_bytes: PositiveInt = 1024 * 1024
 
 
+class MetricsSettings(_Section, frozen=True):
+    """``[metrics]``: the Prometheus endpoint (docs/deploy.md, *Metrics*)."""
+
+    #: ``host:port`` to serve ``GET /metrics`` on (``127.0.0.1:9464``; ``[::1]:9464``; port 0
+    #: picks a free one, which ``corral status --json`` shows); unset: no endpoint.
+    listen: str | None = None
+
+
 class Config(_Section, frozen=True):
     """The whole of ``corral.toml``."""
 
@@ -145,6 +158,7 @@ class Config(_Section, frozen=True):
     actors: dict[str, ActorSettings] = {}
     runners: list[RunnerSettings] = []
     server: ServerSettings = ServerSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
 
 class ActorRole(_Section, frozen=True):
@@ -262,7 +276,25 @@ def parse_config(data: dict[str, Any]) -> Config:
                 key=f"actors.{name}.target",
             )
     check_runners(config.runners)
+    if config.metrics.listen is not None:
+        listen_address(config.metrics.listen)
     return config
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) as (host, port).
+
+    Raises:
+        ConfigError: naming ``metrics.listen``.
+    """
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not (sep and host and port.isdigit() and int(port) < 65536):
+        raise ConfigError(
+            f"invalid config: metrics listen {text!r} is not 'host:port' (port 0-65535)",
+            key="metrics.listen",
+        )
+    return host, int(port)
 
 
 def check_runners(runners: list[RunnerSettings]) -> None:

@@ -89,6 +89,17 @@ def corral(
     )
 
 
+def no_drain(config: str) -> str:
+    """``config`` with ``supervisor.drain_timeout_s = 0`` unless it sets the key: a test's
+    host stops at once, as before hosts drained, even with a turn parked on an approval (the
+    drain would wait 30 s for it). The tests of the drain set their own (test_drain.py)."""
+    if "drain_timeout_s" in config:
+        return config
+    if "[supervisor]\n" in config:
+        return config.replace("[supervisor]\n", "[supervisor]\ndrain_timeout_s = 0\n", 1)
+    return config + "\n[supervisor]\ndrain_timeout_s = 0\n"
+
+
 class HostProcess:
     """A ``corral up`` subprocess and ways to look at it."""
 
@@ -97,11 +108,12 @@ class HostProcess:
         self.instance = Instance(state_dir)
         state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.config_path = state_dir.parent / f"{state_dir.name}.toml"
-        self.config_path.write_text(config)
+        self.config_path.write_text(no_drain(config))
         self.log_path = state_dir.parent / f"{state_dir.name}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, *, wait: bool = True) -> HostProcess:
+    def start(self, *, wait: bool = True, env: dict[str, str] | None = None) -> HostProcess:
+        """Start ``corral up`` (with ``env`` added to this process's environment)."""
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()/kill9()
         self.proc = subprocess.Popen(
             [
@@ -117,6 +129,7 @@ class HostProcess:
             stdout=self._log,
             stderr=self._log,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
         if wait:
             # A host is up in ~1.6 s; 60 s only matters on a VM other test runs load (at a load
@@ -305,12 +318,17 @@ class Hosts:
 
     def cleanup(self) -> None:
         for h in self.hosts:
-            if h.proc is not None and h.proc.poll() is None:
-                h.proc.kill()
-                h.proc.wait(10)
-            for pid in processes_of(h.state_dir):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_host(h)
+
+
+def kill_host(h: HostProcess) -> None:
+    """Kill what is left of ``h``: its host process, and every process of its state dir."""
+    if h.proc is not None and h.proc.poll() is None:
+        h.proc.kill()
+        h.proc.wait(10)
+    for pid in processes_of(h.state_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 #: Exit code of ``.ci/install-clis`` on a machine with no npm.

@@ -17,7 +17,9 @@ broker redelivers it, counting the attempt toward dead-lettering) when the handl
 A handler that finishes the message later calls :meth:`Actor.defer` and resolves the
 :class:`~._deferred.Deferred` it gets exactly once (ack, nack or park); an in-order job that
 raises nacks the handles it was given. :class:`~corral.bus.InspectRequest` is answered with
-:meth:`Actor.snapshot` for every actor, which counts the unresolved handles.
+:meth:`Actor.snapshot` for every actor, which counts the unresolved handles, and
+:class:`~corral.bus.DrainRequest` (the host is stopping) with what :meth:`Actor.drain` leaves
+in flight.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import trio
 
 from ..bus import (
     ActorControl,
+    DrainReply,
+    DrainRequest,
     ErrorReply,
     Incoming,
     InspectReply,
@@ -199,6 +203,12 @@ class Actor:
     async def terminate(self) -> None:
         """Called once on an orderly stop (SIGTERM or Stop), after the last message."""
 
+    async def drain(self, wait_s: float) -> int:
+        """The host is about to stop: take no new work, wait up to ``wait_s`` seconds for
+        the work in flight to end, and return how much is left (0: drained). An actor with
+        nothing of its own to finish keeps the default: drained at once."""
+        return 0
+
     def snapshot(self) -> dict[str, Any]:
         """State for inspection (``corral status``, tests). Must be JSON-friendly."""
         return {"handled": self.handled, **self._ledger.snapshot(), "queues": len(self._queues)}
@@ -219,6 +229,10 @@ class Actor:
         finally:
             self._ledger.report_unresolved()
 
+    async def _answer_drain(self, incoming: Incoming, wait_s: float) -> None:
+        left = await self.drain(wait_s)
+        await self.peer.reply(incoming, DrainReply(in_flight=left))
+
     async def _periodically(self, fn: Callable[[], Awaitable[None]], seconds: float) -> None:
         while True:
             await trio.sleep(seconds)
@@ -231,6 +245,12 @@ class Actor:
         msg = incoming.msg
         if isinstance(msg, InspectRequest):
             await self.peer.reply(incoming, InspectReply(name=self.ctx.name, state=self.snapshot()))
+            return
+        if isinstance(msg, DrainRequest):
+            # Answered later, when drained: the actor handles messages meanwhile (the work
+            # in flight needs them).
+            assert self.nursery is not None
+            self.nursery.start_soon(self._answer_drain, incoming, msg.wait_s)
             return
         attr = self._handlers.get(type(msg))
         if attr is None:

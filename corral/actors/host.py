@@ -3,7 +3,9 @@
 It owns the bus broker (and so every durable mailbox), starts the configured actors in
 order as child processes, watches their heartbeats, restarts them per their restart type
 within the restart intensity, answers the CLI on the control socket, and on SIGINT/SIGTERM
-stops the actors in reverse order.
+drains (no new turn starts; the turns in flight get ``supervisor.drain_timeout_s`` to end)
+and then stops the actors in reverse order. Under systemd it says when it is ready, when it
+stops, and pings the watchdog (:mod:`corral.actors._notify`).
 
 If an actor crashes more than ``supervisor.intensity`` times in ``supervisor.period_s``
 seconds the host stops every actor and exits with an error naming the actor and its last
@@ -34,8 +36,16 @@ from .. import __version__
 from .._child_env import actor_env, blank_environ_block, non_dumpable
 from .._exceptions import ConfigError, CorralError, HostAlreadyRunning, RestartIntensityExceeded
 from .._lifeline import become_subreaper
-from ..bus import Broker, InspectRequest, open_peer
-from ..config import BUILTIN, ActorSettings, Config, RunnerSettings, actor_plan, role_of
+from ..bus import Broker, DrainRequest, InspectRequest, open_peer
+from ..config import (
+    BUILTIN,
+    ActorSettings,
+    Config,
+    RunnerSettings,
+    actor_plan,
+    listen_address,
+    role_of,
+)
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
 from ._actor_specs import ActorSpecs, check_actor_options
@@ -44,6 +54,8 @@ from ._child_state import ChildState
 from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
 from ._control import serve_control
 from ._control_plane import ControlPlaneUnavailable, EmbeddedControlPlane, wants_control_plane
+from ._metrics import ChildRow, HostMetrics, Sources, serve_metrics
+from ._notify import Notifier
 from ._process import alive, reap_orphans_on_sigchld, start_time, sweep
 from ._specs import ChildSpec, Liveness, SupFlags
 
@@ -52,6 +64,8 @@ log = logging.getLogger("corral.host")
 INPROC_ENDPOINT = "inproc://corral-broker"
 #: A starting actor gets at least this long to say hello before liveness applies.
 START_GRACE_S = 10.0
+#: How often a drain looks whether the broker has delivered what it holds.
+DELIVERY_POLL_S = 0.02
 
 #: The broker's parked entries → the rows of ``corral elicitations``.
 ElicitationView = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
@@ -96,6 +110,13 @@ class Host:
         self.changes = Changes()
         self._state = "starting"
         self._stop = trio.Event()
+        #: Cancelled by a second SIGINT/SIGTERM: stop now, whatever is still in flight.
+        self._drain_scope = trio.CancelScope()
+        #: The service manager (systemd), when the host runs under one.
+        self.notifier = Notifier()
+        #: ``[metrics]``: what ``/metrics`` shows, and the address it is served on.
+        self.metrics: HostMetrics | None = None
+        self.metrics_url: str | None = None
         self.broker: Broker | None = None
         self.children: ChildSupervisor | None = None
         self._peer: Any = None
@@ -103,7 +124,7 @@ class Host:
     @property
     def state(self) -> str:
         """``starting`` until every actor has been started in order, then ``running``, then
-        ``stopping``."""
+        ``draining`` (asked to stop: the turns in flight end) and ``stopping``."""
         return self._state
 
     @state.setter
@@ -141,6 +162,7 @@ class Host:
         finally:
             ctx.term()
             inst.host_file.unlink(missing_ok=True)
+            self.notifier.close()
         if self._failure is not None:
             raise self._failure
 
@@ -200,14 +222,18 @@ class Host:
             await nursery.start(broker.run)
             await nursery.start(children.run)
             await nursery.start(reap_orphans_on_sigchld, self._own_pids)
+            nursery.start_soon(self.notifier.watchdog)
             async with open_peer(
                 "supervisor", INPROC_ENDPOINT, bus=settings.bus, liveness=settings.liveness, ctx=ctx
             ) as peer:
                 self._peer = peer
                 await nursery.start(serve_control, inst.control_path, self._ops())
+                await self._serve_metrics(nursery)
                 nursery.start_soon(self._watch_signals)
-                await self._start_children()
+                if not self._stop.is_set():
+                    await self._start_children()
                 self.state = "running"
+                nursery.start_soon(self._ready_when_all_run)
                 nursery.start_soon(children.watch_liveness, broker.last_seen)
                 if self.control_plane is not None and self.control_plane.info is not None:
                     nursery.start_soon(self.control_plane.watch, self._rebind)
@@ -220,6 +246,9 @@ class Host:
                     )
                 task_status.started()
                 await self._stop.wait()
+                self.notifier.send("STOPPING=1", "STATUS=stopping")
+                with self._drain_scope:
+                    await self._drain()
                 self.state = "stopping"
                 log.info("stopping actors")
                 await children.stop_all()
@@ -265,12 +294,155 @@ class Host:
                     with trio.move_on_after(0.05):
                         await child.ready.wait()
 
+    async def _serve_metrics(self, nursery: trio.Nursery) -> None:
+        """Serve ``/metrics`` if ``[metrics] listen`` is set; an address that cannot be
+        bound stops the host (exit 1, the address and the reason named)."""
+        listen = self.config.metrics.listen
+        if listen is None:
+            return
+        broker = self.broker
+        assert broker is not None
+        self.metrics = HostMetrics(
+            Sources(
+                state=lambda: self.state,
+                children=self._child_rows,
+                mailboxes=broker.mailboxes,
+                dead_letters=broker.dead_letters,
+                elicitations=lambda: self._elicitations(broker.parked()),
+                inspect=self._snapshot_of,
+            )
+        )
+        host, port = listen_address(listen)
+        try:
+            bound = await nursery.start(serve_metrics, self.metrics, host, port)
+        except OSError as exc:
+            self._failure = CorralError(f"cannot serve metrics on {listen}: {exc.strerror or exc}")
+            log.error("%s", self._failure)
+            self._stop.set()
+            return
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        self.metrics_url = f"http://{shown}:{bound[1]}/metrics"
+        self.changes.bump()
+
+    def _child_rows(self) -> list[ChildRow]:
+        children = self.children.children.values() if self.children else ()
+        return [
+            ChildRow(
+                name=c.spec.name,
+                bus_peer=c.spec.bus_peer,
+                running=c.state is ChildState.RUNNING,
+                pid=c.pid,
+                restarts=c.restarts,
+                last_exit=c.last_exit,
+            )
+            for c in children
+        ]
+
+    async def _snapshot_of(self, actor: str) -> dict[str, Any] | None:
+        """An actor's inspection snapshot, or None if it does not answer within a second.
+
+        Best effort: a busy or restarting actor must not stall ``corral status`` or a
+        scrape.
+        """
+        with trio.move_on_after(1.0):
+            try:
+                reply = await self._peer.call(actor, InspectRequest(), timeout=1.0)
+                return dict(reply.state)
+            except Exception:
+                log.debug("%s did not answer an inspection", actor, exc_info=True)
+        return None
+
+    async def _ready_when_all_run(self) -> None:
+        """Tell the service manager ``READY=1`` once every actor runs (once only: a restart
+        later is the supervisor's business, not a new start)."""
+        seen = -1
+        while not self._stop.is_set():
+            if self._all_run():
+                count = len(self._plan)
+                self.notifier.send("READY=1", f"STATUS=running: {count} actors")
+                return
+            seen = await self.changes.wait_past(seen, 60.0)
+
+    def _all_run(self) -> bool:
+        assert self.children is not None
+        rows = [c for c in self.children.children.values() if c.spec.bus_peer]
+        return bool(rows) and all(c.state is ChildState.RUNNING for c in rows)
+
+    async def _drain(self) -> None:
+        """Let the work in flight end before the actors stop, for at most
+        ``supervisor.drain_timeout_s``: every running actor is asked to take no new work and
+        to answer once what it has in flight is done (dispatch: its active turns; the
+        gateway: the events it has not sent yet), or at the deadline with what is left. Two
+        rounds, the second once the first left nothing: an actor's drain may leave work to
+        another's (the gateway relays the end of the turn dispatch waited for). What is left at
+        the deadline ends as after a crash: a turn in flight ``failed``
+        (``harness_restarted``) once the next host runs, never lost or run twice."""
+        timeout = self.config.supervisor.drain_timeout_s
+        if timeout <= 0 or self._failure is not None or self.state != "running":
+            return
+        self.state = "draining"
+        log.info("draining for up to %.0fs (a second signal stops at once)", timeout)
+        self.notifier.send(f"STATUS=draining: the turns in flight end (up to {timeout:.0f}s)")
+        deadline = trio.current_time() + timeout
+        left = await self._drain_round(deadline)
+        if not any(left.values()):
+            # Once more: what the first round waited for may have left work to another
+            # actor (the end of a turn, to the gateway to relay). Asked once the broker has
+            # delivered that work: an actor handles its messages in order, so its drain then
+            # starts with the work in hand.
+            await self._delivered(deadline)
+            left = await self._drain_round(deadline)
+        busy = {name: n for name, n in left.items() if n}
+        if busy:
+            log.warning("drain timed out after %.0fs; still in flight: %s", timeout, busy)
+        else:
+            log.info("drained")
+
+    async def _delivered(self, deadline: float) -> None:
+        """Return once no running actor's mailbox holds a durable message not yet delivered
+        to it (or at the deadline)."""
+        assert self.broker is not None and self.children is not None
+        broker, children = self.broker, self.children.children
+        with trio.move_on_at(deadline):
+            while any(
+                box["queued"]
+                for name, child in children.items()
+                if child.spec.bus_peer and child.state is ChildState.RUNNING
+                for box in broker.mailboxes(name)
+            ):
+                await trio.sleep(DELIVERY_POLL_S)
+
+    async def _drain_round(self, deadline: float) -> dict[str, int]:
+        """Ask every running actor to drain, at once; what each has left in flight."""
+        assert self.children is not None
+        left: dict[str, int] = {}
+
+        async def ask(name: str) -> None:
+            wait_s = max(0.0, deadline - trio.current_time())
+            try:
+                reply = await self._peer.call(name, DrainRequest(wait_s=wait_s), timeout=wait_s + 2)
+                left[name] = reply.in_flight
+            except Exception as exc:
+                # Gone meanwhile: what it had in flight ends as after a crash.
+                log.warning("drain: %s did not answer: %s", name, exc)
+                left[name] = 0
+
+        async with trio.open_nursery() as nursery:
+            for name, child in self.children.children.items():
+                if child.spec.bus_peer and child.state is ChildState.RUNNING:
+                    nursery.start_soon(ask, name)
+        return left
+
     def _on_child_event(self, event: ChildEvent) -> None:
         assert self.broker is not None and self.children is not None
         self.changes.bump()
         child = self.children.children.get(event.name)
         # The control plane is a child too, but never joins the bus: no mailbox, no hold.
         bus_peer = child is not None and child.spec.bus_peer
+        if isinstance(event, Spawning) and self.metrics is not None:
+            rows = {row.name: row for row in self._child_rows()}
+            if event.name in rows:
+                self.metrics.child_spawning(rows[event.name])
         match event:
             case Spawning(name) if bus_peer:
                 self.broker.starting(name)
@@ -319,6 +491,8 @@ class Host:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
+                if self._stop.is_set():
+                    self._drain_scope.cancel()  # asked twice: stop now
                 self._stop.set()
 
     def _give_up(self, event: GaveUp) -> None:
@@ -366,6 +540,7 @@ class Host:
                 "version": __version__,
                 # What ``wait`` waits past: bumped on each change of the host's own rows.
                 "changes": self.changes.version,
+                "metrics": self.metrics_url,
             },
             "actors": [c.statistics() for c in self.children.children.values() if c.spec.bus_peer],
             "server": self._server_status(),
@@ -399,13 +574,8 @@ class Host:
         child = self.children.children.get(actor)
         if child is None or child.state is not ChildState.RUNNING:
             return []
-        with trio.move_on_after(1.0):
-            try:
-                reply = await self._peer.call(actor, InspectRequest(), timeout=1.0)
-                return list(reply.state.get(key, []))
-            except Exception:
-                log.debug("status: %s did not answer", actor, exc_info=True)
-        return []
+        snapshot = await self._snapshot_of(actor)
+        return list((snapshot or {}).get(key, []))
 
     async def _op_mailboxes(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.broker is not None

@@ -95,14 +95,16 @@ def config_text(
     """``corral.toml`` of a chaos host (and of its control plane: the ``[server]`` part).
 
     Restart intensity is raised so that a killer's pace (one kill of one kind a second, in
-    the targeted modes) is supervision's normal work and never a give-up; the policy asks
+    the targeted modes) is supervision's normal work and never a give-up; the host stops at
+    once, with no drain (what the run left hanging is the checks' to find, not to wait
+    for); the policy asks
     for every shell call, so each turn parks two approvals: the policy's and the script's.
     """
     text = (
         f"[server]\nagents_dirs = [{json.dumps(str(root / 'agents'))}]\n"
         + (f"port = {port}\n" if port else "")
         + '[[server.policies]]\ntool = "sys_os_shell"\naction = "ask"\nmessage = "chaos: run it?"\n'
-        "[supervisor]\nintensity = 1000\nperiod_s = 10.0\n"
+        "[supervisor]\nintensity = 1000\nperiod_s = 10.0\ndrain_timeout_s = 0\n"
         "[actors.harness.options]\nworker_intensity = 1000\n"
         f"[actors.tools.options]\nos_env_root = {json.dumps(str(root / 'envs'))}\n"
         "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.5\n"

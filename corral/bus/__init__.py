@@ -15,6 +15,8 @@ from ._messages import Ack as Ack
 from ._messages import ActorControl as ActorControl
 from ._messages import BrokerInbound as BrokerInbound
 from ._messages import Bundle as Bundle
+from ._messages import DrainReply as DrainReply
+from ._messages import DrainRequest as DrainRequest
 from ._messages import Envelope as Envelope
 from ._messages import ErrorReply as ErrorReply
 from ._messages import Heartbeat as Heartbeat

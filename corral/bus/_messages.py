@@ -219,10 +219,23 @@ class Stop(Message, tag="bus.stop"):
     """Ask a peer to stop in an orderly way."""
 
 
+class DrainReply(Message, tag="bus.drain_reply"):
+    """How much work an actor still has in flight (0: drained)."""
+
+    in_flight: int
+
+
+class DrainRequest(Request[DrainReply], tag="bus.drain"):
+    """The host is about to stop: take no new work, and answer once the work in flight is
+    done, or after ``wait_s`` seconds with what is left (docs/supervision.md, *Draining*)."""
+
+    wait_s: float
+
+
 #: What the broker decodes: the control messages peers address to it (``recipient=BROKER``).
 BrokerInbound = Hello | Heartbeat | Ack | Nack | Reject | Park | Hold | Unpark | ListParked
 #: What every actor accepts besides its handlers' messages (the runtime answers them).
-ActorControl = InspectRequest | Stop
+ActorControl = InspectRequest | Stop | DrainRequest
 
 
 # --- ids and clocks --------------------------------------------------------------------------

@@ -182,6 +182,26 @@ async def _settled(host: HostProcess, http: httpx.AsyncClient, parent: str) -> b
     return True
 
 
+async def _until_settled(
+    host: HostProcess, http: httpx.AsyncClient, parents: list[str], timeout: float
+) -> None:
+    """Wait until every parent is :func:`_settled`; fail naming the first that is not, with
+    what it shows (its status, its work entries, its inbox)."""
+    with trio.move_on_after(timeout):
+        for parent in parents:
+            while not await _settled(host, http, parent):
+                await trio.sleep(0.3)
+        return
+    for parent in parents:
+        if not await _settled(host, http, parent):
+            session = await _get(http, f"/v1/sessions/{parent}")
+            work = [e for e in _registry(host).values() if e["parent_id"] == parent]
+            raise AssertionError(
+                f"parent {parent} did not settle in {timeout:g}s: status {session['status']}, "
+                f"work {work}, inbox {_inbox(host, parent)}"
+            )
+
+
 async def _child_items(http: httpx.AsyncClient, child: str) -> list[Any]:
     page = await _get(http, f"/v1/sessions/{child}/items?limit=10")
     items: list[Any] = page["data"]
@@ -208,10 +228,7 @@ async def test_s14_s19_fan_out_under_random_kills_delivers_each_result_exactly_o
                         message = {"type": "message", "data": {"content": "go"}}
                         await _post(http, f"/v1/sessions/{batch[-1]}/events", message, f"m{n}")
                     parents.extend(batch)
-                    with trio.fail_after(180):
-                        for parent in batch:
-                            while not await _settled(host, http, parent):
-                                await trio.sleep(0.3)
+                    await _until_settled(host, http, batch, 180)
                 nursery.cancel_scope.cancel()
             # Settled: every actor back, then every parent's results delivered.
             wait_until(
@@ -219,10 +236,7 @@ async def test_s14_s19_fan_out_under_random_kills_delivers_each_result_exactly_o
                 60,
                 "every actor back",
             )
-            with trio.fail_after(120):
-                for parent in parents:
-                    while not await _settled(host, http, parent):
-                        await trio.sleep(0.3)
+            await _until_settled(host, http, parents, 120)
             sends = {}
             for parent in parents:
                 items = (await _get(http, f"/v1/sessions/{parent}/items?limit=100"))["data"]

@@ -25,7 +25,14 @@ import pytest
 import trio
 
 from corral.cli._client import ControlPlane, StreamEvent, TurnFollower, run_turn
-from tests.conftest import FAST_LIVENESS, HostProcess, corral, processes_of, wait_until
+from tests.conftest import (
+    FAST_LIVENESS,
+    HostProcess,
+    corral,
+    kill_host,
+    processes_of,
+    wait_until,
+)
 
 SLOW_FIRST = "abcdefghijklmnopqrstuvwxyz0123456789"
 SLOW_SECOND = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -96,12 +103,7 @@ def _stop(host: HostProcess) -> None:
         if host.proc is not None and host.proc.poll() is None:
             host.stop()
     finally:
-        if host.proc is not None and host.proc.poll() is None:
-            host.proc.kill()
-            host.proc.wait(10)
-        for pid in processes_of(host.state_dir):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_host(host)
 
 
 def _server(host: HostProcess) -> dict[str, Any] | None:

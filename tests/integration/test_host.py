@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from corral.actors._process import start_time
-from corral.bus import Dedup, open_peer
+from corral.bus import Dedup, DrainReply, DrainRequest, open_peer
 from corral.config import LivenessSettings
 from tests._echo import EchoCrash, EchoPing, EchoPong, EchoRecord, EchoSleep
 from tests.conftest import (
@@ -41,6 +41,19 @@ async def test_ping_roundtrip_through_host(host: HostProcess) -> None:
     async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
         reply = await peer.call("echo", EchoPing(text="hi"), timeout=5)
     assert reply == EchoPong(text="hi")
+
+
+async def test_an_actor_answers_a_drain_with_what_it_has_in_flight_and_serves_on(
+    host: HostProcess,
+) -> None:
+    """The runtime answers ``DrainRequest`` for every actor (the host asks each when it
+    stops, docs/supervision.md): an actor with nothing of its own to finish, at once."""
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        with trio.fail_after(5):
+            assert await peer.call("echo", DrainRequest(wait_s=30), timeout=5) == DrainReply(
+                in_flight=0
+            )
+        assert await peer.call("echo", EchoPing(text="on"), timeout=5) == EchoPong(text="on")
 
 
 @pytest.mark.chaos

@@ -15,6 +15,7 @@ from corral.config import (
     Config,
     actor_plan,
     check_options,
+    listen_address,
     load_config,
     parse_config,
     resolve_state_dir,
@@ -44,6 +45,12 @@ def test_defaults() -> None:
         ({"actors": {"x": {}}}, "actors.x.target"),
         ({"actors": {"x": {"target": "no colon"}}}, "actors.x.target"),
         ({"actors": {"Bad Name": {"target": "a:B"}}}, "actors.Bad Name"),
+        ({"supervisor": {"drain_timeout_s": -1}}, "supervisor.drain_timeout_s"),
+        ({"metrics": {"listen": "localhost"}}, "metrics.listen"),
+        ({"metrics": {"listen": "127.0.0.1:99999"}}, "metrics.listen"),
+        ({"metrics": {"listen": ":9464"}}, "metrics.listen"),
+        ({"metrics": {"listen": 9464}}, "metrics.listen"),
+        ({"metrics": {"port": 9464}}, "metrics.port"),
     ],
 )
 def test_invalid_values_name_the_key(data: dict, key: str) -> None:
@@ -111,3 +118,13 @@ def test_actor_options_errors_name_the_key(options: dict, message: str, key: str
         check_options("dispatch", options, DispatchOptions)
     assert str(info.value) == f"invalid config: {message}"
     assert info.value.key == key
+
+
+def test_metrics_listen_addresses_and_the_drain_default() -> None:
+    assert Config().metrics.listen is None, "no endpoint unless asked"
+    assert Config().supervisor.drain_timeout_s == 30.0
+    assert listen_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert listen_address("[::1]:9464") == ("::1", 9464)
+    assert listen_address("0.0.0.0:0") == ("0.0.0.0", 0)
+    config = parse_config({"metrics": {"listen": "127.0.0.1:9464"}})
+    assert config.metrics.listen == "127.0.0.1:9464"

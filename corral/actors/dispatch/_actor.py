@@ -52,6 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+import trio
 
 from ..._exceptions import BadInput
 from ..._input import check_session_id
@@ -125,6 +126,26 @@ class DispatchActor(SubagentWork):
         for entry in await self.work.load():  # results a crash kept from their parents
             self.nursery.start_soon(self._deliver, entry)
 
+    async def drain(self, wait_s: float) -> int:
+        """The host is stopping: start no new turn (a message is buffered, durably, and the
+        next host's dispatch runs it at start) and wait up to ``wait_s`` for the active turns
+        to end; the number still active. One that is still active when the host stops ends
+        ``failed`` (``harness_restarted``) once the next host runs, as after a crash."""
+        self.stopping = True
+        active = self._active_turns()
+        if active:
+            log.info("draining: waiting up to %.0fs for %d active turns", wait_s, active)
+        with trio.move_on_after(wait_s):
+            while self._active_turns() or self.ending:
+                await self.turn_ended.wait()
+            # Their edges are with the broker before the answer: the host asks the gateway
+            # to drain next, and it then has them to send.
+            await self.fanout.sent()
+        return self._active_turns() + self.ending
+
+    def _active_turns(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.turn)
+
     async def terminate(self) -> None:
         await self.fanout.aclose()
         for client in {id(c): c for c in (self.server, *self.servers.values()) if c}.values():
@@ -135,7 +156,9 @@ class DispatchActor(SubagentWork):
             **super().snapshot(),
             **self.stats,
             "sessions": len(self.sessions),
-            "active_turns": sum(1 for s in self.sessions.values() if s.turn),
+            "active_turns": self._active_turns(),
+            "stopping": self.stopping,
+            "tally": self.tally.snapshot(),
             # ``corral subagents``: every work entry, its output cut as a parent's preview is.
             "subagents": [
                 {**msgspec.to_builtins(e), "output": truncate_preview(e.output)}

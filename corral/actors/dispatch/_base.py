@@ -17,8 +17,10 @@ A part calls only what is below it in the chain, so each reads (and type-checks)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -30,6 +32,7 @@ from ...harnesses.protocol import HARNESS_ACTOR, InputAccepted, Output
 from ...server_client import ServerClient, pick_server
 from .._actor import Actor, ActorContext
 from .._crash import crash_point
+from .._tally import Tally
 from ..policy.messages import PolicyEvaluate, ToolCall, TurnEnded
 from ._fanout import Fanout
 from ._options import DispatchOptions
@@ -67,6 +70,13 @@ class DispatchBase(Actor):
         self._deleted_seq: dict[str, int] = {}
         #: Ids of sessions reclaimed from memory while idle (their records are in the store).
         self._reclaimed: set[str] = set()
+        #: The host is stopping (:meth:`~._actor.DispatchActor.drain`): no new turn starts; a
+        #: message is buffered, durably, for the next host's dispatch to run.
+        self.stopping = False
+        #: Turns being ended (their edge not yet published and saved), and an event set and
+        #: replaced each time one has been: what a drain waits on.
+        self.ending = 0
+        self.turn_ended = trio.Event()
         self.stats = {
             "turns": 0,
             "buffered": 0,
@@ -76,7 +86,29 @@ class DispatchBase(Actor):
             "revived": 0,
             "duplicates": 0,
         }
+        #: What ``/metrics`` shows of the turns (``corral_turns_total``, time to first delta).
+        self.tally = Tally()
         self.fanout.on_delivered = self._delivered
+
+    @contextlib.contextmanager
+    def _ending(self, turn: Turn, status: str, failure: JsonObject | None) -> Iterator[None]:
+        """Around the end of ``turn``: in flight for a drain until its edge is published and
+        saved; then counted by outcome (``completed``, ``failed`` with its error code,
+        ``interrupted``) and a waiting drain woken."""
+        self.ending += 1
+        try:
+            yield
+        finally:
+            self.ending -= 1
+            if status == "failed":
+                self.stats["failed"] += 1
+                code = str((failure or {}).get("code") or "unknown")
+                self.tally.count("turns", outcome="failed", error=code)
+            else:
+                outcome = "interrupted" if turn.interrupted else "completed"
+                self.tally.count("turns", outcome=outcome)
+            self.turn_ended.set()
+            self.turn_ended = trio.Event()
 
     async def _session(self, session_id: str, runner_id: str | None) -> Session | None:
         """The session of this id for a request through ``runner_id``: held, read back from

@@ -47,6 +47,7 @@ from ...harnesses.protocol import (
     worker_address,
 )
 from .._deferred import Deferred
+from .._tally import FIRST_DELTA_BUCKETS
 from ..policy.messages import PolicyEvaluate
 from . import _history as history
 from ._calls import ToolCalls
@@ -110,6 +111,10 @@ class StreamOrder(ToolCalls):
         try:
             if isinstance(msg, OutputTextDelta):
                 turn.text.append(msg.delta)
+                if not turn.first_delta_timed:
+                    turn.first_delta_timed = True
+                    delay = time.monotonic() - turn.started
+                    self.tally.observe("turn_first_delta_seconds", delay, FIRST_DELTA_BUCKETS)
             elif isinstance(msg, OutputItemDone):
                 history.take_item(turn.items, turn.text, msg.item)
             elif isinstance(msg, ElicitationRequest):

@@ -197,6 +197,9 @@ class Turn:
     #: An ``interrupt`` or ``stop_session`` asked it to stop (in the record too): its
     #: ``response.cancelled`` ends it the way §E.4 records an interruption.
     interrupted: bool = False
+    #: Its first text delta was timed (``corral_turn_first_delta_seconds``); a resumed
+    #: turn's is not: its start is another incarnation's.
+    first_delta_timed: bool = False
     #: It sent policy an evaluation (the server may hold one until a person answers), so
     #: its end tells policy. Assumed of a resumed turn: a restart forgets it.
     evaluated: bool = False
@@ -290,6 +293,7 @@ class Turn:
             | {_ELICITATION + e for e in record.elicitations},
             answered=answered,
             interrupted=record.interrupted,
+            first_delta_timed=True,
             evaluated=True,
             base=record.turn_base,
             next_k=None,

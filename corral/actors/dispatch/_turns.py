@@ -64,7 +64,8 @@ class TurnFlow(TurnSetup):
             session.spec = None
         body = msgspec.to_builtins(event)
         # An idle session with messages buffered has their turn queued: this one joins them.
-        if on_message(session.phase) == "buffer" or record.buffer:
+        # A stopping host starts no turn: the next one's dispatch runs the buffer at start.
+        if self.stopping or on_message(session.phase) == "buffer" or record.buffer:
             # Its own turn, after this one (PROTOCOL_0_19.md §E.3): the server saves each
             # turn's answer as its own item. BEHAVIOURS.md D-30 offered it to the running turn
             # as an injection; the real server decides, and with that the first turn's answer
@@ -146,7 +147,7 @@ class TurnFlow(TurnSetup):
         """Run the buffered messages as the next turn (queued when a turn ends with messages
         buffered, and at start for a session whose turn ended before they began)."""
         await self._drained(session.id)
-        if session.turn is not None or not session.record.buffer:
+        if session.turn is not None or not session.record.buffer or self.stopping:
             return
         if self.sessions.get(session.id) is not session:
             return
@@ -357,31 +358,30 @@ class TurnFlow(TurnSetup):
         """
         if session.turn is not turn:
             return
-        session.turn = None
-        if (session.record.tool_calls or turn.evaluated) and self.options.policy is not None:
-            ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
-            self.in_order(session.id, lambda: self._to_policy(ended))
-        if turn.stream_to is not None:
-            await self.fanout.end_stream(turn.stream_to)
-        buffered = bool(session.record.buffer)
-        session.record.end_turn()
-        if status == "failed":
-            self.stats["failed"] += 1
-        after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
-        await self._child_ended(session, turn, status, failure, after is Next.EDGE)
-        with self.fanout.held(session.id):
-            if after is Next.CONTINUATION:
-                session.record.status = "running"
-            else:
-                session.record.status = status
-                edge: JsonObject = {"type": "session.status", "status": status}
-                if failure is not None:
-                    edge["error"] = failure
-                self._publish_saved(session, edge, run_id=turn.turn_id, terminal=True)
-            await self._save(session)
-            self._crash_point("end_saved")
-        if after is not Next.EDGE:
-            self.in_order(session.id, lambda: self._continue(session))
+        with self._ending(turn, status, failure):
+            session.turn = None
+            if (session.record.tool_calls or turn.evaluated) and self.options.policy is not None:
+                ended = TurnEnded(session_id=session.id, turn_id=turn.turn_id)
+                self.in_order(session.id, lambda: self._to_policy(ended))
+            if turn.stream_to is not None:
+                await self.fanout.end_stream(turn.stream_to)
+            buffered = bool(session.record.buffer)
+            session.record.end_turn()
+            after = after_end("failed" if status == "failed" else "idle", buffered=buffered)
+            await self._child_ended(session, turn, status, failure, after is Next.EDGE)
+            with self.fanout.held(session.id):
+                if after is Next.CONTINUATION:
+                    session.record.status = "running"
+                else:
+                    session.record.status = status
+                    edge: JsonObject = {"type": "session.status", "status": status}
+                    if failure is not None:
+                        edge["error"] = failure
+                    self._publish_saved(session, edge, run_id=turn.turn_id, terminal=True)
+                await self._save(session)
+                self._crash_point("end_saved")
+            if after is not Next.EDGE:
+                self.in_order(session.id, lambda: self._continue(session))
 
 
 def _answer(status: str) -> HttpResponse:

@@ -91,6 +91,7 @@ from ...routes import (
 )
 from ...runners import resolve_runner_ids
 from .._actor import Actor, ActorContext, handles
+from .._tally import Tally
 from ._frames import RequestFrame
 from ._options import GatewayOptions
 from ._streams import StreamBuffer
@@ -118,6 +119,8 @@ _EMPTY_LIST: Final[Mapping[str, object]] = {
 }
 #: How long a DELETE waits for the session's streams to send their [DONE].
 _STREAM_END_WAIT_S = 5.0
+#: How often a drain looks whether the events it waits for have been written.
+DRAIN_POLL_S = 0.05
 
 
 class _Typed(msgspec.Struct):
@@ -239,6 +242,8 @@ class GatewayActor(Actor):
         #: Events kept off the server's stream, per type; events dropped after a delete.
         self.off_stream: dict[str, int] = {}
         self.after_delete = 0
+        #: What ``/metrics`` shows of the relay (``corral_deltas_relayed_total``).
+        self.tally = Tally()
         self._stream_locks: dict[str, trio.Lock] = {}
         self._changed: dict[str, trio.Event] = {}
         self._chunks: dict[str, trio.MemorySendChannel[HttpChunk]] = {}
@@ -252,6 +257,22 @@ class GatewayActor(Actor):
             tunnel = Tunnel(self, runner, runner_id)
             self.tunnels.append(tunnel)
             self.nursery.start_soon(tunnel.run)
+
+    async def drain(self, wait_s: float) -> int:
+        """The host is stopping: wait up to ``wait_s`` for the events not yet written to
+        the streams the server holds open (the end of a turn the drain let finish); the
+        number left. None is lost either way: the buffer is durable, and the next host's
+        gateway sends what is left. Events of a session whose stream the server does not hold
+        open, or with no tunnel up, are not waited for: nothing would send them now."""
+        with trio.move_on_after(wait_s):
+            while self._unsent_on_streams():
+                await trio.sleep(DRAIN_POLL_S)
+        return self._unsent_on_streams()
+
+    def _unsent_on_streams(self) -> int:
+        if not any(t.state == "connected" for t in self.tunnels):
+            return 0
+        return sum(self.buffer.pending_in(session_id) for session_id in self._streams)
 
     async def terminate(self) -> None:
         self.buffer.close()
@@ -267,6 +288,7 @@ class GatewayActor(Actor):
             "buffer": dict(self.buffer.stats),
             "off_stream": dict(self.off_stream),
             "after_delete": self.after_delete,
+            "tally": self.tally.snapshot(),
         }
 
     def _runner_ids(self) -> list[str]:
@@ -298,6 +320,8 @@ class GatewayActor(Actor):
                 continue
             if self.buffer.add(session_id, event.seq, event.event):
                 touched.add(session_id)
+                if kind == "response.output_text.delta":
+                    self.tally.count("deltas_relayed", runner_id=event.runner_id or "")
         if touched:
             self.buffer.ack_when_synced(self.defer(incoming))
             for session_id in touched:
