@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from corral.harnesses import availability
-from corral.harnesses.protocol import InputAccepted, Interrupt, ToolResult
+from corral.harnesses.protocol import Approval, InputAccepted, Interrupt, ToolResult
 from tests.conftest import HostProcess
 from tests.fake_openai import FakeOpenAI, Reply, error, responses_events
 from tests.integration._codex import (
@@ -386,3 +387,23 @@ async def test_the_runners_tools_are_offered_to_codex_and_run_by_the_runner(
     assert [c["status"] for c in calls] == ["in_progress", "action_required", "completed"]
     assert [(a.phase, a.data["tools_count"]) for a in asked] == [("PHASE_LLM_REQUEST", 1)] * 2
     assert text_of(d, turn) == "the runner says Linux"
+
+
+async def test_a_person_may_take_longer_than_the_idle_timeout_to_answer(
+    host: HostProcess, llm: FakeOpenAI
+) -> None:
+    """``idle_timeout_s`` counts Codex's silence, not a person's: while an approval is out,
+    the CLI waits on corral and the turn does not time out."""
+    llm.queue(answer_command("echo slow > slow.txt"), answer_text(["done"]))
+    session = "s-cx-slow-person"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session, person=""):
+        turn = await d.start_turn(session, agent_spec(llm, idle_timeout_s=1), "write it")
+        asked = await d.wait_type("response.elicitation_request", turn_id=turn, timeout=30)
+        await trio.sleep(2.5)  # the scenario: a person slower than idle_timeout_s
+        approval = Approval(
+            session_id=session, elicitation_id=asked.elicitation_id, action="accept"
+        )
+        assert await d.send(approval, durable=True) == InputAccepted(status=204)
+        end = await d.terminal(turn, timeout=30)
+    assert end.__struct_config__.tag == "response.completed", end
+    assert text_of(d, turn) == "done"
