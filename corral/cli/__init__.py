@@ -16,6 +16,7 @@ from .. import __version__
 #: Each verb and where it lives (``module:attribute`` under ``corral.cli``), in help order.
 COMMANDS: dict[str, str] = {
     "up": "_up:up_command",
+    "logs": "_logs:logs_command",
     "status": "_inspect:status_command",
     "mailboxes": "_inspect:mailboxes_command",
     "dead-letters": "_inspect:dead_letters_command",

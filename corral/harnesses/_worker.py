@@ -676,7 +676,7 @@ def main() -> None:
     # Not PR_SET_PDEATHSIG: the kernel sends it when the parent dies, and the harness actor's
     # crash must leave its workers to its next incarnation (they are reparented to the host).
     host = host_lifeline(int(spec["host_pid"]), spec["host_start"])
-    logs.setup(f"worker:{spec['session_id']}")
+    logs.setup("worker", session=spec["session_id"])
     try:
         load_kind(spec["target"], spec.get("options", {}))
     except Exception:

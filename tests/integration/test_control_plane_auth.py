@@ -331,6 +331,10 @@ def test_a_fresh_config_asks_before_any_sys_os_tool_runs(tmp_path: Path) -> None
         config = (state / "corral.toml").read_text()
         assert 'tool = "sys_os_*"' in config and 'action = "ask"' in config
         assert stat.S_IMODE(os.stat(state / "corral.toml").st_mode) == 0o600
+        # It logs to <state dir>/corral.log too, which `corral logs` finds with no flag.
+        logged = corral("logs", "--actor", "host", "--state-dir", str(state))
+        assert "corral host up" in logged.stdout, logged
+        assert (state / "corral.log").exists()
         sent = corral("send", "--agent", "demo", "hi", "--json", "--state-dir", str(state))
         doc = json.loads(sent.stdout)
         asked = [e for e in doc["events"] if e["type"] == "response.elicitation_request"]

@@ -28,6 +28,7 @@ FLOOR = frozenset(
         "_jsonlines",
         "_lazy",
         "_lifeline",
+        "_logfile",
         "bus",
         "config",
         "instance",
