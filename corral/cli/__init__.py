@@ -24,7 +24,7 @@ COMMANDS: dict[str, str] = {
     "subagents": "_subagents:subagents_command",
     "bench": "_bench:bench_command",
     "journal": "_journal:journal_group",
-    "agents": "_chat:agents_command",
+    "agents": "_agents:agents_group",
     "send": "_chat:send_command",
     "chat": "_chat:chat_command",
     "token": "_token:token_group",

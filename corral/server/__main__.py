@@ -59,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is not None:
         settings = msgspec.structs.replace(settings, port=args.port)
     state_dir = resolve_state_dir(str(args.state_dir) if args.state_dir else None, config)
+    harness = config.actors.get("harness")
+    registered = harness.options.get("harnesses") if harness is not None else None
     code = 0
     try:
-        trio.run(_run, state_dir, settings)
+        trio.run(_run, state_dir, settings, list(registered or {}))
     except* ConfigError as group:
         _log_causes(group)
         code = 2
@@ -79,12 +81,14 @@ def _log_causes(group: BaseExceptionGroup[BaseException]) -> None:
         log.error("cannot start: %s", error)
 
 
-async def _run(state_dir: Path, settings: ServerSettings) -> None:
+async def _run(state_dir: Path, settings: ServerSettings, harnesses: list[str]) -> None:
     # The receiver is open before the server starts, so an early SIGTERM still stops it
     # cleanly instead of killing it halfway through writing its state.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            plane = await nursery.start(functools.partial(serve, state_dir, settings))
+            plane = await nursery.start(
+                functools.partial(serve, state_dir, settings, harnesses=harnesses)
+            )
             async for signum in signals:
                 log.info("%s: shutting down", signal.Signals(signum).name)
                 plane.begin_shutdown()
