@@ -60,6 +60,7 @@ from ..actors.gateway.messages import Inbound, events_of
 from ..bus import open_peer
 from ..instance import Instance
 from ._common import Document, figure, percentile, running_host
+from ._progress import step
 from ._tunnel_peer import (
     PeerError,
     TunnelPeer,
@@ -464,7 +465,8 @@ async def measure(sizes: Sizes) -> Document:
 def run(params: Mapping[str, object]) -> Document:
     """Run the relay benchmark and return the CLI.md result document."""
     sizes = Sizes.quick() if params.get("quick") else Sizes.full()
-    return trio.run(measure, sizes)
+    with step("relaying turns through a tunnel"):
+        return trio.run(measure, sizes)
 
 
 if __name__ == "__main__":

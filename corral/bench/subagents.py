@@ -33,6 +33,7 @@ from ..actors._control import request
 from ..instance import Instance
 from ._chaos_client import Event, PlaneClient, SessionLog
 from ._common import Document, Figure, figure, percentile, running_host
+from ._progress import step
 
 CHILD = {
     "name": "echo",
@@ -207,9 +208,11 @@ async def _measure(inst: Instance, options: SubagentOptions) -> dict[int, tuple[
             parent = await run.client.create_session(f"fan{n}")
             sessions = [await run.client.create_session("echo") for _ in range(n)]
             fan, plain = [], []
-            for _ in range(options.rounds):
-                fan.append(await run.fan_out(parent, n))
-                plain.append(await run.independent(sessions))
+            with step(f"fan-out to {n} children, rounds", total=options.rounds) as progress:
+                for _ in range(options.rounds):
+                    fan.append(await run.fan_out(parent, n))
+                    plain.append(await run.independent(sessions))
+                    progress.advance()
             out[n] = (fan, plain)
     finally:
         await run.client.aclose()

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..bench._progress import shown_on
 from ._output import emit_json, json_option
 
 BENCHMARKS = {
@@ -91,7 +92,9 @@ def bench_command(
             "seed": seed,
             "turn_timeout_s": turn_timeout_s,
         }
-    result = module.run(params)
+    # Bars on stderr while someone watches a terminal; the figures are the output.
+    with shown_on(Console(stderr=True)):
+        result = module.run(params)
     failed = result.get("ok") is False
     if as_json:
         emit_json(result)

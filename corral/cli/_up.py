@@ -15,6 +15,7 @@ from rich.markup import escape
 from .. import logs
 from .._exceptions import ConfigError, CorralError
 from .._jsonlines import create_once
+from .._proctitle import set_title
 from ..actors.elicitations import elicitation_rows
 from ..actors.host import Host
 from ..config import Config, RunnerSettings, check_runners, load_config, resolve_state_dir
@@ -179,9 +180,11 @@ def up_command(
         _fail(exc, EXIT_USAGE)
     # Every process the host starts logs as it does (corral.logs).
     os.environ.update(logs.child_env(log_settings))
+    directory = resolve_state_dir(str(state_dir) if state_dir else None, config)
+    set_title(f"corral: host {directory}")
     host = Host(
         config,
-        resolve_state_dir(str(state_dir) if state_dir else None, config),
+        directory,
         config_path=config_path,
         runner=runner,
         elicitations=elicitation_rows,

@@ -20,6 +20,7 @@ import trio
 
 from .. import logs
 from .._exceptions import ConfigError, CorralError
+from .._proctitle import set_title
 from ..config import ServerSettings, load_config, resolve_state_dir
 from ._serve import serve
 
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is not None:
         settings = msgspec.structs.replace(settings, port=args.port)
     state_dir = resolve_state_dir(str(args.state_dir) if args.state_dir else None, config)
+    set_title(f"corral: server {state_dir}")
     harness = config.actors.get("harness")
     registered = harness.options.get("harnesses") if harness is not None else None
     code = 0

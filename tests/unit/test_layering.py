@@ -29,6 +29,7 @@ FLOOR = frozenset(
         "_lazy",
         "_lifeline",
         "_logfile",
+        "_proctitle",
         "agent_files",
         "bus",
         "config",
