@@ -115,6 +115,18 @@ def describe(event: StreamEvent) -> Line | None:
             return Line("error", f"turn failed: {code}: {error.get('message') or ''}".rstrip(": "))
         if data.get("status") == "waiting":
             return Line("note", "waiting…")
+    if event.type == "response.retry":
+        # The provider failed in a way worth another try: say so, or the pause looks hung.
+        error = v if isinstance(v := data.get("error"), dict) else {}
+        attempt, most, delay = (
+            data.get("attempt"),
+            data.get("max_attempts"),
+            data.get("delay_seconds"),
+        )
+        why = f": {error.get('message')}" if error.get("message") else ""
+        return Line(
+            "note", f"retrying the model call in {delay}s (attempt {attempt} of {most}){why}"
+        )
     if event.type == "session.delivery_failed":
         # The message POST was answered before the runner saw it: this is the only word of
         # a refusal (the turn it would have started never runs).

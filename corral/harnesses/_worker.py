@@ -69,6 +69,7 @@ from .protocol import (
     ResponseFailed,
     ResponseHeartbeat,
     ResponseInProgress,
+    ResponseRetry,
     RuntimeModel,
     ToolResult,
     TurnStart,
@@ -230,6 +231,18 @@ class TurnContext:
     def serve(self, model: str | None, provider: str | None, fallback_active: bool = False) -> None:
         """From now on, ``model`` (by ``provider``) serves this run."""
         self.observer.serve(model, provider, fallback_active)
+
+    async def retry(self, attempt: int, max_attempts: int, delay_s: float, reason: str) -> None:
+        """The model call is tried again (``attempt`` of ``max_attempts``) in ``delay_s``:
+        a ``response.retry`` event, so whoever watches the turn sees why it pauses."""
+        await self.emit(
+            ResponseRetry(
+                attempt=attempt,
+                max_attempts=max_attempts,
+                delay_seconds=round(delay_s, 2),
+                error={"code": "provider_retry", "message": reason},
+            )
+        )
 
     async def status(self, text: str) -> None:
         """A provider lifecycle status; a fallback switch becomes a ``warning`` (J-24)."""
