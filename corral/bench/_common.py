@@ -42,7 +42,7 @@ class Baseline(TypedDict):
 
 class Document(TypedDict):
     """What ``run(params)`` of every benchmark returns and ``corral bench --json`` prints
-    (CLI.md); ``figures`` and ``ok`` only for the chaos benchmark."""
+    (docs/contract.md); ``figures`` and ``ok`` only for the chaos benchmark."""
 
     benchmark: str
     baseline: Baseline

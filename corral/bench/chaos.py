@@ -546,7 +546,7 @@ def options_of(params: Mapping[str, object]) -> ChaosOptions:
 
 
 def result_document(figures: ChaosFigures) -> Document:
-    """The CLI.md result document, every figure also under ``figures``."""
+    """The result document of docs/contract.md, every figure also under ``figures``."""
     ms = "ms"
     results = [
         figure("turns", figures.turns, "turns"),

@@ -161,7 +161,7 @@ async def _measure(inst: Instance, quick: bool) -> Document:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the harness benchmark and return the CLI.md result document."""
+    """Run the harness benchmark and return the result document of docs/contract.md."""
     config = "[liveness]\ninterval_s = 0.5\nliveness = 4\n"
     with running_host(config) as inst, step("worker spawns and turns"):
         return trio.run(_measure, inst, bool(params.get("quick")))

@@ -390,7 +390,7 @@ def host_memory_mb(inst: Instance, session_id: str) -> tuple[float, float]:
 
 
 async def measure(sizes: Sizes) -> Document:
-    """Every figure of the benchmark, as the CLI.md result document."""
+    """Every figure of the benchmark, as the result document of docs/contract.md."""
     raw = await raw_frames_per_s(sizes.baseline_frames)
     one = await measure_throughput(
         1, sizes.one_session_deltas, cold=sizes.cold_sessions, memory=True
@@ -463,7 +463,7 @@ async def measure(sizes: Sizes) -> Document:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the relay benchmark and return the CLI.md result document."""
+    """Run the relay benchmark and return the result document of docs/contract.md."""
     sizes = Sizes.quick() if params.get("quick") else Sizes.full()
     with step("relaying turns through a tunnel"):
         return trio.run(measure, sizes)

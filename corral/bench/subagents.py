@@ -269,7 +269,7 @@ def figures(measured: dict[int, tuple[list[float], ...]]) -> tuple[float, list[F
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the sub-agent benchmark and return the CLI.md result document."""
+    """Run the sub-agent benchmark and return the result document of docs/contract.md."""
     options = options_of(params)
     agents = Path(tempfile.mkdtemp(prefix="corral-bench-agents-"))
     try:

@@ -165,7 +165,7 @@ async def _raw_phase(endpoint: str, n: int) -> tuple[float, list[float]]:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the turn benchmark and return the CLI.md result document."""
+    """Run the turn benchmark and return the result document of docs/contract.md."""
     quick = bool(params.get("quick"))
     one = 20_000 if quick else 100_000
     many_sessions = 20 if quick else 100

@@ -47,7 +47,7 @@ def _cycles(n: int) -> tuple[list[float], list[float], int]:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Measure and return the result document of CLI.md."""
+    """Measure and return the result document of docs/contract.md."""
     n = 3 if params.get("quick") else 10
     floor = _floor(n)
     ups, downs, actors = _cycles(n)
