@@ -2,7 +2,8 @@
 #   make run   — create the virtualenv if needed, install corral (without the dev extra: a
 #                user running it needs no pytest, ruff or mypy), start `corral up`
 #   make test  — the same set-up plus the dev extra (and the real omnigent server for
-#                tests/interop), then the whole test suite
+#                tests/interop and the coding-agent CLIs for the claude-sdk/codex/pi kinds),
+#                then the whole suite
 #   make test-fast — the same set-up, then all but the interop and chaos tests
 # make test-fast runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
 # module per worker at a time, so a module's shared host stays in one process. make test (and
@@ -38,11 +39,15 @@ test: $(STAMP)
 	@# The real omnigent server for tests/interop, built once and cached (exit 3: no Python
 	@# >= 3.12 here, and the interop suite skips itself loudly).
 	@./.ci/omnigent-venv >/dev/null || [ $$? -eq 3 ]
+	@# The coding-agent CLIs of the claude-sdk, codex and pi kinds, pinned and cached (exit 3:
+	@# no npm here, and their tests skip themselves loudly).
+	@./.ci/install-clis $(BIN)/python >/dev/null || [ $$? -eq 3 ]
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
 	@command -v bwrap >/dev/null 2>&1 || ./.ci/install-bwrap
+	@./.ci/install-clis $(BIN)/python >/dev/null || [ $$? -eq 3 ]
 	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -54,6 +54,9 @@ _ALLOWED = (
     "LOGNAME",
     "SHELL",
     "TERM",
+    # Where the coding-agent CLIs are (corral.clis): the gateway, the tools and the workers
+    # all look for them, and a path holds no secret.
+    "CORRAL_CLI_PATH",
 )
 
 #: What an actor needs of the host's environment besides :data:`_ALLOWED`: corral's own

@@ -10,6 +10,7 @@ and the harness workers all use it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -74,3 +75,41 @@ async def die_with_host(pidfd: int) -> NoReturn:
     """Exit at once when the host of :func:`host_lifeline` exits (its pidfd is readable)."""
     await trio.lowlevel.wait_readable(pidfd)
     os._exit(EXIT_ORPHANED)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member that is not a zombie.
+
+    ``killpg(pgid, 0)`` also succeeds while only zombies are left: orphans whose new parent
+    (init, or a container's PID 1 that never reaps) has not collected them. They no longer
+    run, so on Linux the members are looked up in ``/proc``; elsewhere a group that answers
+    counts as alive.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp.
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pgid``, if it is still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

@@ -15,10 +15,11 @@ translator takes from the raw YAML: ``extra``, ``use_responses``, ``reasoning_it
 ``llm``, ``interaction``, ``compaction``, ``guardrails``, ``skills``, ``description``, and
 ``executor.type/config/connection/...``) — and of what corral's harnesses read besides
 (``executor.script`` of the scripted harness; ``api``, ``base_url``, ``headers``,
-``extra_body`` and the tunables of the OpenAI one: docs/harnesses.md). A harness that reads a
-new ``executor`` key adds it to :data:`EXECUTOR`. Sections whose entries are the harness's or
-the tools' business (``tools``, ``terminals``, ``policies``, ``executor.config``, ...) are
-checked for their type only.
+``extra_body`` and the tunables of the OpenAI one; ``permission_mode``, ``system_prompt`` and
+the tunables of claude-sdk: docs/harnesses.md). A harness that reads a new ``executor`` key
+adds it to :data:`EXECUTOR` (``tests/unit/test_agent_files.py`` checks the tunables).
+Sections whose entries are the harness's or the tools' business (``tools``, ``terminals``,
+``policies``, ``executor.config``, ...) are checked for their type only.
 
 A problem is a :class:`Problem`: the dotted key, the 1-based line (of the key, or of the
 value whose type is wrong) and the message, e.g.
@@ -95,6 +96,10 @@ EXECUTOR: Schema = {
     "backoff_max_s": _NUMBER,
     "idle_timeout_s": _NUMBER,
     "turn_timeout_s": _NUMBER,
+    # corral: the claude-sdk harness (docs/harnesses.md)
+    "permission_mode": ("str",),
+    "system_prompt": ("str",),
+    "max_retries": ("int",),
 }
 
 SANDBOX: Schema = {

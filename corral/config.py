@@ -214,6 +214,7 @@ BUILTIN: dict[str, ActorRole] = {
         target="corral.actors.harness:HarnessActor",
         options="corral.actors.harness:HarnessOptions",
         expands_vars=True,
+        gets_workspace=True,
         status_lists=["workers"],
     ),
     "tools": ActorRole(

@@ -321,7 +321,7 @@ def load_bundle(
     raw = _gunzip(data, max_unpacked)
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as archive:
-            name, content, prompt = _read_agent_yaml(archive, max_unpacked, sub_agent)
+            name, content, prompt, children = _read_agent_yaml(archive, max_unpacked, sub_agent)
     except tarfile.TarError as exc:
         raise SpecError(f"agent bundle is not a tar archive: {exc}") from exc
     try:
@@ -332,7 +332,37 @@ def load_bundle(
     if spec.system_prompt is None and prompt is not None:
         # A directory-format agent may keep its prompt in AGENTS.md beside config.yaml.
         spec = msgspec.structs.replace(spec, instructions=prompt.decode("utf-8", "replace"))
-    return spec
+    return _with_children(spec, children)
+
+
+def _with_children(spec: AgentSpec, children: dict[str, bytes]) -> AgentSpec:
+    """``spec`` with the directory children beside it (``agents/<name>/config.yaml``) among its
+    ``sub_agents``, each as ``{name, executor}``, where the spec does not list that name: the
+    tools check a model override against a sub-agent's harness and provider (S-10, P-11..P-15)
+    from there. A child whose YAML does not parse is left out (its own session reports it)."""
+    listed = spec.sub_agents
+    found: list[JsonObject] = []
+    for child, text in sorted(children.items()):
+        if _lists_sub_agent(listed, child):
+            continue
+        try:
+            executor = spec_to_dict(load_spec_yaml(text.decode("utf-8"))).get("executor")
+        except (SpecError, UnicodeDecodeError):
+            continue
+        found.append({"name": child, "executor": executor or {}})
+    if not found:
+        return spec
+    if isinstance(listed, dict):
+        merged: list[Any] | JsonObject = {**listed, **{f["name"]: f for f in found}}
+    else:
+        merged = [*(listed or []), *found]
+    return msgspec.structs.replace(spec, sub_agents=merged)
+
+
+def _lists_sub_agent(sub_agents: list[Any] | JsonObject | None, name: str) -> bool:
+    if isinstance(sub_agents, dict):
+        return name in sub_agents
+    return any(isinstance(e, dict) and e.get("name") == name for e in sub_agents or [])
 
 
 def make_bundle(yaml_text: str, *, filename: str = "agent.yaml") -> bytes:
@@ -539,9 +569,10 @@ def _section_to_dict(section: _Section) -> JsonObject:
 
 def _read_agent_yaml(
     archive: tarfile.TarFile, max_unpacked: int, sub_agent: str | None = None
-) -> tuple[str, bytes, bytes | None]:
-    """The agent YAML's path and bytes (``sub_agent``'s, when given), and the ``AGENTS.md``
-    beside a ``config.yaml`` if there is one, after checking every member."""
+) -> tuple[str, bytes, bytes | None, dict[str, bytes]]:
+    """The agent YAML's path and bytes (``sub_agent``'s, when given), the ``AGENTS.md``
+    beside a ``config.yaml`` if there is one, and the YAML of each directory child beside it
+    (``agents/<name>/config.yaml``) by name, after checking every member."""
     files: dict[str, tarfile.TarInfo] = {}
     total = 0
     for count, member in enumerate(_members(archive), start=1):
@@ -562,11 +593,21 @@ def _read_agent_yaml(
             f"agent YAML {name!r} is too large: {member.size} bytes (limit {MAX_YAML_BYTES})"
         )
     prompt = None
+    children: dict[str, bytes] = {}
     if name.rsplit("/", 1)[-1] == "config.yaml":
-        beside = name.rsplit("/", 1)[0] + "/AGENTS.md" if "/" in name else "AGENTS.md"
-        if beside in files and files[beside].size <= MAX_YAML_BYTES:
-            prompt = _extract(archive, files[beside])
-    return name, _extract(archive, member), prompt
+        base = name.rsplit("/", 1)[0] + "/" if "/" in name else ""
+        if f"{base}AGENTS.md" in files and files[f"{base}AGENTS.md"].size <= MAX_YAML_BYTES:
+            prompt = _extract(archive, files[f"{base}AGENTS.md"])
+        for path, info in files.items():
+            child, _, rest = path.removeprefix(f"{base}agents/").partition("/")
+            if (
+                path.startswith(f"{base}agents/")
+                and rest == "config.yaml"
+                and _SUB_AGENT_NAME.fullmatch(child)
+                and info.size <= MAX_YAML_BYTES
+            ):
+                children[child] = _extract(archive, info)
+    return name, _extract(archive, member), prompt, children
 
 
 def _extract(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,32 @@ class Hosts:
             for pid in processes_of(h.state_dir):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+#: Exit code of ``.ci/install-clis`` on a machine with no npm.
+NO_NPM = 3
+
+
+@pytest.fixture(scope="session")
+def cli_bin() -> Path:
+    """The directory holding the pinned ``claude``, ``codex`` and ``pi`` CLIs (and a Node.js
+    22 beside them), for a host's ``CORRAL_CLI_PATH``: what ``.ci/install-clis`` installs and
+    caches (``make test`` runs it first, so this only looks it up). Only a machine with no
+    npm skips the tests that need them, loudly; a failed install is an error."""
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [str(repo / ".ci" / "install-clis"), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode == NO_NPM:
+        reason = "CLI HARNESS TESTS SKIPPED: no npm on this machine to install the CLIs"
+        warnings.warn(reason, stacklevel=1)
+        pytest.skip(reason)
+    if done.returncode != 0:
+        pytest.fail(f".ci/install-clis failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -160,6 +160,10 @@ class FakeOpenAI:
     def queue(self, *replies: Reply) -> None:
         self.replies.extend(replies)
 
+    def no_reply(self) -> Reply:
+        """The answer once the script ran out."""
+        return error(NO_REPLY, "no reply")
+
     async def start(self, nursery: trio.Nursery) -> None:
         listeners = await nursery.start(trio.serve_tcp, self._connection, 0)
         self.port = listeners[0].socket.getsockname()[1]
@@ -174,7 +178,7 @@ class FakeOpenAI:
                     return
                 mine.append(request)
                 self.requests.append(request)
-                reply = self.replies.popleft() if self.replies else error(NO_REPLY, "no reply")
+                reply = self.replies.popleft() if self.replies else self.no_reply()
                 if not await self._send(stream, reply):
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError):

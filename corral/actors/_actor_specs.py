@@ -88,6 +88,10 @@ class ActorSpecs:
             ]
         if role.gets_workspace and self.config.workspace:
             options["workspace"] = self.config.workspace
+        tools = self.config.actors.get("tools")
+        if role.gets_workspace and tools is not None and "os_env_root" in tools.options:
+            # Where the tools keep per-session working directories: a CLI harness runs there.
+            options.setdefault("os_env_root", tools.options["os_env_root"])
         if role.knows_actors:
             plan = {actor for actor, _, _ in actor_plan(self.config)}
             for option, other in role.knows_actors.items():

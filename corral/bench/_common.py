@@ -22,6 +22,11 @@ from ..instance import Instance
 from ._progress import step
 
 
+class NotRunnable(RuntimeError):
+    """The benchmark cannot run on this machine (what it needs is missing); the message says
+    what and how to install it."""
+
+
 class Figure(TypedDict):
     """One result row of a benchmark."""
 

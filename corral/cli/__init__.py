@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "dead-letters": "_inspect:dead_letters_command",
     "elicitations": "_inspect:elicitations_command",
     "subagents": "_subagents:subagents_command",
+    "harnesses": "_harnesses:harnesses_command",
     "bench": "_bench:bench_command",
     "journal": "_journal:journal_group",
     "agents": "_agents:agents_group",

@@ -39,6 +39,11 @@ CHAOS_KINDS = [
 ]
 
 
+#: What ``corral bench harness --kind`` may measure: a coding-agent CLI kind against its CLI
+#: run by hand (corral.bench.cli_harness.KINDS has the rows).
+HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
+
+
 @click.command("bench")
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.option("--quick", is_flag=True, help="Smaller workloads (smoke runs, CI).")
@@ -51,10 +56,11 @@ CHAOS_KINDS = [
 )
 @click.option(
     "--kind",
-    type=click.Choice(CHAOS_KINDS),
+    type=click.Choice(CHAOS_KINDS + HARNESS_KINDS),
     help=(
         "chaos: what to kill (default any; tunnel: drop the tunnel, as --mode tunnel; "
-        "none: nothing, the same workload as a control run)."
+        "none: nothing, the same workload as a control run). harness: the CLI harness kind "
+        "to measure against its CLI run by hand."
     ),
 )
 @click.option("--seed", type=int, help="chaos: the killer's random seed.")
@@ -81,8 +87,14 @@ def bench_command(
 
     chaos exits 1 when one of its invariants failed (its result's "ok" is false).
     """
+    from ..bench._common import NotRunnable
+
     module = importlib.import_module(BENCHMARKS[name])
     params: dict[str, object] = {"quick": quick}
+    if kind is not None and kind not in (CHAOS_KINDS if name == "chaos" else HARNESS_KINDS):
+        raise click.UsageError(f"--kind {kind} is not one of {name}'s kinds")
+    if name == "harness":
+        params["kind"] = kind
     if name == "chaos":
         params |= {
             "sessions": sessions,
@@ -92,9 +104,14 @@ def bench_command(
             "seed": seed,
             "turn_timeout_s": turn_timeout_s,
         }
-    # Bars on stderr while someone watches a terminal; the figures are the output.
-    with shown_on(Console(stderr=True)):
-        result = module.run(params)
+    try:
+        # Bars on stderr while someone watches a terminal; the figures are the output.
+        with shown_on(Console(stderr=True)):
+            result = module.run(params)
+    except NotRunnable as exc:  # a missing CLI: the reason, not a traceback
+        if as_json:
+            emit_json({"benchmark": name, "error": {"code": "not_runnable", "message": str(exc)}})
+        raise click.ClickException(str(exc)) from exc
     failed = result.get("ok") is False
     if as_json:
         emit_json(result)

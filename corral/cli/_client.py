@@ -418,9 +418,13 @@ async def run_turn(
             if elicitation_id and elicitation_id not in answered:
                 answered.add(elicitation_id)
                 action = await decide(event)
+                # A sub-agent's prompt, mirrored onto this stream, is answered where it lives.
+                params = event.data.get("params")
+                target = params.get("target_session_id") if isinstance(params, dict) else None
+                owner = target if isinstance(target, str) and target else session_id
                 if action is not None:
                     try:
-                        await api.resolve(session_id, elicitation_id, action)
+                        await api.resolve(owner, elicitation_id, action)
                     except ApiError as exc:
                         if exc.status not in (404, 409, 410):
                             raise

@@ -9,9 +9,9 @@ result is:
 ``pending``   the child is still working (``launching`` or ``in_progress``);
 ``recorded``  the child ended and dispatch holds its result, not yet in the parent's inbox;
 ``inbox``     the result is in the parent's inbox, the parent not woken yet;
-``woken``     the result is in the parent's inbox (or drained from it) and the parent was
-              woken to read it — delivered, as far as dispatch knows (whether the parent's
-              ``sys_read_inbox`` drained it is the tools actor's, which dispatch does not see).
+``woken``     the result is in the parent's inbox and the parent was woken to read it;
+``drained``   the parent's ``sys_read_inbox`` took it (the tools actor tells dispatch, S-17):
+              the work is done.
 """
 
 from __future__ import annotations
@@ -58,9 +58,12 @@ class Refused(click.ClickException):
 
 
 def result_place(entry: JsonObject) -> str:
-    """Where an entry's result is: ``pending``, ``recorded``, ``inbox`` or ``woken``."""
+    """Where an entry's result is: ``pending``, ``recorded``, ``inbox``, ``woken`` or
+    ``drained``."""
     if entry.get("status") in _OPEN:
         return "pending"
+    if entry.get("drained"):
+        return "drained"
     if not entry.get("pushed"):
         return "recorded"
     return "woken" if entry.get("woken") else "inbox"
@@ -166,7 +169,7 @@ def _rows(table: Table, node: JsonObject, depth: int) -> None:
 @json_option
 def subagents_command(session_id: str | None, state_dir: Path | None, as_json: bool) -> None:
     """Show the tree of sessions and their sub-agents: each dispatch, its state, and where
-    its result is (pending, recorded, inbox, woken).
+    its result is (pending, recorded, inbox, woken, drained).
 
     Exit 1 when --session names a session with no sub-agent work on this host, 2 when it is
     not a session id, 3 when no host runs.

@@ -12,12 +12,18 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 
+from .. import clis
+
 _BUILTIN = {
     "scripted": "corral.harnesses.scripted:ScriptedHarness",
     "openai": "corral.harnesses.openai:OpenAIHarness",
     # Agent YAMLs written for the runner corral replaces name these; both speak OpenAI.
     "openai-agents": "corral.harnesses.openai:OpenAIHarness",
     "open-responses": "corral.harnesses.openai:OpenAIHarness",
+    "claude-sdk": "corral.harnesses.claude:ClaudeHarness",
+    # omnigent's alias of claude-sdk: its server routes it as claude-sdk (PROTOCOL_0_19 §L)
+    # but hands the runner the spec as written.
+    "claude": "corral.harnesses.claude:ClaudeHarness",
 }
 
 #: Python modules a built-in kind needs besides its own module.
@@ -52,8 +58,9 @@ def availability(names: Iterable[str] | None = None) -> dict[str, str | None]:
     """Per harness kind (default: every registered one): None if this host can run it, else
     why not.
 
-    A kind is runnable when it is registered, its worker's module can be found and every
-    module it requires can be found. Only ``importlib.util.find_spec`` is used, so nothing
+    A kind is runnable when it is registered, its worker's module can be found, every
+    module it requires can be found and the CLI it drives, if any, is installed
+    (:mod:`corral.clis`). Only ``importlib.util.find_spec`` is used, so nothing
     heavy is imported (a dotted name still imports its parent packages).
     """
     return {name: _unavailable(name) for name in (HARNESSES if names is None else names)}
@@ -71,7 +78,7 @@ def _unavailable(name: str) -> str | None:
     missing = [m for m in REQUIRES.get(name, ()) if not _findable(m)]
     if missing:
         return f"it needs the Python module{'s' * (len(missing) > 1)} {', '.join(missing)}"
-    return None
+    return clis.missing(name)
 
 
 def _findable(module: str) -> bool:

@@ -27,10 +27,12 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -155,6 +157,33 @@ class TurnContext:
             or self.spec.get("executor", {}).get("model")
             or self.message.get("model")
         )
+
+    @property
+    def workdir(self) -> Path:
+        """The session's tool working directory (where its ``sys_os_*`` tools run): a CLI
+        harness runs there, so the file browser and the changed-files signal see its work.
+        A turn handed over without one (a test's) works in the current directory."""
+        return Path(self.start.workdir) if self.start.workdir else Path.cwd()
+
+    @property
+    def cli_home(self) -> Path:
+        """A directory of the session's own (0700), durable under the host's state dir, for
+        a CLI's home and configuration: two sessions' CLIs never share state, and a
+        restarted worker finds the CLI's session to resume. A turn handed over without one
+        (a test's) gets a directory under the temporary directory."""
+        if self.start.cli_home:
+            return Path(self.start.cli_home)
+        key = uuid.uuid5(uuid.NAMESPACE_URL, self.session_id).hex
+        home = Path(tempfile.gettempdir()) / f"corral-home-{os.getuid()}-{key}"
+        home.mkdir(mode=0o700, exist_ok=True)
+        return home
+
+    @property
+    def services(self) -> trio.Nursery:
+        """A nursery as long-lived as the worker, for what a kind keeps across turns (a CLI
+        it drives): its tasks are cancelled when the worker stops."""
+        assert self.worker.services is not None, "the worker is not serving"
+        return self.worker.services
 
     @property
     def agent(self) -> str:
@@ -435,6 +464,8 @@ class Worker:
         self._turn_done.set()
         self.outbox = Outbox(peer)
         self.held = HeldEvents()
+        #: The nursery of :meth:`serve` (``TurnContext.services``).
+        self.services: trio.Nursery | None = None
 
     async def send_output(self, to: str, event: Message, *, durable: bool) -> None:
         """Send an output event (durable ones wait until the broker has them).
@@ -486,6 +517,7 @@ class Worker:
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
+            self.services = nursery
             nursery.start_soon(self._alive_loop)
             nursery.start_soon(self.outbox.run)
             async for incoming in self.peer.inbox:

@@ -60,6 +60,10 @@ class TurnStart(Request["InputAccepted"], tag="harness.turn"):
     #: Sent again by a dispatch that could not tell whether its first start reached the
     #: harness actor (it crashed in between): a turn already seen is left as it is.
     again: bool = False
+    #: Filled in by the harness actor for the worker: the session's tool working directory
+    #: (where ``sys_os_*`` run), and a per-session directory of its own for a CLI's home.
+    workdir: str | None = None
+    cli_home: str | None = None
 
 
 class ToolResult(Request["InputAccepted"], tag="harness.tool_result"):

@@ -15,8 +15,9 @@ Turn *i* of a session runs ``turns[i % len(turns)]``, where *i* counts the user 
 the history the turn was given (so it survives worker restarts). Extra step kinds:
 ``{usage: {input_tokens, output_tokens}}`` sets the reported usage, ``{item: {...}}`` emits an
 output item as is, ``{echo_history: true}`` streams the ``[role, text]`` pairs of the history
-the turn was given, as JSON (for tests of history assembly), ``{gather: {tool, marker,
-count, every_ms?, max_calls?, prefix?}}`` calls a tool until its outputs hold ``marker``
+the turn was given, as JSON (for tests of history assembly), ``{echo_places: true}`` streams
+the turn's ``{workdir, cli_home}`` as JSON (where a CLI harness would run), ``{gather: {tool,
+marker, count, every_ms?, max_calls?, prefix?}}`` calls a tool until its outputs hold ``marker``
 ``count`` times and streams them merged (the demo ``team`` agent's wait for its
 sub-agents), and ``{report: failed, code: C,
 message: M}`` / ``{report: completed}`` stand for a relayed harness stream that reports its
@@ -50,6 +51,7 @@ STEP_KINDS = (
     "usage",
     "item",
     "echo_history",
+    "echo_places",
     "report",
     "gather",
 )
@@ -86,7 +88,7 @@ def script_turns(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     return turns
 
 
-_FLAGS = ("hang", "echo_history")
+_FLAGS = ("hang", "echo_history", "echo_places")
 
 
 def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
@@ -105,6 +107,7 @@ def _check_step(where: str, kind: str, step: dict[str, Any]) -> None:
         "usage": dict,
         "item": dict,
         "echo_history": bool,
+        "echo_places": bool,
         "report": str,
         "gather": dict,
     }
@@ -212,6 +215,9 @@ class ScriptedHarness:
             await _gather(turn, step)
         elif step.get("echo_history"):
             await turn.text(json.dumps(_history_texts(turn.message.get("content"))))
+        elif step.get("echo_places"):
+            places = {"workdir": str(turn.workdir), "cli_home": str(turn.cli_home)}
+            await turn.text(json.dumps(places))
         return verdict
 
 

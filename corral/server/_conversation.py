@@ -32,10 +32,12 @@ import msgspec
 from .._jsonlines import JsonObject
 
 __all__ = [
+    "ELICITATION_EVENTS",
     "HEARTBEATS",
     "TERMINAL_EVENTS",
     "EventLog",
     "UnknownSession",
+    "ancestors",
     "append_runner_events",
     "append_server_events",
     "fence",
@@ -56,7 +58,9 @@ TERMINAL_EVENTS = frozenset(
 HEARTBEATS = frozenset({"session.heartbeat", "response.heartbeat"})
 _STATUSES = frozenset({"idle", "running", "waiting", "failed"})
 #: Runner events that pass the interrupt fence (see :func:`fence`).
-_FENCE_EXEMPT = frozenset({"response.elicitation_request", "response.elicitation_resolved"})
+#: Events a sub-agent's ancestors see too (:func:`mirror_to_ancestors`).
+ELICITATION_EVENTS = frozenset({"response.elicitation_request", "response.elicitation_resolved"})
+_FENCE_EXEMPT = ELICITATION_EVENTS
 
 
 class UnknownSession(LookupError):
@@ -100,14 +104,19 @@ class EventLog:
         self.draft: JsonObject | None = _decode(row[1]) if row[1] else None
         self.status: str = row[2]
         self.now = time.time()
+        #: The ancestors an elicitation event of this session was mirrored to.
+        self.mirrored: list[str] = []
 
-    def emit(self, event: JsonObject) -> None:
-        """Append one event under the next event id."""
+    def emit(self, event: JsonObject, *, mirror: bool = True) -> None:
+        """Append one event under the next event id; an elicitation's request or resolution
+        is mirrored onto the streams of the session's ancestors too (:func:`mirror`)."""
         self.seq += 1
         self.con.execute(
             "INSERT INTO events (session_id, seq, type, data, created_at) VALUES (?,?,?,?,?)",
             (self.session_id, self.seq, str(event["type"]), _encode(event).decode(), self.now),
         )
+        if mirror and event["type"] in ELICITATION_EVENTS:
+            self.mirrored.extend(mirror_to_ancestors(self.con, self.session_id, event))
 
     def item(self, fields: JsonObject) -> JsonObject:
         """Persist one item of this session."""
@@ -258,6 +267,39 @@ class EventLog:
         )
 
 
+def ancestors(con: sqlite3.Connection, session_id: str) -> list[str]:
+    """The session's parent, its parent's parent, ... up to the root (a loop is cut)."""
+    found: list[str] = []
+    seen = {session_id}
+    current: str | None = session_id
+    while current is not None:
+        row = con.execute(
+            "SELECT parent_session_id FROM sessions WHERE id = ?", (current,)
+        ).fetchone()
+        current = row[0] if row is not None else None
+        if current is None or current in seen:
+            break
+        seen.add(current)
+        found.append(current)
+    return found
+
+
+def mirror_to_ancestors(con: sqlite3.Connection, session_id: str, event: JsonObject) -> list[str]:
+    """Append a sub-agent's elicitation event to each ancestor's stream, as the 0.19.1
+    server does: a request with ``params.target_session_id`` naming the session that owns
+    it (a viewer of the parent answers it there), a resolution as it is. Returns the
+    ancestors."""
+    found = ancestors(con, session_id)
+    if event["type"] == "response.elicitation_request":
+        params = v if isinstance(v := event.get("params"), dict) else {}
+        event = {**event, "params": {**params, "target_session_id": session_id}}
+    for ancestor in found:
+        stored = EventLog(con, ancestor)
+        stored.emit(event, mirror=False)
+        stored.save()
+    return found
+
+
 def fence(events: list[JsonObject]) -> tuple[list[JsonObject], bool]:
     """Drop the trailing output of an interrupted turn, as the real relay does (§D.3).
 
@@ -287,9 +329,10 @@ def append_runner_events(
     session_id: str,
     events: list[JsonObject],
     runner_seq: int | None = None,
-) -> int:
+) -> list[str]:
     """Store a batch of runner events (heartbeats dropped) and, with ``runner_seq``, the
-    runner's seq they reach; returns the last event id."""
+    runner's seq they reach; returns the sessions given events (this one, and the ancestors
+    an elicitation event was mirrored to)."""
     stored = EventLog(con, session_id)
     for event in events:
         if event.get("type") in HEARTBEATS:
@@ -300,7 +343,8 @@ def append_runner_events(
             "UPDATE sessions SET runner_seq = MAX(runner_seq, ?) WHERE id = ?",
             (runner_seq, session_id),
         )
-    return stored.save()
+    stored.save()
+    return [session_id, *dict.fromkeys(stored.mirrored)]
 
 
 def append_server_events(con: sqlite3.Connection, session_id: str, events: list[JsonObject]) -> int:

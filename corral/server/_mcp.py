@@ -153,7 +153,7 @@ class ToolCalls:
             "arguments": arguments,
         }
         await self.plane.store.add_policy_elicitation(row.id, eid, params, name, arguments, event)
-        self.plane.notify(row.id)
+        await self.plane.notify_tree(row.id)
         log.info("session %s: tool %s needs approval (%s)", row.id, name, eid)
         return {
             "resultType": "input_required",

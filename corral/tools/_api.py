@@ -32,6 +32,9 @@ RunTool = Callable[[str, JsonObject], Awaitable[str]]
 #: disk. ``abandoned``: the message could not be posted, so no result will come (the caller
 #: was told by the tool's own error) and the entry is closed.
 RegisterWork = Callable[[str, str, str, str, bool], Awaitable[None]]
+#: Tells dispatch that the caller's ``sys_read_inbox`` took these sub-agent results, by their
+#: ``work_id`` (S-17); returns once that is durable.
+WorkDrained = Callable[[list[str]], Awaitable[None]]
 #: ``cancel_work(child, confirm)`` → ``(found, status)``: the caller's work on a child in the
 #: sub-agent registry; ``confirm`` ends it cancelled (``sys_cancel_task``).
 CancelWork = Callable[[str, bool], Awaitable[tuple[bool, str | None]]]
@@ -96,6 +99,9 @@ class ToolContext:
     #: Looks up (and ends) the caller's sub-agent work (``sys_cancel_task``); None when not
     #: available.
     cancel_work: CancelWork | None = None
+    #: Tells dispatch the caller took sub-agent results (``sys_read_inbox``); None when not
+    #: available.
+    work_drained: WorkDrained | None = None
     #: Largest output a tool returns before it is cut with a marker.
     max_output_chars: int = 100_000
 

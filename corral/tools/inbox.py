@@ -173,6 +173,8 @@ class _SessionBox:
     seen: dict[str, None] = field(default_factory=dict)
     #: Recorded drain answers by call id, oldest first.
     drains: dict[str, str] = field(default_factory=dict)
+    #: Per recorded drain: the ``work_id`` of each sub-agent result it took (S-17).
+    drained_work: dict[str, list[str]] = field(default_factory=dict)
     #: Records in the file, to decide when to compact.
     records: int = 0
 
@@ -243,6 +245,7 @@ class Inbox:
                 return recorded
             lines: list[str] = []
             taken: list[str] = []
+            work: list[str] = []
             queued = list(box.queue.items())
             size = 0
             for done, (key, item) in enumerate(queued):
@@ -257,16 +260,29 @@ class Inbox:
                 size += len(lines[-1]) + 2
                 if verdict is None or not verdict.keep:
                     taken.append(key)
+                    if item.get("type") == "sub_agent" and isinstance(item.get("work_id"), str):
+                        work.append(str(item["work_id"]))
             text = "\n\n".join(lines) if lines else INBOX_EMPTY
             record = {"op": "drain", "call_id": call_id, "taken": taken, "text": text}
+            if work:
+                record["work"] = work
             with trio.CancelScope(shield=True):
                 await box.log.append([record])
                 box.records += 1
                 box.drains[call_id] = text
+                if work:
+                    box.drained_work[call_id] = work
                 for key in taken:
                     box.queue.pop(key, None)
                 await self._maybe_compact(box)
             return text
+
+    async def drained_work(self, session_id: str, call_id: str) -> list[str]:
+        """The ``work_id`` of each sub-agent result the drain ``call_id`` took (S-17): the
+        same after a replay of the drain, so a caller that died before passing them on can
+        pass them on again."""
+        box = await self._box(session_id)
+        return list(box.drained_work.get(call_id, ()))
 
     async def size(self, session_id: str) -> int:
         """How many items are queued for ``session_id``."""
@@ -282,6 +298,7 @@ class Inbox:
                 box.queue.clear()
                 box.seen.clear()
                 box.drains.clear()
+                box.drained_work.clear()
                 box.records = 0
                 # The next use starts a new file, with its header.
                 self._boxes.pop(session_id, None)
@@ -316,8 +333,19 @@ class Inbox:
         records: list[Mapping[str, object]] = [_header(box.session_id)]
         records.append({"op": "seen", "keys": delivered})
         records.extend({"op": "push", "key": k, "item": v} for k, v in box.queue.items())
-        # A kept drain's items are gone already: only its answer matters now.
-        records.extend({"op": "drain", "call_id": c, "taken": [], "text": t} for c, t in drains)
+        # A kept drain's items are gone already: only its answer (and the work it took)
+        # matters now.
+        for call_id, text in drains:
+            record: dict[str, object] = {
+                "op": "drain",
+                "call_id": call_id,
+                "taken": [],
+                "text": text,
+            }
+            if call_id in box.drained_work:
+                record["work"] = box.drained_work[call_id]
+            records.append(record)
+        box.drained_work = {c: box.drained_work[c] for c, _ in drains if c in box.drained_work}
         await box.log.rewrite(records)
         box.records = len(records)
         box.seen = dict.fromkeys([*delivered, *box.queue])
@@ -363,6 +391,9 @@ def _replay(box: _SessionBox, records: list[JsonObject]) -> None:
             call_id, text = record.get("call_id"), record.get("text")
             if isinstance(call_id, str) and isinstance(text, str) and call_id not in box.drains:
                 box.drains[call_id] = text
+                work = record.get("work")
+                if isinstance(work, list) and work:
+                    box.drained_work[call_id] = [w for w in work if isinstance(w, str)]
                 for key in record.get("taken") or []:
                     box.queue.pop(key, None)
     box.records = len(records)
@@ -382,9 +413,15 @@ async def _sys_read_inbox(ctx: ToolContext, args: JsonObject) -> str:
     # Here, not at the top: the review module builds on this one's types.
     from .inbox_review import subagent_review
 
-    return await ctx.inbox.drain(
+    text = await ctx.inbox.drain(
         ctx.session_id, ctx.call_id, review=subagent_review(ctx), max_chars=ctx.max_output_chars
     )
+    work = await ctx.inbox.drained_work(ctx.session_id, ctx.call_id)
+    if work and ctx.work_drained is not None:
+        # Passed on after the drain is on disk, and again if this call is replayed: a
+        # crash in between leaves the work entries waiting, never wrongly done (S-17).
+        await ctx.work_drained(work)
+    return text
 
 
 SYS_READ_INBOX = ToolSpec(

@@ -23,9 +23,10 @@ Every refusal is one line starting ``Error:`` (what the model reads as the tool'
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
+
+from .. import clis
 
 __all__ = [
     "ModelError",
@@ -77,14 +78,6 @@ _PLUMBED: Final = frozenset(
 )
 _CLAUDE_ONLY: Final = frozenset({"claude-native", "claude-sdk"})
 _CODEX_ONLY: Final = frozenset({"codex", "codex-native"})
-#: A harness's CLI binary and the npm package that installs it (spec/HARNESS_CLIS.md).
-_CLIS: Final = {
-    "claude-native": ("claude", "@anthropic-ai/claude-code"),
-    "codex": ("codex", "@openai/codex"),
-    "codex-native": ("codex", "@openai/codex"),
-    "pi": ("pi", "@earendil-works/pi-coding-agent"),
-    "pi-native": ("pi", "@earendil-works/pi-coding-agent"),
-}
 #: Bare vendor ids that have a mechanical ``databricks-`` gateway spelling (P-15).
 _MECHANICAL = re.compile(r"(?:claude|gpt|glm|kimi)-[a-z0-9][a-z0-9.-]*")
 _GATEWAY_PREFIX: Final = "databricks-"
@@ -254,15 +247,15 @@ def localise_model(model: str, kind: ProviderKind | None) -> str:
 
 
 def missing_cli(
-    agent: str, harness: str | None, which: Callable[[str], str | None] = shutil.which
+    agent: str, harness: str | None, which: Callable[[str], str | None] = clis.find
 ) -> str | None:
     """The refusal of a fresh dispatch to ``agent`` whose harness needs a CLI that ``which``
     does not find (S-08), or None. ``which`` is the probe tests stand in for (S-09)."""
     name = canonical(harness) if harness else None
-    cli = _CLIS.get(name) if name else None
-    if cli is None or which(cli[0]) is not None:
+    cli = clis.cli_for(name) if name else None
+    if cli is None or which(cli.command) is not None:
         return None
-    binary, package = cli
+    binary, package = cli.command, cli.package
     return (
         f"Error: sub-agent {agent!r} can't start on this machine: harness {name!r} needs the "
         f"{binary!r} CLI on PATH, which was not found. Install it with: npm install -g "

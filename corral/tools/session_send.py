@@ -24,17 +24,18 @@ embedded control plane alike:
 request (P-09), refused by id before the lookup (P-10), and after the lookup refused for an
 existing child (P-11), a harness with no override plumbing or of another family (P-12..P-14),
 then spelled for the child's provider (P-15). A fresh dispatch to a harness whose CLI is not
-on ``PATH`` is refused before the create (S-08; :data:`CLI_PROBE` is the probe, S-09).
+on this host (:mod:`corral.clis`) is refused before the create (S-08; :data:`CLI_PROBE` is
+the probe, S-09).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import shutil
 from collections.abc import Callable
 from typing import Any
 
+from .. import clis
 from .._exceptions import ServerError, ServerRejected
 from .._jsonlines import JsonObject
 from ._api import ToolContext, ToolError
@@ -75,7 +76,7 @@ NOT_A_CHILD = (
 #: The label a created child carries (§J step 2).
 DISPATCH_LABEL = "omnigent.subagent.dispatch_id"
 #: How a fresh dispatch looks for its harness's CLI (S-08); tests stand in for it (S-09).
-CLI_PROBE: Callable[[str], str | None] = shutil.which
+CLI_PROBE: Callable[[str], str | None] = clis.find
 
 
 def dispatch_id() -> str:

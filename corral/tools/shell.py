@@ -10,7 +10,6 @@ answer ``killpg(pgid, 0)``, so the group's members are looked up in ``/proc``.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import os
 import shutil
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 import trio
 
 from .._child_env import base_env
+from .._lifeline import group_alive, signal_group
 from ._api import ProcessTracker, ToolError
 from ._replies import ShellResult
 from .sandbox import Sandbox, wrap
@@ -100,65 +100,28 @@ async def _pump(stream: trio.abc.ReceiveStream, sink: _CappedText) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a member that is not a zombie.
-
-    ``killpg(pgid, 0)`` also succeeds while only zombies are left: orphans whose new parent
-    (init, or a container's PID 1 that never reaps) has not collected them. They no longer
-    run, so on Linux the members are looked up in ``/proc``; elsewhere a group that answers
-    counts as alive.
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as file:
-                fields = file.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # After the command name: state, ppid, pgrp.
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 async def _end_group(process: trio.Process) -> None:
     """SIGTERM the command's process group, SIGKILL what is left after the grace period.
 
     Runs shielded: it is what a cancelled call does on its way out.
     """
     pgid = process.pid  # start_new_session: the shell leads its own group
-    if process.returncode is not None and not await in_thread(_group_alive, pgid):
+    if process.returncode is not None and not await in_thread(group_alive, pgid):
         return
-    _signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     with trio.move_on_after(KILL_GRACE_S):
         await process.wait()
         # Members that outlive the leader (background jobs) are polled: there is no
         # notification when a process we are not the parent of exits.
-        while await in_thread(_group_alive, pgid):
+        while await in_thread(group_alive, pgid):
             await trio.sleep(0.05)
-    if process.returncode is None or await in_thread(_group_alive, pgid):
-        _signal_group(pgid, signal.SIGKILL)
+    if process.returncode is None or await in_thread(group_alive, pgid):
+        signal_group(pgid, signal.SIGKILL)
         await process.wait()
         # SIGKILL is delivered asynchronously: make sure the members are gone too before the
         # call reports that they are, bounded in case one is stuck in the kernel.
         with trio.move_on_after(KILL_GRACE_S):
-            while await in_thread(_group_alive, pgid):
+            while await in_thread(group_alive, pgid):
                 await trio.sleep(0.01)
 
 

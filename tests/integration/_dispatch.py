@@ -65,6 +65,7 @@ class FakeDispatch:
         text: str = "hi",
         *,
         history: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None,
         **kw: Any,
     ) -> str:
         turn_id = f"turn_{uuid.uuid4().hex[:12]}"
@@ -83,6 +84,7 @@ class FakeDispatch:
                     "role": "user",
                     "content": content,
                     "model": spec.get("name", "agent"),
+                    **({"tools": tools} if tools is not None else {}),
                 },
                 reply_to=self.peer.name,
                 **kw,

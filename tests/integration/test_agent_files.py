@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral.agent_files import check_agent_file
+from corral.harnesses import HARNESSES
 from tests.conftest import FAST_LIVENESS, HostProcess, corral, wait_until
 
 REPO = Path(__file__).parents[2]
@@ -238,7 +239,7 @@ def test_every_agent_file_of_the_repository_is_valid() -> None:
         *(REPO / "tests" / "interop" / "agents").rglob("*.yaml"),
     ]
     assert len(files) > 15
-    harnesses = {"scripted", "openai", "openai-agents", "open-responses"}
+    harnesses = set(HARNESSES)
     assert {str(f): check_agent_file(f, harnesses) for f in files} == {str(f): [] for f in files}
     # As the control plane serves them, too (the interop agents' policies are the real
     # server's business: it runs their code, the embedded control plane runs none).

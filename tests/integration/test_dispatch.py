@@ -276,7 +276,11 @@ async def test_e04_approval_is_a_control_event_and_passes_the_harness_answer(
         assert gw.statuses(sid) == [], "an approval never starts a turn"
 
 
-async def test_elicitation_round_trip_through_dispatch(dhost: HostProcess, server) -> None:
+async def test_h14_an_approval_goes_to_the_harness_side_channel_not_a_new_turn(
+    dhost: HostProcess, server
+) -> None:
+    """The approval event is the parked harness's answer (the harness's 204 is the caller's,
+    E-01..E-03), and the turn it belongs to goes on: one running, one idle, no second turn."""
     agent_id, sid = _session(
         server, '{elicit: {message: "Deploy?"}}', '{text: "Deployed.", on_decline: "Not deployed."}'
     )

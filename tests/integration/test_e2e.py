@@ -47,6 +47,15 @@ AGENTS = {
                 - {{tool: sys_os_shell, arguments: {{command: "echo mid-turn"}}}}
                 - {{text: "{SLOW_SECOND}", chunk: 1, delay_ms: 60}}
         """,
+    "places.yaml": """
+        name: places
+        executor:
+          harness: scripted
+          script:
+            turns:
+              - - {tool: sys_os_shell, arguments: {command: "pwd"}}
+                - {echo_places: true}
+        """,
     "fails.yaml": """
         name: fails
         executor:
@@ -203,6 +212,38 @@ def test_send_demo_full_turn_with_a_tool_call_and_an_approval(shared_host: HostP
     second = json.loads(again.stdout)
     assert second["text"] == DEMO_GREETING + DEMO_DECLINED
     assert second["events"][0]["event_id"] == events[-1]["event_id"] + 1
+
+
+def test_a_worker_runs_where_its_sessions_tools_run_with_a_home_of_the_sessions_own(
+    shared_host: HostProcess,
+) -> None:
+    """Where a coding-agent CLI harness would run (#18): in the session's tool working
+    directory (what ``sys_os_shell`` says ``pwd`` is, so the file browser sees its work), with
+    a home directory (0700, under the state dir) that stays the session's across turns and
+    is no other session's."""
+
+    def turn(*args: str) -> tuple[str, dict[str, str], str]:
+        out = _send(shared_host, *(args or ("--agent", "places")), "go", "--json")
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        (shell,) = [
+            e["item"]["output"]
+            for e in result["events"]
+            if e.get("item", {}).get("type") == "function_call_output"
+        ]
+        return result["session_id"], json.loads(result["text"]), json.loads(shell)["stdout"]
+
+    session, places, pwd = turn()
+    assert places["workdir"] == pwd.strip()
+    home = Path(places["cli_home"])
+    assert shared_host.state_dir in home.parents
+    assert home.is_dir() and home.stat().st_mode & 0o777 == 0o700
+    _, again, _ = turn("--session", session)
+    assert again == places
+    other, elsewhere, other_pwd = turn()
+    assert other != session
+    assert elsewhere["cli_home"] != places["cli_home"]
+    assert elsewhere["workdir"] == other_pwd.strip() != places["workdir"]
 
 
 def test_p_ask_rule_of_the_control_plane_prompts_before_the_tool_runs(tmp_path: Path) -> None:

@@ -17,12 +17,23 @@ provider serves every agent of a test module:
               or ``sys_agent_list`` call (no arguments); after its output: ``info: …`` ...
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
 ``calls``     the tool call its last user text names, as JSON ``{"tool", "arguments"}`` (a test
-              passes ids it only learns at run time); after its output: ``called: …``
+              passes ids it only learns at run time); woken by a sub-agent's result, a
+              ``sys_read_inbox``; after its output: ``called: …``
 ``delegate``  a ``sys_session_send`` to its sub-agent ``child`` (title ``t1``); woken by the
               child's result (a last user text ``[System: sub-agent …``) a ``sys_read_inbox``;
               after either output: ``delegate: …``
+``fanout``    two ``sys_session_send`` calls, to ``child`` titled ``t1`` then ``t2`` (the second
+              once the first has answered its handle: both children then work at once), then
+              ``fanout: launched``; woken, a ``sys_read_inbox`` and ``fanout: …``
 
 Every request body is appended to ``--log`` as one JSON line, with the path it came to.
+
+Claude Code (the ``claude-sdk`` harness) calls the Anthropic Messages API instead
+(``POST /v1/messages?beta=true``), answered as Anthropic streams it, by the same model names,
+plus:
+
+``claudecode``  a ``Bash`` call (``echo hello-from-claude > claude.txt``); after its result:
+                ``claude said: …``
 """
 
 from __future__ import annotations
@@ -79,6 +90,22 @@ def _tool_output(body: dict[str, Any]) -> str | None:
     return None
 
 
+def _calls_since_user(body: dict[str, Any]) -> int:
+    """How many tool calls the input holds after its last user message (this turn's)."""
+    items = body.get("input") if "input" in body else body.get("messages")
+    count = 0
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("role") == "user":
+            count = 0
+        elif item.get("type") == "function_call":
+            count += 1
+        elif item.get("role") == "assistant" and item.get("tool_calls"):
+            count += len(item["tool_calls"])
+    return count
+
+
 def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float]:
     """(text deltas, a tool call (name, arguments JSON) or None, pause between deltas)."""
     model = str(body.get("model") or "")
@@ -91,7 +118,9 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
     if model == "calls":
         output = _tool_output(body)
         if output is not None:
-            return ["called: ", output[:200]], None, 0.0
+            return ["called: ", output[:300]], None, 0.0
+        if _user_texts(body)[-1].startswith("[System: sub-agent"):
+            return [], ("sys_read_inbox", "{}"), 0.0
         asked = json.loads(_user_texts(body)[-1])
         return [], (asked["tool"], json.dumps(asked["arguments"])), 0.0
     if model == "delegate":
@@ -103,6 +132,19 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
             return [], ("sys_read_inbox", "{}"), 0.0
         send = {"agent": "child", "title": "t1", "args": "hi child"}
         return [], ("sys_session_send", json.dumps(send)), 0.0
+    if model == "fanout":
+        output = _tool_output(body)
+        users = _user_texts(body)
+        woken = bool(users) and users[-1].startswith("[System: sub-agent")
+        if output is not None and woken:
+            return ["fanout: ", output[:600]], None, 0.0
+        if woken:
+            return [], ("sys_read_inbox", "{}"), 0.0
+        sent = _calls_since_user(body)
+        if sent < 2:
+            send = {"agent": "child", "title": f"t{sent + 1}", "args": f"part {sent + 1}"}
+            return [], ("sys_session_send", json.dumps(send)), 0.0
+        return ["fanout: launched"], None, 0.0
     if model == "echo":
         return ["echo: ", " | ".join(_user_texts(body))], None, 0.0
     if model == "history":
@@ -143,7 +185,9 @@ class Handler(BaseHTTPRequestHandler):
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"path": self.path, "at": time.time(), "body": body}) + "\n")
         deltas, call, pace = plan(body)
-        if self.path.rstrip("/").endswith("/responses"):
+        if self.path.split("?")[0].rstrip("/").endswith("/messages"):
+            frames = _anthropic(body, *_claude_plan(body, deltas))
+        elif self.path.rstrip("/").endswith("/responses"):
             frames = _responses(body, deltas, call)
         elif self.path.rstrip("/").endswith("/chat/completions"):
             frames = _chat(body, deltas, call)
@@ -353,6 +397,80 @@ def _chat(
     )
     frames.append((b"data: [DONE]\n\n", False))
     return frames
+
+
+def _claude_plan(
+    body: dict[str, Any], deltas: list[str]
+) -> tuple[list[str], tuple[str, dict[str, Any]] | None]:
+    """What a Messages API request is answered: ``claudecode`` runs a shell command through
+    Claude Code's own ``Bash`` tool; any other model answers as ``plan`` does."""
+    if body.get("model") != "claudecode":
+        return deltas, None
+    last = (body.get("messages") or [{}])[-1]
+    results = [
+        b
+        for b in last.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+    if not results:
+        command = {"command": "echo hello-from-claude > claude.txt", "description": "write"}
+        return ["On it. "], ("Bash", command)
+    output = results[-1].get("content")
+    text = output if isinstance(output, str) else " ".join(_texts(output))
+    return ["claude said: ", text[:200] or "(no output)"], None
+
+
+def _anthropic(
+    body: dict[str, Any], deltas: list[str], call: tuple[str, dict[str, Any]] | None
+) -> list[tuple[bytes, bool]]:
+    """A Messages API stream: one text block, then a ``tool_use`` block for ``call``."""
+    usage = {"input_tokens": 10, "output_tokens": 5}
+    message = {"id": "msg_fake", "type": "message", "role": "assistant", "content": []}
+    events: list[tuple[dict[str, Any], bool]] = [
+        (
+            {
+                "type": "message_start",
+                "message": {**message, "model": body.get("model"), "usage": usage},
+            },
+            False,
+        ),
+        (
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            False,
+        ),
+    ]
+    events += [
+        (
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d}},
+            True,
+        )
+        for d in deltas
+    ]
+    events.append(({"type": "content_block_stop", "index": 0}, False))
+    if call is not None:
+        name, arguments = call
+        block = {
+            "type": "tool_use",
+            "id": f"toolu_{int(time.time() * 1e6)}",
+            "name": name,
+            "input": {},
+        }
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(arguments)}
+        events += [
+            ({"type": "content_block_start", "index": 1, "content_block": block}, False),
+            ({"type": "content_block_delta", "index": 1, "delta": delta}, False),
+            ({"type": "content_block_stop", "index": 1}, False),
+        ]
+    stop = {"stop_reason": "tool_use" if call else "end_turn", "stop_sequence": None}
+    events += [
+        ({"type": "message_delta", "delta": stop, "usage": usage}, False),
+        ({"type": "message_stop"}, False),
+    ]
+    return [(_sse(event, event["type"]), is_delta) for event, is_delta in events]
 
 
 def main() -> None:

@@ -104,3 +104,72 @@ async def test_p01_p02_the_parent_s_policy_withholds_its_child_s_answer(client: 
         f"[System: sub-agent task {child} completed — child:t1 returned: "
         "[Result suppressed by policy: interop: sub-agent output withheld]]"
     )
+
+
+async def test_s14_two_children_at_once_each_answer_reaches_the_parent_once(
+    client: Client,
+) -> None:
+    """The parent gives two children work in one turn; both work at once, and each answer is
+    drained from the parent's inbox exactly once, whichever wake drains it."""
+    parent = await client.session("fanout")
+    stream = await client.open_stream(parent)
+    _, end = await client.turn(stream, "go")
+    assert stream.events[end]["status"] == "idle", stream.events[end]
+    handles = [json.loads(o) for o in _outputs(await client.items(parent))[:2]]
+    titles = [(h["title"], h["status"]) for h in handles]
+    assert titles == [("t1", "launching"), ("t2", "launching")]
+    children = {h["conversation_id"] for h in handles}
+    assert len(children) == 2
+    with trio.fail_after(60):
+        while True:
+            drains = _outputs(await client.items(parent))[2:]
+            joined = "\n".join(drains)
+            if all(f"sub-agent task {c} completed" in joined for c in children):
+                break
+            await trio.sleep(0.1)  # polling the server: nothing to wait on
+    for child in children:
+        assert joined.count(f"sub-agent task {child} completed") == 1, drains
+
+
+async def test_a_child_s_approval_is_answered_from_the_parent_s_stream(client: Client) -> None:
+    """The child's tool call waits on a person; the server mirrors its prompt onto the
+    parent's stream (``params.target_session_id`` = the child), the parent's viewer answers
+    it at the child, the child's command runs and its answer reaches the parent."""
+    parent = await client.session("asksub")
+    stream = await client.open_stream(parent)
+    await client.turn(stream, "go")
+    _, ask = await stream.wait(lambda e: e.get("type") == "response.elicitation_request")
+    child = ask["params"]["target_session_id"]
+    assert child != parent
+    r = await client.resolve(child, ask["elicitation_id"], "accept")
+    assert r.status_code < 300, r.text
+    outputs = await _drained(client, parent)
+    assert f"sub-agent task {child} completed" in outputs[1]
+    assert "hello-from-tool" in outputs[1]
+
+
+async def test_s51_the_real_server_takes_a_runner_s_cancel_of_a_running_child(
+    client: Client,
+) -> None:
+    """``sys_cancel_task`` on a child that is still working: corral interrupts it through the
+    real server (a control event the runner posts to the child), the child's turn ends
+    cancelled, and that — never its answer — reaches the parent's inbox once."""
+    parent = await client.session("canceller")
+    stream = await client.open_stream(parent)
+    send = {"agent": "child", "title": "c1", "args": "take your time"}
+    await client.turn(stream, json.dumps({"tool": "sys_session_send", "arguments": send}))
+    handle = json.loads(_outputs(await client.items(parent))[0])
+    child = handle["conversation_id"]
+    child_stream = await client.open_stream(child)
+    await child_stream.wait(lambda e: e.get("type") == "response.output_text.delta")
+    cancel = {"tool": "sys_cancel_task", "arguments": {"task_id": child}}
+    await client.turn(stream, json.dumps(cancel))
+    asked = json.loads(_outputs(await client.items(parent))[1])
+    assert asked["cancel_requested"] is True and asked["task_id"] == child, asked
+    # The server shows the child's interrupted turn as its own event, then the idle edge.
+    await child_stream.wait(lambda e: e.get("type") == "session.interrupted", timeout=30)
+    with trio.fail_after(60):
+        while len(outputs := _outputs(await client.items(parent))) < 3:
+            await trio.sleep(0.1)  # polling the server: nothing to wait on
+    assert outputs[2] == f"[System: sub-agent task {child} cancelled — child:c1]"
+    assert "s39" not in "".join(outputs)

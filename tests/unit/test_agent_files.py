@@ -106,3 +106,15 @@ def test_files_that_are_too_large_or_not_text(tmp_path: Path) -> None:
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"name: \xff\n")
     assert [p.message for p in check_agent_file(binary)] == ["not UTF-8 text (byte 6)"]
+
+
+def test_every_harness_tunable_is_an_executor_key_of_the_schema() -> None:
+    """A harness reads its tunables from ``executor``: an agent file that sets one must not
+    be refused as an unknown key."""
+    from corral.agent_files import EXECUTOR
+    from corral.harnesses.claude import _settings as claude
+    from corral.harnesses.openai import _settings as openai
+
+    for defaults in (openai.DEFAULTS, claude.DEFAULTS):
+        assert set(defaults) <= set(EXECUTOR)
+    assert {"permission_mode", "system_prompt", "api", "headers", "extra_body"} <= set(EXECUTOR)

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from corral.server_client import ServerClient
-from corral.tools._api import ToolContext
+from corral.tools._api import ToolContext, WorkDrained
 from corral.tools.inbox import TOOLS as INBOX_TOOLS
 from corral.tools.inbox import Inbox
 from tests.fake_server import FakeOmnigentServer
@@ -51,7 +51,11 @@ def item(status: str = "completed", output: str = "SECRET_MARKER") -> dict[str, 
 
 
 async def drain(
-    tmp_path: Path, inbox: Inbox, client: ServerClient | None, call_id: str = "call_1"
+    tmp_path: Path,
+    inbox: Inbox,
+    client: ServerClient | None,
+    call_id: str = "call_1",
+    work_drained: WorkDrained | None = None,
 ) -> str:
     async def publish(event: Any) -> None:
         raise AssertionError("sys_read_inbox publishes nothing")
@@ -67,6 +71,7 @@ async def drain(
         data_dir=tmp_path,
         inbox=inbox,
         server=client,
+        work_drained=work_drained,
     )
     [tool] = INBOX_TOOLS
     return await tool.run(ctx, {})
@@ -178,3 +183,29 @@ async def test_p04_cancelled_and_other_items_are_not_evaluated(
         == "[System: sub-agent task conv_child cancelled — worker:retry-policy]"
     )
     assert server.received("POST", EVALUATE) == []
+
+
+async def test_s17_the_drain_tells_dispatch_which_results_it_took_again_on_a_replay(
+    tmp_path: Path, server: FakeOmnigentServer, client: ServerClient
+) -> None:
+    """A result the drain took with a final verdict is reported by its work id, once the
+    drain is on disk and again when the same call is replayed (a crash before the report);
+    one held back by a failed evaluation (P-03) is not, until a drain takes it."""
+    told: list[list[str]] = []
+
+    async def work_drained(work_ids: list[str]) -> None:
+        told.append(work_ids)
+
+    inbox = Inbox(tmp_path / "inbox")
+    await inbox.push(SID, item(), key="k1")
+    server.fail("POST", EVALUATE, status=500)
+    await drain(tmp_path, inbox, client, "call_1", work_drained=work_drained)
+    assert told == []
+    second = {**item(), "work_id": "subagent_000000000002"}
+    await inbox.push(SID, second, key="k2")
+    await drain(tmp_path, inbox, client, "call_2", work_drained=work_drained)
+    assert told == [["subagent_000000000001", "subagent_000000000002"]]
+    reloaded = Inbox(tmp_path / "inbox")  # the tools actor's next incarnation
+    await drain(tmp_path, reloaded, client, "call_2", work_drained=work_drained)
+    assert told[-1] == ["subagent_000000000001", "subagent_000000000002"]
+    assert len(server.received("POST", EVALUATE)) == 3  # the replay evaluated nothing

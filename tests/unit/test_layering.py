@@ -32,6 +32,7 @@ FLOOR = frozenset(
         "_proctitle",
         "agent_files",
         "bus",
+        "clis",
         "config",
         "instance",
         "journal",

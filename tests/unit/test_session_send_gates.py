@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from corral.server_client import ServerClient
+from corral.spec import load_bundle, make_bundle_files, spec_to_dict
 from corral.tools import session_send
 from corral.tools._api import ToolContext
 from corral.tools.session_tools import TOOLS
@@ -183,3 +184,31 @@ async def test_s08_s09_a_fresh_dispatch_whose_cli_is_missing_creates_nothing(
     assert out.startswith("Error:") and "'pi' CLI" in out
     assert "npm install -g @earendil-works/pi-coding-agent" in out
     assert _creates(server) == []
+
+
+async def test_s10_p15_a_directory_agent_s_child_takes_a_model_override(
+    tmp_path: Path,
+    server: FakeOmnigentServer,
+    client: ServerClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The spec dispatch hands the tools is the parent's bundle as parsed: a directory
+    agent's child (``agents/worker/config.yaml``, not in the parent's YAML) has its harness
+    and provider there, so a model for it is checked and spelled, not refused for want of a
+    harness."""
+    monkeypatch.setattr(session_send, "CLI_PROBE", lambda name: f"/usr/bin/{name}")
+    _caller(server)
+    bundle = make_bundle_files(
+        {
+            "config.yaml": b"name: lead\ntools:\n  agents: [worker]\n",
+            "agents/worker/config.yaml": (
+                b"name: worker\nexecutor:\n  harness: claude-sdk\n  auth: {type: databricks}\n"
+            ),
+        }
+    )
+    ctx = _context(tmp_path, client)
+    ctx.spec = spec_to_dict(load_bundle(bundle))
+    out = await _send(ctx, agent="worker", title="t", args={"input": "go", "model": "claude-x-1"})
+    assert json.loads(out)["status"] == "launching", out
+    (body,) = _creates(server)
+    assert body["model_override"] == "databricks-claude-x-1"

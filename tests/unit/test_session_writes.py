@@ -570,3 +570,28 @@ async def test_s47_a_provider_it_cannot_list_is_a_none_row_saying_why(
     for row in payload.values():
         assert (row["source"], row["verified"], row["models"]) == ("none", False, [])
         assert note in row["note"]
+
+
+@pytest.mark.parametrize("bundle", [False, True], ids=["json", "bundle"])
+async def test_p16_a_created_session_is_always_the_caller_s_child(
+    server: FakeOmnigentServer, ctx: ToolContext, workspace: Path, bundle: bool
+) -> None:
+    """The model cannot pick another parent (or none): a ``parent_session_id`` among the
+    arguments, or in the bundle's metadata, changes nothing the server is sent."""
+    agent_id = tree(server)
+    if bundle:
+        (workspace / "helper.yaml").write_text("name: helper\nexecutor:\n  harness: openai\n")
+        args: dict[str, Any] = {
+            "config_path": "helper.yaml",
+            "metadata": {"parent_session_id": "conv_evil"},
+        }
+    else:
+        args = {"agent_id": agent_id}
+    await run(ctx, "sys_session_create", **args, parent_session_id="conv_evil", title="t")
+    create = writes(server)[0]
+    if bundle:
+        parts = parse_form(create.headers["content-type"], create.body)
+        assert json.loads(parts["metadata"][1])["parent_session_id"] == CALLER
+    else:
+        assert create.json["parent_session_id"] == CALLER
+    assert all(s.get("parent_session_id") != "conv_evil" for s in server.sessions.values())

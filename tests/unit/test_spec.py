@@ -372,3 +372,36 @@ def test_bundles_that_are_not_tar_gz_are_refused(data: bytes, message: str) -> N
 def test_a_bundle_must_be_bytes() -> None:
     with pytest.raises(SpecError, match=r"^agent bundle must be bytes, got str$"):
         load_bundle("name: x")  # type: ignore[arg-type]
+
+
+def test_s10_a_directory_agent_s_children_are_among_its_sub_agents() -> None:
+    """The tools read a sub-agent's harness and provider from the parent's ``sub_agents``
+    (S-10): a directory agent's children (``agents/<name>/config.yaml``) are put there, each
+    as ``{name, executor}``, unless the spec lists that name itself; a child whose YAML does
+    not parse is left out; a child's own spec gets its own children."""
+    coder = b"name: coder\nexecutor:\n  harness: codex\n  auth: {type: databricks}\n"
+    bundle = tar_gz(
+        ("config.yaml", b"name: lead\nsub_agents:\n  - {name: listed, executor: {harness: pi}}\n"),
+        ("agents/coder/config.yaml", coder),
+        ("agents/listed/config.yaml", b"name: listed\nexecutor: {harness: openai}\n"),
+        ("agents/broken/config.yaml", b"name: [1\n"),
+        ("agents/coder/agents/helper/config.yaml", b"name: helper\nexecutor: {harness: pi}\n"),
+    )
+    spec = load_bundle(bundle)
+    assert spec.sub_agents == [
+        {"name": "listed", "executor": {"harness": "pi"}},
+        {"name": "coder", "executor": {"harness": "codex", "auth": {"type": "databricks"}}},
+    ]
+    child = load_bundle(bundle, sub_agent="coder")
+    assert child.sub_agents == [{"name": "helper", "executor": {"harness": "pi"}}]
+    mapping = tar_gz(
+        ("config.yaml", b"name: lead\nsub_agents: {listed: {executor: {harness: pi}}}\n"),
+        ("agents/coder/config.yaml", coder),
+    )
+    assert load_bundle(mapping).sub_agents == {
+        "listed": {"executor": {"harness": "pi"}},
+        "coder": {
+            "name": "coder",
+            "executor": {"harness": "codex", "auth": {"type": "databricks"}},
+        },
+    }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from corral.config import PolicyRule
@@ -130,7 +131,14 @@ def test_directory_format(tmp_path: Path) -> None:
     # Bundled whole, as the real server bundles a directory; reproducible byte for byte.
     bundle = make_bundle_files(tree.files)
     assert bundle == make_bundle_files(dict(reversed(tree.files.items())))
-    assert load_bundle(bundle) == spec
+    # The bundle's spec is the directory's, with its child's executor among its sub-agents
+    # (where the tools read a sub-agent's harness, S-10).
+    bundled = load_bundle(bundle)
+    assert msgspec.structs.replace(bundled, sub_agents=None) == spec
+    assert isinstance(bundled.sub_agents, list)
+    assert [(e["name"], e["executor"]["harness"]) for e in bundled.sub_agents] == [
+        ("child", "openai-agents")
+    ]
 
 
 def test_directory_errors_name_the_file(tmp_path: Path) -> None:

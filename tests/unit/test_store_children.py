@@ -3,6 +3,7 @@ and a database of schema 2 gets the new columns when it is opened (S-29, S-36, S
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -63,5 +64,37 @@ async def test_grants_are_kept_replaced_and_deleted_with_the_session(tmp_path: P
         assert await store.grants("conv_a") == [("alice", 2), ("bob", 3)]
         assert await store.delete_session("conv_a")
         assert await store.grants("conv_a") == []
+    finally:
+        await store.close()
+
+
+async def test_a_sub_agent_s_elicitation_is_mirrored_onto_its_ancestors_streams(
+    tmp_path: Path,
+) -> None:
+    """As the 0.19.1 server does: the request reaches the parent's and the root's streams
+    with ``params.target_session_id`` naming the child that owns it (a viewer of the parent
+    answers it there), and so does its resolution; a top-level session mirrors nothing."""
+    store = Store(tmp_path / "control.db")
+    await store.open()
+    try:
+        await store.create_session(_row("conv_root"))
+        await store.create_session(_row("conv_mid", parent_session_id="conv_root"))
+        await store.create_session(_row("conv_leaf", parent_session_id="conv_mid"))
+        ask = {
+            "type": "response.elicitation_request",
+            "elicitation_id": "elicit_1",
+            "params": {"message": "May I?"},
+        }
+        changed = await store.append_runner_events("conv_leaf", [ask])
+        assert changed == ["conv_leaf", "conv_mid", "conv_root"]
+        resolved = {"type": "response.elicitation_resolved", "elicitation_id": "elicit_1"}
+        await store.append_runner_events("conv_leaf", [resolved])
+        for session_id in ("conv_mid", "conv_root"):
+            events = [json.loads(e) for _, _, e in await store.events_after(session_id, 0, 10)]
+            assert [e["type"] for e in events] == [ask["type"], resolved["type"]]
+            assert events[0]["params"] == {"message": "May I?", "target_session_id": "conv_leaf"}
+        (own,) = [json.loads(e) for _, _, e in await store.events_after("conv_leaf", 0, 1)]
+        assert own["params"] == {"message": "May I?"}
+        assert await store.append_runner_events("conv_root", [ask]) == ["conv_root"]
     finally:
         await store.close()

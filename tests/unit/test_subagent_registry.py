@@ -1,13 +1,15 @@
 """The durable sub-agent work registry (``corral.actors.dispatch._subagents``) without a host:
 one entry per dispatched child, its one result, what survives a restart (S-16, S-19, S-20,
-S-22, S-23)."""
+S-17, S-21, S-22, S-23)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
+from corral.actors.dispatch import _subagents
 from corral.actors.dispatch._subagents import (
     PREVIEW_CHARS,
     WorkEntry,
@@ -125,10 +127,11 @@ async def test_the_log_is_rewritten_to_the_live_entries(tmp_path: Path) -> None:
         done.pushed = done.woken = True
         await registry.save(done)
     await registry.add(_entry("subagent_live", child="conv_live"))
-    before = len((tmp_path / "subagents.log").read_bytes().splitlines())
+    # 901 lines appended; rewritten as it ran, the log never held more than the slack.
+    lines = len((tmp_path / "subagents.log").read_bytes().splitlines())
+    assert len(registry.entries) == 301 < lines <= 301 + _subagents._REWRITE_SLACK
     again, _ = await _loaded(tmp_path)
-    after = len((tmp_path / "subagents.log").read_bytes().splitlines())
-    assert after < before and after == len(again.entries) == 301
+    assert len(again.entries) == 301
     assert [e.dispatch_id for e in again.open_for("conv_live")] == ["subagent_live"]
 
 
@@ -188,3 +191,63 @@ async def test_s22_the_child_s_first_turn_marks_its_work_in_progress_once(tmp_pa
     assert [e.status for e in registry.started("conv_child")] == ["in_progress"]
     assert registry.started("conv_child") == []  # a continuation turn of the same work
     assert started == ["subagent_000000000001"]
+
+
+async def test_s21_a_registered_entry_names_its_parent_and_is_gone_once_drained(
+    tmp_path: Path,
+) -> None:
+    """Registration records who asked (parent, agent as the tool, title as the session name,
+    mirrored to the parent as ``<agent>:<title>``); the parent's drain unregisters it."""
+    registry, _ = await _loaded(tmp_path)
+    await registry.add(_entry())
+    (entry,) = registry.open_for("conv_child")
+    assert (entry.parent_id, entry.agent, entry.title) == ("conv_parent", "worker", "phase-a")
+    await registry.ended("conv_child", "turn_1", "completed", "done")
+    assert await registry.drained("conv_parent", [entry.dispatch_id]) == [entry]
+    assert entry.drained and registry.open_for("conv_child") == []
+
+
+async def test_s17_a_drained_result_ends_only_its_own_entry(tmp_path: Path) -> None:
+    """Draining the first result does not unregister the child's next work (the seed's
+    "cleanup does not unregister next turn"); another parent's drain, work still running and
+    a second drain change nothing; all of it survives a restart."""
+    registry, _ = await _loaded(tmp_path)
+    await registry.add(_entry("subagent_000000000001"))
+    (first,) = await registry.ended("conv_child", "turn_1", "completed", "FIRST")
+    await registry.add(_entry("subagent_000000000002"))
+    assert await registry.drained("conv_other", ["subagent_000000000001"]) == []
+    ids = ["subagent_000000000001", "subagent_000000000002", "subagent_unknown"]
+    assert await registry.drained("conv_parent", ids) == [first]
+    assert await registry.drained("conv_parent", ids) == []
+    (second,) = registry.open_for("conv_child")
+    assert second.dispatch_id == "subagent_000000000002" and not second.drained
+    # Drained before its wake was marked: still woken after a restart (one wake a result).
+    again, undelivered = await _loaded(tmp_path)
+    assert [e.dispatch_id for e in undelivered] == ["subagent_000000000001"]
+    assert again.entries["subagent_000000000001"].drained
+    assert [e.dispatch_id for e in again.open_for("conv_child")] == ["subagent_000000000002"]
+
+
+async def test_s17_done_entries_are_forgotten_past_the_newest_kept_and_the_log_shrinks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-lived dispatch does not keep every finished entry: past KEEP_DELIVERED done
+    ones the oldest go from memory, and the log is rewritten while it runs."""
+    monkeypatch.setattr(_subagents, "KEEP_DELIVERED", 5)
+    monkeypatch.setattr(_subagents, "_REWRITE_SLACK", 20)
+    registry, _ = await _loaded(tmp_path)
+    await registry.add(_entry("subagent_live", child="conv_live"))
+    for n in range(40):
+        entry = _entry(f"subagent_{n:012x}", child=f"conv_{n}")
+        await registry.add(entry)
+        (done,) = await registry.ended(entry.child_id, "turn_1", "completed", "x")
+        await registry.drained("conv_parent", [done.dispatch_id])
+        done.pushed = done.woken = True
+        await registry.save(done)
+    assert len(registry.entries) == 6  # the live one and the newest five done
+    assert "subagent_000000000027" in registry.entries
+    assert "subagent_000000000000" not in registry.entries
+    lines = (tmp_path / "subagents.log").read_bytes().splitlines()
+    assert len(lines) <= len(registry.entries) + 20 + 3
+    again, _ = await _loaded(tmp_path)
+    assert set(again.entries) == set(registry.entries)

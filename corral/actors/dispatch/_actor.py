@@ -71,6 +71,7 @@ from .messages import (
     PublishEvents,
     SubagentCancel,
     SubagentDispatched,
+    SubagentDrained,
     SubagentRegistered,
     SubagentTask,
 )
@@ -225,6 +226,10 @@ class DispatchActor(SubagentWork):
     @handles(SubagentCancel)
     async def subagent_cancel(self, msg: SubagentCancel, incoming: Incoming) -> SubagentTask:
         return await self._cancel_work(msg)
+
+    @handles(SubagentDrained)
+    async def subagent_drained(self, msg: SubagentDrained, incoming: Incoming) -> None:
+        await self._work_drained(msg)
 
     @handles(TerminalOutput)
     async def terminal(self, msg: Output, incoming: Incoming) -> None:

@@ -132,12 +132,20 @@ class WorkEntry(msgspec.Struct, kw_only=True):
     pushed: bool = False
     #: The parent was told (its wake message posted).
     woken: bool = False
+    #: The parent's ``sys_read_inbox`` took the result (S-17): the entry is done.
+    drained: bool = False
     created_at: float = 0.0
     ended_at: float = 0.0
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def done(self) -> bool:
+        """Nothing is left to do for it: its result was delivered (the parent woken for it;
+        it may have taken it before, ``drained``)."""
+        return self.terminal and self.woken
 
     @property
     def key(self) -> str:
@@ -183,24 +191,28 @@ class WorkRegistry:
         self.entries: dict[str, WorkEntry] = {}
         self.on_result: Callable[[WorkEntry], None] | None = None
         self.on_started: Callable[[WorkEntry], None] | None = None
+        #: Lines in the log: past the live entries' count by enough, it is rewritten.
+        self._lines = 0
+        #: An append waits for a rewrite in progress, so the rewrite cannot drop its line.
+        self._writing = trio.Lock()
 
     async def load(self) -> list[WorkEntry]:
         """Read the log back; returns the entries whose result is not delivered yet."""
         lines = await self.log.load()
+        self._lines = len(lines)
         for line in lines:
             try:
                 entry = msgspec.convert(line, WorkEntry)
             except msgspec.ValidationError:
                 continue
             self.entries[entry.dispatch_id] = entry
-        if len(lines) > len(self.entries) + _REWRITE_SLACK:
-            await self._rewrite()
+        await self._compact()
         return self.undelivered()
 
     def undelivered(self) -> list[WorkEntry]:
-        """Entries with a result the parent has not been woken for, oldest first."""
+        """Entries with a result still to deliver, oldest first."""
         return sorted(
-            (e for e in self.entries.values() if e.terminal and not e.woken),
+            (e for e in self.entries.values() if e.terminal and not e.done),
             key=lambda e: e.ended_at,
         )
 
@@ -230,7 +242,33 @@ class WorkRegistry:
 
     async def save(self, entry: WorkEntry) -> None:
         """Append the entry as it is now (fsynced)."""
-        await self.log.append([msgspec.to_builtins(entry)])
+        await self._append([entry])
+        await self._compact()
+
+    async def drained(self, parent_id: str, work_ids: list[str]) -> list[WorkEntry]:
+        """The parent took these results from its inbox (S-17): each of its entries with a
+        result is done (saved), whatever step of its delivery was left; an id of another
+        parent, of work still running or already drained is ignored. Done entries past
+        :data:`KEEP_DELIVERED` are forgotten, so the registry does not keep them all."""
+        taken = [
+            entry
+            for work_id in dict.fromkeys(work_ids)
+            if (entry := self.entries.get(work_id)) is not None
+            and entry.parent_id == parent_id
+            and entry.terminal
+            and not entry.drained
+        ]
+        for entry in taken:
+            entry.drained = True
+        if taken:
+            await self._append(taken)
+        await self._compact()
+        return taken
+
+    async def _append(self, entries: list[WorkEntry]) -> None:
+        async with self._writing:
+            await self.log.append([msgspec.to_builtins(e) for e in entries])
+            self._lines += len(entries)
 
     def started(self, child_id: str) -> list[WorkEntry]:
         """The child's turn began: its launching entries are ``in_progress``, each told to
@@ -258,15 +296,21 @@ class WorkRegistry:
                 now,
             )
         if entries:
-            await self.log.append([msgspec.to_builtins(e) for e in entries])
+            await self._append(entries)
         if self.on_result is not None:
             for entry in entries:
                 self.on_result(entry)
         return entries
 
-    async def _rewrite(self) -> None:
-        live = [e for e in self.entries.values() if not e.woken]
-        done = sorted((e for e in self.entries.values() if e.woken), key=lambda e: e.ended_at)
-        kept = live + done[-KEEP_DELIVERED:]
-        self.entries = {e.dispatch_id: e for e in kept}
-        await self.log.rewrite([msgspec.to_builtins(e) for e in kept])
+    async def _compact(self) -> None:
+        """Forget done entries past the newest :data:`KEEP_DELIVERED`, and rewrite the log to
+        the entries kept once it holds :data:`_REWRITE_SLACK` lines more than them."""
+        done = sorted((e for e in self.entries.values() if e.done), key=lambda e: e.ended_at)
+        for entry in done[:-KEEP_DELIVERED] if len(done) > KEEP_DELIVERED else ():
+            del self.entries[entry.dispatch_id]
+        async with self._writing:
+            if self._lines <= len(self.entries) + _REWRITE_SLACK:
+                return
+            kept = [msgspec.to_builtins(e) for e in self.entries.values()]
+            await self.log.rewrite(kept)
+            self._lines = len(kept)

@@ -27,7 +27,13 @@ from ...server_client import pick_server
 from ..tools.messages import InboxPush
 from ._http import SessionRoutes
 from ._subagents import WorkEntry, child_task_status, truncate_preview
-from .messages import SubagentCancel, SubagentDispatched, SubagentRegistered, SubagentTask
+from .messages import (
+    SubagentCancel,
+    SubagentDispatched,
+    SubagentDrained,
+    SubagentRegistered,
+    SubagentTask,
+)
 
 log = logging.getLogger("corral.actors.dispatch")
 
@@ -81,6 +87,11 @@ class SubagentWork(SessionRoutes):
         latest = max(mine, key=lambda e: e.created_at)
         return SubagentTask(found=True, status=latest.status)
 
+    async def _work_drained(self, msg: SubagentDrained) -> None:
+        """The parent took these results from its inbox (S-17)."""
+        for entry in await self.work.drained(msg.parent_session_id, msg.work_ids):
+            log.info("session %s: took sub-agent result %s", entry.parent_id, entry.key)
+
     def _work_started(self, entry: WorkEntry) -> None:
         """``WorkRegistry.on_started``: the parent's stream sees the child busy (§J step 6)."""
         assert self.nursery is not None
@@ -106,6 +117,8 @@ class SubagentWork(SessionRoutes):
                 await self.work.save(entry)
             if not entry.woken:
                 await self._tell_parent(entry)
+                # Woken even if its running turn took the result already (omnigent's runner
+                # wakes at delivery, too): an agent's script counts on one wake per result.
                 await self._retrying(entry, "wake", functools.partial(self._wake, entry))
                 entry.woken = True
                 await self.work.save(entry)

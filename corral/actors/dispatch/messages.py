@@ -24,6 +24,8 @@ Message → reply:
     SubagentCancel     → SubagentTask  (call, from tools) ``sys_cancel_task``: the caller's
                                        work on a child and its status; ``confirm`` ends its
                                        open work ``cancelled`` (a hard-stopped child)
+    SubagentDrained    → none          (durable, from tools) the parent's ``sys_read_inbox``
+                                       took these results: their entries are done (S-17)
 
 Route errors are HTTP answers, never an ErrorReply: every error body is
 ``{"error": {"code", "message"}}`` (PROTOCOL_0_19.md §H.2) — 400 ``invalid_request`` or
@@ -94,6 +96,15 @@ class SubagentTask(Message, tag="dispatch.subagent_task"):
     status: str | None = None
 
 
+class SubagentDrained(Message, tag="dispatch.subagent_drained"):
+    """The parent's ``sys_read_inbox`` took these sub-agents' results from its inbox with a
+    final policy verdict (tools → dispatch, durable; sent again when the drain is replayed):
+    their work entries are done (S-17). One held back by a failed evaluation is not here."""
+
+    parent_session_id: str
+    work_ids: list[str]
+
+
 #: Everything the dispatch actor handles.
 Inbound = (
     HttpRequest
@@ -103,4 +114,5 @@ Inbound = (
     | PublishEvents
     | SubagentDispatched
     | SubagentCancel
+    | SubagentDrained
 )

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from ...bus import Dedup, Message
 from ...harnesses.protocol import ElicitationParked, Holdings, ResponseFailed, TurnStart
+from ...instance import Instance
+from ...tools.os_env import (
+    default_os_env_root,
+    effective_os_env,
+    sanitize_conversation_id,
+)
 from .._actor import Actor, ActorContext
 from .._children import ChildSupervisor
 from .._deferred import Deferred
@@ -45,6 +52,15 @@ class HarnessBase(Actor):
         self.liveness_s = opts.worker_liveness_s or live.interval_s * live.liveness
         self.crash_backoff_s = opts.crash_backoff_s
         self.extra_harnesses: dict[str, str] = dict(opts.harnesses)
+        self.workspace = Path(opts.workspace).absolute() if opts.workspace else None
+        # The tools actor's default when none is configured: the same directories, so a CLI
+        # harness and the session's sys_os_* tools work in one place.
+        self.os_env_root = (
+            Path(opts.os_env_root)
+            if opts.os_env_root
+            else default_os_env_root(Instance(ctx.state_dir).actor_dir("tools"))
+        )
+        self.homes = ctx.data_dir / "homes"
         self.run_dir = ctx.data_dir / "workers"
         self.started_turns = Dedup(ctx.data_dir / "started-turns")
         # A worker is needed again only by its session's next turn: after a crash it is
@@ -83,6 +99,25 @@ class HarnessBase(Actor):
             await self.peer.cast(to, event, durable=True, session_id=session_id)
         except Exception:
             log.exception("could not deliver %s to %s", type(event).__name__, to)
+
+
+def places_of(base: HarnessBase, msg: TurnStart) -> TurnStart:
+    """``msg`` as its worker gets it: with the session's tool working directory (where its
+    ``sys_os_*`` tools run, T-05..T-11) and a directory of its own for a CLI's home, under
+    this actor's durable directory (both created).
+
+    Raises:
+        OSError: one of them cannot be created.
+    """
+    env = effective_os_env(
+        msg.spec,
+        workspace=base.workspace,
+        conversation_id=msg.session_id,
+        os_env_root=base.os_env_root,
+    )
+    home = base.homes / sanitize_conversation_id(msg.session_id)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return msgspec.structs.replace(msg, workdir=str(env["cwd"]), cli_home=str(home))
 
 
 def turn_failed(msg: TurnStart | ElicitationParked, code: str, message: str) -> ResponseFailed:

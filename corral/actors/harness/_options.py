@@ -25,3 +25,8 @@ class HarnessOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     worker_period_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     #: More harness kinds: name → ``module:Class`` (H-05).
     harnesses: dict[str, str] = {}
+    #: The runner workspace, as the tools actor has it (``corral up --workspace``): a
+    #: session's tool working directory, where a coding-agent CLI runs too.
+    workspace: str | None = None
+    #: Root of per-session fallback working directories (else the tools actor's default).
+    os_env_root: str | None = None

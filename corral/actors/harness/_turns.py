@@ -32,7 +32,7 @@ from ...harnesses.spawn_env import SpawnEnvError, build_spawn_env
 from .._actor import handles
 from .._deferred import Deferred
 from ._adopt import take_back
-from ._base import turn_failed
+from ._base import places_of, turn_failed
 from ._elicitations import Elicitations
 from ._records import OwnedTurn
 
@@ -169,6 +169,7 @@ class TurnLife(Elicitations):
         try:
             target = resolve_harness(harness, self.extra_harnesses)
             env = build_spawn_env(harness, msg.spec, model_override=msg.model_override)
+            to_worker = places_of(self, msg)
         except KeyError:
             await self._end(
                 msg.session_id, turn_failed(msg, "unknown_harness", f"no harness named {harness!r}")
@@ -178,6 +179,10 @@ class TurnLife(Elicitations):
             await self._end(
                 msg.session_id, turn_failed(msg, "turn_setup_failed", f"turn setup failed: {exc}")
             )
+            return
+        except OSError as exc:
+            why = f"turn setup failed: cannot create the session's directories: {exc.strerror}"
+            await self._end(msg.session_id, turn_failed(msg, "turn_setup_failed", why))
             return
         self.stats["turns"] += 1
         name = worker_address(msg.session_id)
@@ -198,7 +203,7 @@ class TurnLife(Elicitations):
             if not self.started_turns.seen(msg.turn_id):
                 await self.started_turns.mark(msg.turn_id)
             try:
-                reply = await self._call_worker(name, msg, self.start_timeout_s)
+                reply = await self._call_worker(name, to_worker, self.start_timeout_s)
                 break
             except Unreachable as exc:
                 if attempt == START_ATTEMPTS:

@@ -79,7 +79,12 @@ from ...tools.threads import in_thread
 from .._actor import Actor, ActorContext, handles
 from .._deferred import Deferred
 from .._process import sweep, write_pidfile
-from ..dispatch.messages import PublishEvents, SubagentCancel, SubagentDispatched
+from ..dispatch.messages import (
+    PublishEvents,
+    SubagentCancel,
+    SubagentDispatched,
+    SubagentDrained,
+)
 from .messages import InboxPush, InboxPushed, ToolCancel, ToolExec, ToolExecResult
 
 log = logging.getLogger("corral.actors.tools")
@@ -319,9 +324,16 @@ class ToolsActor(Actor):
                 raise ToolError("sys_cancel_task: the runner's dispatch did not answer") from None
             return task.found, task.status
 
+        async def work_drained(work_ids: list[str]) -> None:
+            drained = SubagentDrained(parent_session_id=msg.session_id, work_ids=work_ids)
+            await self.peer.cast(
+                self.options.dispatch, drained, durable=True, session_id=msg.session_id
+            )
+
         ctx.run_tool = run_tool
         ctx.register_work = register_work
         ctx.cancel_work = cancel_work
+        ctx.work_drained = work_drained
         return ctx
 
     async def _register_work(self, msg: SubagentDispatched) -> None:

@@ -300,9 +300,10 @@ class RunnerBinding(PlaneParts):
             # The cursor moves with every event that carried a seq, kept or fenced out.
             seq = parser.last_id if parser.last_id is not None and parser.last_id > cursor else None
             if events or seq is not None:
-                await self.store.append_runner_events(session_id, events, seq)
+                changed = await self.store.append_runner_events(session_id, events, seq)
                 cursor = seq if seq is not None else cursor
                 if events:
-                    self.notify(session_id)
+                    for changed_id in changed:
+                        self.notify(changed_id)
             if parser.done:
                 return "said [DONE]"

@@ -396,7 +396,7 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
             raise Refused(
                 409, "already_resolved", f"Elicitation {elicitation_id!r} is already {exc.state}."
             ) from None
-        self.notify(row.id)
+        await self.notify_tree(row.id)
         log.info("session %s: elicitation %s resolved (%s)", row.id, elicitation_id, action)
         delivery = await self._await_delivery(row.id, entry)
         answer: Resolved = {"queued": delivery is None, "elicitation_id": elicitation_id}
@@ -450,6 +450,12 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         """Wake every client stream, to look again at whether it may go on."""
         for session_id in list(self._changed):
             self.notify(session_id)
+
+    async def notify_tree(self, session_id: str) -> None:
+        """Wake the streams of the session and of its ancestors (which see its elicitation
+        events mirrored)."""
+        for changed in [session_id, *await self.store.ancestors(session_id)]:
+            self.notify(changed)
 
     def notify(self, session_id: str) -> None:
         """Wake the session's client streams: it has new events."""

@@ -15,6 +15,7 @@ import trio
 
 from ..._jsonlines import JsonObject
 from .._conversation import (
+    ancestors,
     append_runner_events,
     append_server_events,
 )
@@ -204,12 +205,13 @@ class Store:
 
     async def append_runner_events(
         self, session_id: str, events: list[JsonObject], runner_seq: int | None = None
-    ) -> int:
+    ) -> list[str]:
         """Store events relayed from the runner (heartbeats are dropped), building items.
 
         ``runner_seq`` is the runner's ``seq`` of the last of them (their SSE ``id``), kept
         in the same transaction: the cursor this server resumes the runner's stream from.
-        Returns the session's last event id afterwards.
+        Returns the sessions given events: this one, and the ancestors a sub-agent's
+        elicitation event was mirrored to.
 
         Raises:
             UnknownSession: no such session.
@@ -217,6 +219,10 @@ class Store:
         return await self._write(
             append_runner_events, session_id, events, runner_seq, durable=False
         )
+
+    async def ancestors(self, session_id: str) -> list[str]:
+        """The session's parent, its parent's parent, ... (none for a top-level session)."""
+        return await self._read(ancestors, session_id)
 
     async def runner_seq(self, session_id: str) -> int:
         """The runner's ``seq`` of the last runner event stored for the session (0: none)."""
