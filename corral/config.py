@@ -381,10 +381,10 @@ def relative_to(config: Config, base: Path) -> Config:
     server = msgspec.structs.replace(
         config.server, agents_dirs=[under(d) for d in config.server.agents_dirs]
     )
-    logging = config.logging
-    if logging.file:
-        logging = msgspec.structs.replace(logging, file=under(logging.file))
-    return msgspec.structs.replace(config, server=server, logging=logging)
+    logs = config.logging
+    if logs.file:
+        logs = msgspec.structs.replace(logs, file=under(logs.file))
+    return msgspec.structs.replace(config, server=server, logging=logs)
 
 
 def resolve_state_dir(flag: str | None, config: Config | None = None) -> Path:
