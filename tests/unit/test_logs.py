@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral import logs
@@ -50,9 +50,11 @@ def test_logfmt_quotes_only_what_needs_it_as_json_strings() -> None:
     assert logs.logfmt_value(["x", 1]) == '"[\\"x\\", 1]"'
 
 
-@given(st.dictionaries(st.text(min_size=1), st.text(), max_size=5))
-def test_any_text_survives_a_logfmt_round_trip(values: dict[str, str]) -> None:
-    fields = {f"k{i}": v for i, v in enumerate(values.values())}
+# A loaded machine (other test runs) slows input generation: that is no failure of ours.
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(st.text(), max_size=5))
+def test_any_text_survives_a_logfmt_round_trip(values: list[str]) -> None:
+    fields = {f"k{i}": v for i, v in enumerate(values)}
     assert logs.parse_logfmt(logs.to_logfmt(fields)) == fields
 
 

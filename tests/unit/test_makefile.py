@@ -3,6 +3,7 @@ without the dev extra, the test and lint targets with it; and the LICENSE file."
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tomllib
@@ -16,8 +17,15 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make he
 
 
 def _recipe(target: str, venv: Path) -> list[str]:
+    # Not as a sub-make of `make test` (MAKELEVEL, MAKEFLAGS), which adds "Entering
+    # directory" lines to what it prints.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     out = subprocess.run(
-        ["make", "-n", target, f"VENV={venv}"], cwd=REPO, capture_output=True, text=True
+        ["make", "--no-print-directory", "-n", target, f"VENV={venv}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
