@@ -165,13 +165,15 @@ def test_corral_logs_follows_the_file(logged: tuple[HostProcess, str]) -> None:
         proc.wait(10)
 
 
-def test_a_host_logs_json_lines_with_log_format_json(tmp_path: Path) -> None:
-    host = HostProcess(tmp_path / "state", FAST_LIVENESS + "[server]\nenabled = false\n")
-    os.environ["CORRAL_LOG_FORMAT"] = "json"
-    try:
-        host.start()
-    finally:
-        del os.environ["CORRAL_LOG_FORMAT"]
+def test_a_host_logs_json_lines_with_log_format_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = HostProcess(
+        tmp_path / "state",
+        FAST_LIVENESS + '[server]\nenabled = false\n[logging]\nfile = "json.log"\n',
+    )
+    monkeypatch.setenv("CORRAL_LOG_FORMAT", "json")
+    host.start()
     try:
         wait_until(lambda: "corral host up" in host.log(), 30, "the host's up line")
     finally:
@@ -179,6 +181,12 @@ def test_a_host_logs_json_lines_with_log_format_json(tmp_path: Path) -> None:
     records = [json.loads(line) for line in host.log().splitlines()]
     assert {"host", "journal"} <= {r["proc"] for r in records}
     assert all(list(r)[:4] == ["ts", "level", "proc", "pid"] for r in records)
+    # corral logs reads a JSON file back: as logfmt, or the same records with --json.
+    path = str(host.config_path.parent / "json.log")
+    text = corral("logs", "--file", path, "--actor", "host").stdout.splitlines()
+    assert text and all(line.startswith("ts=") and " proc=host " in line for line in text)
+    again = corral("logs", "--file", path, "--json").stdout.splitlines()
+    assert [json.loads(line) for line in again] == records
 
 
 @pytest.mark.parametrize(
