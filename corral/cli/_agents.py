@@ -18,11 +18,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from .._exceptions import ConfigError
-from ..config import Config, load_config, resolve_state_dir
+from ..config import Config, load_config
 from ..harnesses import HARNESSES
 from ..server._agents import Agent, load_agent
 from ._chat import _client_call, url_option
-from ._output import EXIT_FAILURE, EXIT_USAGE, emit_json, json_option, state_dir_option
+from ._output import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    config_option,
+    config_path_of,
+    emit_json,
+    json_option,
+    state_dir_option,
+)
 
 
 @click.group("agents", invoke_without_command=True)
@@ -80,13 +88,9 @@ def agents_group(
 
 @agents_group.command("validate")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="CORRAL_CONFIG",
-    help="corral.toml: its [server] agents_dirs when no PATH is given, and the harness kinds "
-    "it registers (env CORRAL_CONFIG; default <state dir>/corral.toml).",
+@config_option(
+    "corral.toml: its [server] agents_dirs when no PATH is given, and the harness kinds it "
+    "registers (env CORRAL_CONFIG; default <state dir>/corral.toml)."
 )
 @state_dir_option
 @json_option
@@ -104,7 +108,7 @@ def validate_command(
         corral agents validate helper.yaml --json
     """
     try:
-        config = _config(config_path, state_dir)
+        config = load_config(config_path_of(config_path, state_dir))
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(EXIT_USAGE) from None
@@ -124,13 +128,6 @@ def validate_command(
         _show(results)
     if not valid:
         raise SystemExit(EXIT_FAILURE)
-
-
-def _config(config_path: Path | None, state_dir: Path | None) -> Config:
-    if config_path is None:
-        fresh = resolve_state_dir(str(state_dir) if state_dir else None) / "corral.toml"
-        config_path = fresh if fresh.exists() else None
-    return load_config(config_path)
 
 
 def _registered(config: Config) -> set[str]:

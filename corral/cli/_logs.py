@@ -23,7 +23,7 @@ from .._logfile import log_lines
 from ..config import load_config, resolve_state_dir
 from ..instance import Instance
 from ..logs import parse_line, to_logfmt
-from ._output import EXIT_USAGE, json_option, state_dir_option
+from ._output import EXIT_USAGE, config_option, config_path_of, json_option, state_dir_option
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -39,8 +39,7 @@ def find_log_file(state_dir: Path | None, config_path: Path | None) -> Path:
     host = Instance(directory).read_host()
     if host is not None and host.get("log_file"):
         return Path(host["log_file"])
-    if config_path is None and (directory / "corral.toml").exists():
-        config_path = directory / "corral.toml"
+    config_path = config_path_of(config_path, state_dir)
     configured = load_config(config_path).logging.file if config_path is not None else None
     if configured:
         return Path(configured)
@@ -119,13 +118,7 @@ def render(
     type=click.Path(dir_okay=False, path_type=Path),
     help="Read this log file (default: the host's, see above).",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="CORRAL_CONFIG",
-    help="The corral.toml whose [logging] file to read (env CORRAL_CONFIG).",
-)
+@config_option("The corral.toml whose [logging] file to read (env CORRAL_CONFIG).")
 @state_dir_option
 @json_option
 def logs_command(
