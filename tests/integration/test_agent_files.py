@@ -15,7 +15,8 @@ import pytest
 
 from corral.agent_files import check_agent_file
 from corral.harnesses import HARNESSES
-from tests.conftest import FAST_LIVENESS, HostProcess, corral, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, corral
+from tests.integration.test_e2e import _start
 
 REPO = Path(__file__).parents[2]
 
@@ -107,13 +108,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess]:
     # "agents" is relative to the config file's directory (root), not to the directory the
     # host runs in (the repository, where the tests run).
     host = HostProcess(root / "state", FAST_LIVENESS + '[server]\nagents_dirs = ["agents"]\n')
-    host.start()
+    _start(host)  # with the runner's tunnel: the harness check needs its hello
     try:
-        wait_until(
-            lambda: any(t["state"] == "connected" for t in host.status()["tunnels"]),
-            30,
-            "the runner's tunnel (the harness check needs its hello)",
-        )
         yield host
     finally:
         if host.proc is not None and host.proc.poll() is None:

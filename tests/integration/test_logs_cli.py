@@ -23,6 +23,7 @@ import pytest
 
 from corral.logs import parse_line
 from tests.conftest import FAST_LIVENESS, HostProcess, corral, wait_until
+from tests.integration.test_e2e import _start
 
 BROKEN_AGENT = """
     name: broken
@@ -55,13 +56,8 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HostProce
     host = HostProcess(
         root / "state", _config(root, '[logging]\nfile = "logs/corral.log"\nlevel = "info"\n')
     )
-    host.start()
+    _start(host)
     try:
-        wait_until(
-            lambda: any(t["state"] == "connected" for t in host.status()["tunnels"]),
-            30,
-            "the tunnel",
-        )
         out = _cli(host, "send", "--agent", "broken", "hi", "--json")
         assert out.returncode == 1, out
         yield host, json.loads(out.stdout)["session_id"]

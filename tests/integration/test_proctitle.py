@@ -7,7 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.conftest import FAST_LIVENESS, HostProcess, corral, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, corral
+from tests.integration.test_e2e import _start
 
 
 def _ps(pid: int) -> str:
@@ -17,14 +18,8 @@ def _ps(pid: int) -> str:
 
 
 def test_ps_shows_what_each_process_of_a_host_is(tmp_path: Path) -> None:
-    host = HostProcess(tmp_path / "state", FAST_LIVENESS + "[server]\nenabled = true\n")
-    host.start()
+    host = _start(HostProcess(tmp_path / "state", FAST_LIVENESS + "[server]\nenabled = true\n"))
     try:
-        wait_until(
-            lambda: any(t["state"] == "connected" for t in host.status()["tunnels"]),
-            30,
-            "the tunnel",
-        )
         sent = corral(
             "send",
             "--agent",

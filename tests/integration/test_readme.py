@@ -6,18 +6,14 @@ benchmark of its own, has its ``--help`` checked instead (its words, its flags).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import corral, processes_of
+from tests.conftest import corral, plain_up
 
 REPO = Path(__file__).parents[2]
 
@@ -44,29 +40,8 @@ def _help_only(argv: list[str]) -> bool:
 def readme_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``corral up`` as the README runs it: no --config (the state dir's fresh one)."""
     state = tmp_path_factory.mktemp("readme") / "state"
-    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_CONFIG", "CORRAL_STATE_DIR")}
-    log = open(state.parent / "up.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "corral", "up", "--state-dir", str(state)],
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-        env=env,
-    )
-    try:
-        up = corral("status", "--wait", "60", "--json", "--state-dir", str(state), timeout=90)
-        assert up.returncode == 0, (state.parent / "up.log").read_text()
+    with plain_up(state):
         yield state
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            for pid in processes_of(state):
-                os.kill(pid, signal.SIGKILL)
-            log.close()
 
 
 def test_the_readme_shows_commands_to_check() -> None:
