@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import HostProcess, corral, wait_until
+from tests.conftest import HostProcess, corral, processes_of, wait_until
 from tests.integration.test_e2e import _config, _start, _stop
 
 PARENT = """
@@ -94,6 +94,9 @@ SLOW_CHILD = """
           - - {text: "CHILD_MARKER", chunk: 2, delay_ms: 50}
     """
 
+#: A child still at work (about 4 s) when the test has both handles.
+STEADY_CHILD = SLOW_CHILD.replace("chunk: 2, delay_ms: 50", "chunk: 1, delay_ms: 300")
+
 
 #: Children that fail, and that work for long (to be interrupted or deleted meanwhile).
 FAILING_CHILD = """
@@ -124,11 +127,12 @@ def _agents(root: Path) -> Path:
         parent = PARENT.replace("name: team", f"name: {name}")
         (agents / name / "config.yaml").write_text(textwrap.dedent(parent))
         (agents / name / "agents" / "helper" / "config.yaml").write_text(textwrap.dedent(child))
-    (agents / "fanout" / "agents" / "helper").mkdir(parents=True)
-    (agents / "fanout" / "config.yaml").write_text(textwrap.dedent(FANOUT))
-    (agents / "fanout" / "agents" / "helper" / "config.yaml").write_text(
-        textwrap.dedent(SLOW_CHILD)
-    )
+    for name, child in (("fanout", SLOW_CHILD), ("fanlong", STEADY_CHILD)):
+        (agents / name / "agents" / "helper").mkdir(parents=True)
+        (agents / name / "config.yaml").write_text(
+            textwrap.dedent(FANOUT.replace("name: fanout", f"name: {name}"))
+        )
+        (agents / name / "agents" / "helper" / "config.yaml").write_text(textwrap.dedent(child))
     for name, parent in (("team", PARENT), ("repeater", REPEATER)):
         (agents / name / "agents" / "helper").mkdir(parents=True)
         (agents / name / "config.yaml").write_text(textwrap.dedent(parent))
@@ -385,6 +389,50 @@ def test_s14_s19_kill9_of_dispatch_and_tools_during_fan_out_loses_and_doubles_no
                 if i["type"] == "function_call" and i["name"] == "sys_session_send"
             ]
             assert len(sends) == 2, parent
+    finally:
+        _stop(host)
+
+
+@pytest.mark.timeout(240)
+def test_s14_s19_kill9_of_the_whole_host_during_fan_out_delivers_each_result_once(
+    tmp_path: Path,
+) -> None:
+    """The host itself dies (``kill -9``: its actors, workers and control plane with it)
+    while two parents' children work; a new host on the same state dir ends each child's
+    cut-off turn once and delivers each result to its parent once, none lost, none twice."""
+    host = _host(tmp_path)
+    parents: list[str] = []
+    try:
+        _start(host)
+        with _client(host) as http:
+            for _ in range(2):
+                created = http.post("/v1/sessions", json={"agent": "fanlong"})
+                parents.append(created.json()["id"])
+                message = {"type": "message", "data": {"content": "go"}}
+                assert http.post(f"/v1/sessions/{parents[-1]}/events", json=message).is_success
+        wait_until(lambda: all(_handles(host, p) for p in parents), 60, "both sends answered")
+        # Still at work (the log says launching until a child ends: in_progress is not saved).
+        assert any(e["status"] == "launching" for e in _registry(host).values())
+        host.kill9()
+        wait_until(lambda: not processes_of(host.state_dir), 20, "the host's processes gone")
+        _start(host)
+        pattern = r"sub-agent task (\w+) (?:completed|failed|cancelled)"
+
+        def results(parent: str) -> list[str]:
+            drained = "\n".join(o for o in _outputs(_items(host, parent)) if "sub-agent" in o)
+            return re.findall(pattern, drained)
+
+        def settled(parent: str) -> bool:
+            handles = _handles(host, parent) or {}
+            return set(handles.values()) <= set(results(parent)) and _status(host, parent) == (
+                "idle"
+            )
+
+        wait_until(lambda: all(settled(p) for p in parents), 120, "every result drained")
+        for parent in parents:
+            assert len(results(parent)) == len(set(results(parent))) == 2, results(parent)
+            assert _inbox_pushes(host, parent) == 2
+        assert all(e["woken"] for e in _registry(host).values())
     finally:
         _stop(host)
 
