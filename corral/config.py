@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 import msgspec
@@ -135,6 +135,7 @@ class ServerSettings(_Section, frozen=True):
 
 #: The log levels, least severe first (``[logging] level``, ``CORRAL_LOG_LEVEL``).
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 #: How a log record is written: ``key=value`` pairs, or one JSON object per line.
 LogFormat = Literal["logfmt", "json"]
 

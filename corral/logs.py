@@ -41,7 +41,7 @@ import msgspec
 
 from ._exceptions import ConfigError
 from ._logfile import SharedFileHandler
-from .config import LoggingSettings
+from .config import LOG_LEVELS, LoggingSettings
 
 #: Where the host hands its resolved :class:`~corral.config.LoggingSettings` (JSON) to the
 #: processes it starts.
@@ -203,9 +203,9 @@ def resolve(settings: LoggingSettings, environ: Mapping[str, str] = os.environ) 
     if not raw:
         return settings
     level = raw.strip().lower()
-    if level not in ("debug", "info", "warning", "error", "critical"):
+    if level not in LOG_LEVELS:
         raise ConfigError(
-            f"invalid {LEVEL_ENV} {raw!r}: expected one of debug, info, warning, error, critical",
+            f"invalid {LEVEL_ENV} {raw!r}: expected one of {', '.join(LOG_LEVELS)}",
             key=LEVEL_ENV,
         )
     return msgspec.structs.replace(settings, level=level)  # type: ignore[arg-type]

@@ -20,12 +20,10 @@ import click
 
 from .._exceptions import ConfigError
 from .._logfile import log_lines
-from ..config import load_config, resolve_state_dir
+from ..config import LOG_LEVELS, load_config, resolve_state_dir
 from ..instance import Instance
 from ..logs import parse_line, to_logfmt
 from ._output import EXIT_USAGE, config_option, config_path_of, json_option, state_dir_option
-
-_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def find_log_file(state_dir: Path | None, config_path: Path | None) -> Path:
@@ -65,7 +63,7 @@ def matches(
             return False
     if level is not None:
         mine = str(fields.get("level", "")).lower()
-        if mine in _LEVELS and _LEVELS.index(mine) < _LEVELS.index(level):
+        if mine in LOG_LEVELS and LOG_LEVELS.index(mine) < LOG_LEVELS.index(level):
             return False
     return True
 
@@ -104,7 +102,7 @@ def render(
     "(repeatable).",
 )
 @click.option("--session", metavar="ID", help="Only records of this session (its id or a prefix).")
-@click.option("--level", type=click.Choice(_LEVELS), help="Only records at this level or above.")
+@click.option("--level", type=click.Choice(LOG_LEVELS), help="Only records at this level or above.")
 @click.option(
     "-n",
     "--lines",
