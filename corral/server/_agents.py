@@ -27,10 +27,18 @@ from collections.abc import Collection
 from pathlib import Path
 
 import msgspec
+import yaml
 
 from .._exceptions import SpecError
 from ..agent_files import Problem, check_agent_file
-from ..spec import AgentSpec, load_agent_dir, load_spec_yaml, make_bundle, make_bundle_files
+from ..spec import (
+    MAX_YAML_BYTES,
+    AgentSpec,
+    load_agent_dir,
+    load_spec_yaml,
+    make_bundle,
+    make_bundle_files,
+)
 from ._policy import AgentPolicy, policies_of
 
 __all__ = [
@@ -227,11 +235,23 @@ def load_agent(path: Path, harnesses: Collection[str] | None = None) -> Agent | 
     try:
         return _load_dir(path, harnesses) if path.is_dir() else _load_file(path, harnesses)
     except _Invalid as exc:
-        return exc.skipped
+        # Its name, if the YAML says it, so that asking for the agent by name says why not.
+        return msgspec.structs.replace(exc.skipped, name=_name_in(path))
     except _Rejected as exc:
         return Skipped(path=str(path), reason=exc.reason, name=exc.name)
     except (OSError, UnicodeDecodeError, SpecError) as exc:
         return Skipped(path=str(path), reason=str(exc))
+
+
+def _name_in(path: Path) -> str | None:
+    """The ``name`` an agent file (a directory's ``config.yaml``) gives, if it parses."""
+    try:
+        text = (path / "config.yaml" if path.is_dir() else path).read_bytes()
+        data = yaml.safe_load(text) if len(text) <= MAX_YAML_BYTES else None
+    except (OSError, yaml.YAMLError, RecursionError):
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _check(root: Path, files: list[Path], harnesses: Collection[str] | None) -> None:

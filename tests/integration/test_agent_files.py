@@ -28,7 +28,7 @@ FILES = {
         prompt: hi
     """,
     "modle.yaml": """
-        name: modle
+        name: gpt-helper
         executor:
           harness: openai
           modle: gpt-4o-mini
@@ -167,6 +167,10 @@ def test_a_session_of_an_invalid_agent_says_why(host: HostProcess) -> None:
     text = " ".join(out.stderr.split())
     assert "Agent 'typo' was not loaded" in text
     assert "typo.yaml:2: exector: unknown key (did you mean executor?)" in text
+    # By the name the file gives, too (modle.yaml names its agent gpt-helper).
+    out = _cli(host, "send", "--agent", "gpt-helper", "hi")
+    text = " ".join(out.stderr.split())
+    assert "modle.yaml:4: executor.modle: unknown key (did you mean model?)" in text, out
 
 
 def test_an_unset_key_variable_fails_the_turn_turn_setup_failed(host: HostProcess) -> None:
