@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -48,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="address to listen on (default: [server].host)")
     parser.add_argument("--port", type=_port, help="port (0: reuse the last one, else any)")
     args = parser.parse_args(argv)
-    logs.setup("server")
     try:
         config = load_config(args.config)
+        # Started by a host: log as it does; on its own: as its config says.
+        handed = logs.SETTINGS_ENV in os.environ
+        logs.setup("server", None if handed else logs.resolve(config.logging), strict=not handed)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

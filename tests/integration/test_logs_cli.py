@@ -225,3 +225,17 @@ def test_corral_logs_without_a_log_file_says_how_to_get_one(tmp_path: Path) -> N
     out = corral("logs", "--config", str(tmp_path / "bad.toml"), "--state-dir", str(tmp_path))
     assert out.returncode == 2
     assert "logging" in out.stderr and "fle" in out.stderr
+
+
+def test_the_control_plane_on_its_own_checks_its_logging_settings_too(tmp_path: Path) -> None:
+    """``python -m corral.server`` started by hand reads [logging] of its config (a host
+    hands its own settings to the one it starts)."""
+    (tmp_path / "corral.toml").write_text('[logging]\nlevel = "verbose"\n')
+    argv = [sys.executable, "-m", "corral.server", "--state-dir", str(tmp_path / "s")]
+    out = subprocess.run(
+        [*argv, "--config", str(tmp_path / "corral.toml")], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "$.logging.level" in out.stderr, out
+    env = {**os.environ, "CORRAL_LOG_LEVEL": "loud"}
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "invalid CORRAL_LOG_LEVEL 'loud'" in out.stderr, out
