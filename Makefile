@@ -1,7 +1,9 @@
 # Two entry points that do all their own set-up on a fresh machine:
-#   make run   — create the virtualenv if needed, install corral, start `corral up`
-#   make test  — the same set-up (plus the real omnigent server for tests/interop and the
-#                coding-agent CLIs for the claude-sdk/codex/pi kinds), then the whole suite
+#   make run   — create the virtualenv if needed, install corral (without the dev extra: a
+#                user running it needs no pytest, ruff or mypy), start `corral up`
+#   make test  — the same set-up plus the dev extra (and the real omnigent server for
+#                tests/interop and the coding-agent CLIs for the claude-sdk/codex/pi kinds),
+#                then the whole suite
 #   make test-fast — the same set-up, then all but the interop and chaos tests
 # make test-fast runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
 # module per worker at a time, so a module's shared host stays in one process. make test (and
@@ -11,18 +13,24 @@ PYTHON ?= python3
 JOBS   ?= auto
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# .installed-run: corral and what it needs to run; .installed: that and the dev extra.
+RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 FAST   := -m "not interop and not chaos" -n $(JOBS) --dist loadfile
 
 .PHONY: run test test-fast lint bench clean
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/corral up $(ARGS)
 
 test: $(STAMP)

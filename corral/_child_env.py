@@ -60,10 +60,11 @@ _ALLOWED = (
 )
 
 #: What an actor needs of the host's environment besides :data:`_ALLOWED`: corral's own
-#: settings that hold no secret (the log level, where the tools work, where omnigent's
+#: settings that hold no secret (the log level and format, where the tools work, where omnigent's
 #: config file with the model providers ``sys_list_models`` reads is).
 _ACTOR_ALLOWED = (
     "CORRAL_LOG_LEVEL",
+    "CORRAL_LOG",
     "CORRAL_WORKSPACE",
     "OMNIGENT_RUNNER_WORKSPACE",
     "CORRAL_OS_ENV_ROOT",

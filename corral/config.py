@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 import msgspec
@@ -146,6 +146,29 @@ class MetricsSettings(_Section, frozen=True):
     listen: str | None = None
 
 
+#: The log levels, least severe first (``[logging] level``, ``CORRAL_LOG_LEVEL``).
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+#: How a log record is written: ``key=value`` pairs, or one JSON object per line.
+LogFormat = Literal["logfmt", "json"]
+
+
+class LoggingSettings(_Section, frozen=True):
+    """``[logging]``: what every process of the host logs, how, and where besides stderr."""
+
+    #: ``CORRAL_LOG_LEVEL`` overrides it.
+    level: LogLevel = "info"
+    #: ``corral up --log-format`` (``CORRAL_LOG_FORMAT``) overrides it.
+    format: LogFormat = "logfmt"
+    #: Also append every record to this file, rotated by size (relative to the config
+    #: file's directory). None: stderr only.
+    file: str | None = None
+    #: The file is rotated once a record would take it past this size.
+    max_bytes: PositiveInt = 10 * 1024 * 1024
+    #: Rotated files kept (``corral.log.1`` is the newest); 0 keeps none.
+    backups: Annotated[int, msgspec.Meta(ge=0, le=100)] = 5
+
+
 class Config(_Section, frozen=True):
     """The whole of ``corral.toml``."""
 
@@ -159,6 +182,7 @@ class Config(_Section, frozen=True):
     runners: list[RunnerSettings] = []
     server: ServerSettings = ServerSettings()
     metrics: MetricsSettings = MetricsSettings()
+    logging: LoggingSettings = LoggingSettings()
 
 
 class ActorRole(_Section, frozen=True):
@@ -362,7 +386,12 @@ def _key_of(text: str) -> str | None:
 
 
 def load_config(path: Path | None) -> Config:
-    """Read ``corral.toml`` (or return the defaults when ``path`` is None)."""
+    """Read ``corral.toml`` (or return the defaults when ``path`` is None).
+
+    The paths it names (``[server] agents_dirs``, ``[logging] file``) are made absolute
+    against the config file's own directory, so the same file means the same thing from
+    wherever ``corral up`` runs; ``~`` is expanded, absolute paths stay as they are.
+    """
     if path is None:
         return Config()
     try:
@@ -371,7 +400,24 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    return parse_config(data)
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    return relative_to(parse_config(data), path.absolute().parent)
+
+
+def relative_to(config: Config, base: Path) -> Config:
+    """``config`` with its relative paths resolved against ``base`` (the config's directory)."""
+
+    def under(raw: str) -> str:
+        return str(base / Path(raw).expanduser())
+
+    server = msgspec.structs.replace(
+        config.server, agents_dirs=[under(d) for d in config.server.agents_dirs]
+    )
+    logs = config.logging
+    if logs.file:
+        logs = msgspec.structs.replace(logs, file=under(logs.file))
+    return msgspec.structs.replace(config, server=server, logging=logs)
 
 
 def resolve_state_dir(flag: str | None, config: Config | None = None) -> Path:

@@ -147,7 +147,7 @@ class ExecutorSpec(_Section, frozen=True, kw_only=True, omit_defaults=True):
     """``executor``: which harness runs the agent, on which model, with which credentials.
 
     ``script`` is the free-form script of the ``scripted`` harness
-    (``shared/spec/SCRIPTED_HARNESS.md``); that harness validates it.
+    (``docs/scripted-harness.md``); that harness validates it.
     """
 
     type: str | None = None

@@ -41,7 +41,9 @@ HELLO = {
     "kind": "hello",
     "runner_version": "0.11.0.dev0",
     "frame_protocol_version": 1,
-    "harnesses": ["scripted"],
+    # The harnesses of the agents its tests serve: the control plane lists an agent of
+    # another as invalid (corral.agent_files).
+    "harnesses": ["openai", "scripted"],
     "envs": [],
     "telemetry_opt_out": True,
 }

@@ -479,3 +479,36 @@ def process_gone(pid: int, started: int | None) -> bool:
     except OSError:
         return True
     return state == "Z"
+
+
+@contextlib.contextmanager
+def plain_up(state_dir: Path) -> Iterator[subprocess.Popen]:
+    """``corral up --state-dir DIR`` as a user first types it: no ``--config`` and none in the
+    environment, so it writes and reads the state dir's fresh ``corral.toml``. Its output goes
+    to ``<state dir>.up.log``; it is running once ``status --wait`` says so, and is stopped
+    (what is left of it killed) after the block."""
+    log_path = state_dir.parent / f"{state_dir.name}.up.log"
+    log = log_path.open("ab")
+    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_CONFIG", "CORRAL_STATE_DIR")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral", "up", "--state-dir", str(state_dir)],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        up = corral("status", "--wait", "60", "--json", "--state-dir", str(state_dir), timeout=90)
+        assert up.returncode == 0, log_path.read_text()
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for pid in processes_of(state_dir):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            log.close()

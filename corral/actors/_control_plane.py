@@ -219,8 +219,6 @@ class EmbeddedControlPlane:
         """Bring a restarted control plane back into service, then await ``rebound()``; kill
         a hung one."""
         children = self._children
-        # One probe every few seconds is not worth an INFO line each.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         last_ok = next_probe = time.monotonic()
         async with httpx.AsyncClient(timeout=5.0) as http:
             while not self._stop.is_set():

@@ -24,6 +24,7 @@ import trio
 from .. import logs
 from .._child_env import take_hidden_env
 from .._lifeline import die_with_parent
+from .._proctitle import set_title
 from ..bus import open_peer
 from ..config import BusSettings, LivenessSettings
 from ._actor import Actor, ActorContext
@@ -73,6 +74,7 @@ def main() -> None:
     take_hidden_env()  # its spec and secrets come through a memfd, not its environ block
     spec = json.loads(os.environ.pop("CORRAL_CHILD"))
     die_with_parent(int(spec["parent_pid"]))
+    set_title(f"corral: {spec['name']}")
     logs.setup(spec["name"])
     try:
         cls = load_target(spec["target"])

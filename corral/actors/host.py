@@ -189,6 +189,8 @@ class Host:
             "state_dir": str(inst.state_dir),
             "control": str(inst.control_path),
             "bus": inst.bus_endpoint,
+            # Where `corral logs` finds this host's log (None: stderr only).
+            "log_file": self.config.logging.file or None,
         }
         tmp = inst.host_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))

@@ -19,6 +19,7 @@ import trio
 
 from .._jsonlines import JsonObject
 from ..instance import Instance
+from ._progress import step
 
 
 class NotRunnable(RuntimeError):
@@ -46,7 +47,7 @@ class Baseline(TypedDict):
 
 class Document(TypedDict):
     """What ``run(params)`` of every benchmark returns and ``corral bench --json`` prints
-    (CLI.md); ``figures`` and ``ok`` only for the chaos benchmark."""
+    (docs/contract.md); ``figures`` and ``ok`` only for the chaos benchmark."""
 
     benchmark: str
     baseline: Baseline
@@ -114,18 +115,19 @@ def running_host(config_text: str, *, poll_s: float = 0.05) -> Iterator[Instance
     )
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                status = request(inst.control_path, "status")
-                if status["host"]["state"] == "running" and all(
-                    a["state"] == "running" for a in status["actors"]
-                ):
-                    break
-            except (OSError, RuntimeError, ValueError):
-                pass
-            if time.monotonic() > deadline or host.poll() is not None:
-                raise RuntimeError("the benchmark host did not start")
-            time.sleep(poll_s)
+        with step("starting a host"):
+            while True:
+                try:
+                    status = request(inst.control_path, "status")
+                    if status["host"]["state"] == "running" and all(
+                        a["state"] == "running" for a in status["actors"]
+                    ):
+                        break
+                except (OSError, RuntimeError, ValueError):
+                    pass
+                if time.monotonic() > deadline or host.poll() is not None:
+                    raise RuntimeError("the benchmark host did not start")
+                time.sleep(poll_s)
         yield inst
     finally:
         host.send_signal(signal.SIGTERM)

@@ -131,7 +131,7 @@ async def _round_trips(endpoint: str, n: int) -> list[float]:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the bus benchmark and return the CLI.md result document."""
+    """Run the bus benchmark and return the result document of docs/contract.md."""
     quick = bool(params.get("quick"))
     n_stream = 50_000 if quick else 300_000
     n_durable = 10_000 if quick else 60_000

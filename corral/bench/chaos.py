@@ -52,6 +52,7 @@ from ._chaos_host import (
     script,
 )
 from ._common import Document, figure, percentile
+from ._progress import step
 
 Mode = Literal["kill", "tunnel"]
 #: What ``kind = "any"`` kills in the kill mode: every process kind of a host (the broker
@@ -202,11 +203,19 @@ async def run_chaos(options: ChaosOptions) -> ChaosFigures:
                 async with trio.open_nursery() as work:
                     done = trio.Event()
                     work.start_soon(_killer, host, options, rng, kills, done)
-                    async with trio.open_nursery() as drivers:
-                        for run in runs:
-                            drivers.start_soon(_drive, client, run, options)
+                    total = len(runs)
+                    with step("sessions through their turns", total=total) as progress:
+
+                        async def drive(run: SessionRun) -> None:
+                            await _drive(client, run, options)
+                            progress.advance()
+
+                        async with trio.open_nursery() as drivers:
+                            for run in runs:
+                                drivers.start_soon(drive, run)
                     done.set()
-                await _settle(host, runs)
+                with step("settling and checking"):
+                    await _settle(host, runs)
                 streams.cancel_scope.cancel()
             parked = await trio.to_thread.run_sync(host.parked)
             pending = 0
@@ -537,7 +546,7 @@ def options_of(params: Mapping[str, object]) -> ChaosOptions:
 
 
 def result_document(figures: ChaosFigures) -> Document:
-    """The CLI.md result document, every figure also under ``figures``."""
+    """The result document of docs/contract.md, every figure also under ``figures``."""
     ms = "ms"
     results = [
         figure("turns", figures.turns, "turns"),

@@ -36,6 +36,7 @@ from ..harnesses.protocol import (
 )
 from ..instance import Instance
 from ._common import Document, figure, percentile, raw_stream_rate, running_host
+from ._progress import step
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 
@@ -173,13 +174,14 @@ async def _measure(inst: Instance, quick: bool) -> Document:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the harness benchmark and return the CLI.md result document; with a ``kind``, the
-    CLI harness kind's (:mod:`corral.bench.cli_harness`)."""
+    """Run the harness benchmark and return the result document of docs/contract.md; with
+    a ``kind``, the CLI harness kind's (:mod:`corral.bench.cli_harness`)."""
     if params.get("kind"):
         from . import cli_harness
 
         return cli_harness.run(str(params["kind"]), bool(params.get("quick")))
-    with running_host("[liveness]\ninterval_s = 0.5\nliveness = 4\n") as inst:
+    config = "[liveness]\ninterval_s = 0.5\nliveness = 4\n"
+    with running_host(config) as inst, step("worker spawns and turns"):
         return trio.run(_measure, inst, bool(params.get("quick")))
 
 

@@ -60,6 +60,7 @@ from ..actors.gateway.messages import Inbound, events_of
 from ..bus import open_peer
 from ..instance import Instance
 from ._common import Document, figure, percentile, running_host
+from ._progress import step
 from ._tunnel_peer import (
     PeerError,
     TunnelPeer,
@@ -389,7 +390,7 @@ def host_memory_mb(inst: Instance, session_id: str) -> tuple[float, float]:
 
 
 async def measure(sizes: Sizes) -> Document:
-    """Every figure of the benchmark, as the CLI.md result document."""
+    """Every figure of the benchmark, as the result document of docs/contract.md."""
     raw = await raw_frames_per_s(sizes.baseline_frames)
     one = await measure_throughput(
         1, sizes.one_session_deltas, cold=sizes.cold_sessions, memory=True
@@ -462,9 +463,10 @@ async def measure(sizes: Sizes) -> Document:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the relay benchmark and return the CLI.md result document."""
+    """Run the relay benchmark and return the result document of docs/contract.md."""
     sizes = Sizes.quick() if params.get("quick") else Sizes.full()
-    return trio.run(measure, sizes)
+    with step("relaying turns through a tunnel"):
+        return trio.run(measure, sizes)
 
 
 if __name__ == "__main__":

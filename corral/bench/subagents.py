@@ -33,6 +33,7 @@ from ..actors._control import request
 from ..instance import Instance
 from ._chaos_client import Event, PlaneClient, SessionLog
 from ._common import Document, Figure, figure, percentile, running_host
+from ._progress import step
 
 CHILD = {
     "name": "echo",
@@ -207,9 +208,11 @@ async def _measure(inst: Instance, options: SubagentOptions) -> dict[int, tuple[
             parent = await run.client.create_session(f"fan{n}")
             sessions = [await run.client.create_session("echo") for _ in range(n)]
             fan, plain = [], []
-            for _ in range(options.rounds):
-                fan.append(await run.fan_out(parent, n))
-                plain.append(await run.independent(sessions))
+            with step(f"fan-out to {n} children, rounds", total=options.rounds) as progress:
+                for _ in range(options.rounds):
+                    fan.append(await run.fan_out(parent, n))
+                    plain.append(await run.independent(sessions))
+                    progress.advance()
             out[n] = (fan, plain)
     finally:
         await run.client.aclose()
@@ -266,7 +269,7 @@ def figures(measured: dict[int, tuple[list[float], ...]]) -> tuple[float, list[F
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the sub-agent benchmark and return the CLI.md result document."""
+    """Run the sub-agent benchmark and return the result document of docs/contract.md."""
     options = options_of(params)
     agents = Path(tempfile.mkdtemp(prefix="corral-bench-agents-"))
     try:

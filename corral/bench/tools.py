@@ -101,7 +101,7 @@ async def _through_bus(endpoint: str, n: int) -> list[float]:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Measure and return the result document of CLI.md."""
+    """Measure and return the result document of docs/contract.md."""
     n = 200 if params.get("quick") else 1000
     with tempfile.TemporaryDirectory(prefix="corral-bench-tools-") as tmp:
         workspace = Path(tmp)

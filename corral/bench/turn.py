@@ -39,6 +39,7 @@ from ._common import (
     running_host,
 )
 from ._messages import Count
+from ._progress import step
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
 CONFIG = """
@@ -164,15 +165,17 @@ async def _raw_phase(endpoint: str, n: int) -> tuple[float, list[float]]:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the turn benchmark and return the CLI.md result document."""
+    """Run the turn benchmark and return the result document of docs/contract.md."""
     quick = bool(params.get("quick"))
     one = 20_000 if quick else 100_000
     many_sessions = 20 if quick else 100
     per = 500 if quick else 1_000
     with running_host(_config(one)) as inst:
-        rate1, lat1 = trio.run(_phase, inst, 1)
-        raw, raw_lat = trio.run(_raw_phase, inst.bus_endpoint, one)
-    with running_host(_config(per)) as inst:
+        with step(f"one session's turn of {one:,} deltas"):
+            rate1, lat1 = trio.run(_phase, inst, 1)
+        with step(f"baseline: {one:,} raw bus messages"):
+            raw, raw_lat = trio.run(_raw_phase, inst.bus_endpoint, one)
+    with running_host(_config(per)) as inst, step(f"{many_sessions} sessions' turns at once"):
         rate_many, lat_many = trio.run(_phase, inst, many_sessions)
     ms = 1000
     return {

@@ -16,6 +16,7 @@ from .. import __version__
 #: Each verb and where it lives (``module:attribute`` under ``corral.cli``), in help order.
 COMMANDS: dict[str, str] = {
     "up": "_up:up_command",
+    "logs": "_logs:logs_command",
     "status": "_inspect:status_command",
     "mailboxes": "_inspect:mailboxes_command",
     "dead-letters": "_inspect:dead_letters_command",
@@ -24,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "harnesses": "_harnesses:harnesses_command",
     "bench": "_bench:bench_command",
     "journal": "_journal:journal_group",
-    "agents": "_chat:agents_command",
+    "agents": "_agents:agents_group",
     "send": "_chat:send_command",
     "chat": "_chat:chat_command",
     "token": "_token:token_group",

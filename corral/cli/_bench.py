@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..bench._progress import shown_on
 from ._output import emit_json, json_option
 
 BENCHMARKS = {
@@ -104,7 +105,9 @@ def bench_command(
             "turn_timeout_s": turn_timeout_s,
         }
     try:
-        result = module.run(params)
+        # Bars on stderr while someone watches a terminal; the figures are the output.
+        with shown_on(Console(stderr=True)):
+            result = module.run(params)
     except NotRunnable as exc:  # a missing CLI: the reason, not a traceback
         if as_json:
             emit_json({"benchmark": name, "error": {"code": "not_runnable", "message": str(exc)}})

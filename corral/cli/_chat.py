@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 import click
 import trio
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from .._jsonlines import JsonObject
@@ -116,6 +115,18 @@ def describe(event: StreamEvent) -> Line | None:
             return Line("error", f"turn failed: {code}: {error.get('message') or ''}".rstrip(": "))
         if data.get("status") == "waiting":
             return Line("note", "waiting…")
+    if event.type == "response.retry":
+        # The provider failed in a way worth another try: say so, or the pause looks hung.
+        error = v if isinstance(v := data.get("error"), dict) else {}
+        attempt, most, delay = (
+            data.get("attempt"),
+            data.get("max_attempts"),
+            data.get("delay_seconds"),
+        )
+        why = f": {error.get('message')}" if error.get("message") else ""
+        return Line(
+            "note", f"retrying the model call in {delay}s (attempt {attempt} of {most}){why}"
+        )
     if event.type == "session.delivery_failed":
         # The message POST was answered before the runner saw it: this is the only word of
         # a refusal (the turn it would have started never runs).
@@ -257,6 +268,8 @@ async def _open_session(api: ControlPlane, session_id: str | None, agent: str | 
     except ApiError as exc:
         if exc.status != 404:
             raise
+        if "was not loaded" in exc.detail:  # its file is invalid: the plane says where, why
+            raise click.ClickException(exc.detail) from None
         names = ", ".join(str(a.get("name")) for a in await api.agents()) or "none"
         raise click.ClickException(f"unknown agent {name!r} (agents here: {names})") from None
 
@@ -307,32 +320,6 @@ def _check_session_options(session_id: str | None, agent: str | None) -> None:
 
 
 # --- commands --------------------------------------------------------------------------------
-
-
-@click.command("agents")
-@state_dir_option
-@url_option
-@json_option
-def agents_command(state_dir: Path | None, url: str | None, as_json: bool) -> None:
-    """List the agents of the embedded control plane."""
-    agents = _client_call(
-        state_dir,
-        lambda api: api.agents(),
-        url=url,
-        json_error=(lambda error: {"agents": [], "error": error}) if as_json else None,
-    )
-    if as_json:
-        emit_json({"agents": agents})
-        return
-    table = Table("name", "harness", "model", "description")
-    for a in agents:
-        table.add_row(
-            str(a.get("name")),
-            str(a.get("harness") or "-"),
-            str(a.get("model") or "-"),
-            str(a.get("description") or ""),
-        )
-    Console().print(table)
 
 
 @click.command("send")

@@ -51,6 +51,30 @@ def state_dir_option(fn: F) -> F:
     )(fn)
 
 
+def config_option(help: str) -> Callable[[F], F]:
+    """Add ``--config FILE`` (env ``CORRAL_CONFIG``), saying what of it is read."""
+
+    def add(fn: F) -> F:
+        return click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar="CORRAL_CONFIG",
+            help=help,
+        )(fn)
+
+    return add
+
+
+def config_path_of(config_path: Path | None, state_dir: Path | None) -> Path | None:
+    """The ``--config`` given, else the state dir's ``corral.toml`` (the one a plain
+    ``corral up`` reads) if there is one."""
+    if config_path is not None:
+        return config_path
+    fresh = resolve_state_dir(str(state_dir) if state_dir else None) / "corral.toml"
+    return fresh if fresh.exists() else None
+
+
 def emit_json(data: Any) -> None:
     """Print one JSON document to stdout."""
     sys.stdout.write(json.dumps(data) + "\n")

@@ -11,7 +11,9 @@ result is:
 ``inbox``     the result is in the parent's inbox, the parent not woken yet;
 ``woken``     the result is in the parent's inbox and the parent was woken to read it;
 ``drained``   the parent's ``sys_read_inbox`` took it (the tools actor tells dispatch, S-17):
-              the work is done.
+              the work is done;
+``abandoned`` the child never got its message (the send failed and told the parent so):
+              there is no result.
 """
 
 from __future__ import annotations
@@ -58,10 +60,12 @@ class Refused(click.ClickException):
 
 
 def result_place(entry: JsonObject) -> str:
-    """Where an entry's result is: ``pending``, ``recorded``, ``inbox``, ``woken`` or
-    ``drained``."""
+    """Where an entry's result is: ``pending``, ``recorded``, ``inbox``, ``woken``,
+    ``drained`` or ``abandoned``."""
     if entry.get("status") in _OPEN:
         return "pending"
+    if entry.get("abandoned"):
+        return "abandoned"
     if entry.get("drained"):
         return "drained"
     if not entry.get("pushed"):
@@ -169,7 +173,7 @@ def _rows(table: Table, node: JsonObject, depth: int) -> None:
 @json_option
 def subagents_command(session_id: str | None, state_dir: Path | None, as_json: bool) -> None:
     """Show the tree of sessions and their sub-agents: each dispatch, its state, and where
-    its result is (pending, recorded, inbox, woken, drained).
+    its result is (pending, recorded, inbox, woken, drained, abandoned).
 
     Exit 1 when --session names a session with no sub-agent work on this host, 2 when it is
     not a session id, 3 when no host runs.

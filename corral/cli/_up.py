@@ -15,6 +15,7 @@ from rich.markup import escape
 from .. import logs
 from .._exceptions import ConfigError, CorralError
 from .._jsonlines import create_once
+from .._proctitle import set_title
 from ..actors.elicitations import elicitation_rows
 from ..actors.host import Host
 from ..config import Config, RunnerSettings, check_runners, load_config, resolve_state_dir
@@ -37,6 +38,11 @@ FRESH_CONFIG = """\
 tool = "sys_os_*"
 action = "ask"
 message = "The agent wants to use this machine's shell or files. OK?"
+
+# Logs go to stderr and to this file too (beside this config, rotated by size): read them
+# with `corral logs`. Delete this table to log to stderr only.
+[logging]
+file = "corral.log"
 """
 
 
@@ -129,12 +135,20 @@ def with_workspace(config: Config, workspace: Path | None) -> Config:
     envvar=["CORRAL_WORKSPACE", "OMNIGENT_RUNNER_WORKSPACE"],
     help="The directory tools run in (env CORRAL_WORKSPACE or OMNIGENT_RUNNER_WORKSPACE).",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["logfmt", "json"]),
+    envvar="CORRAL_LOG_FORMAT",
+    help="How log records are written (env CORRAL_LOG_FORMAT; default: [logging] format, "
+    "else logfmt).",
+)
 def up_command(
     config_path: Path | None,
     state_dir: Path | None,
     server_url: str | None,
     runner_id: str | None,
     workspace: Path | None,
+    log_format: str | None,
 ) -> None:
     """Run the host in the foreground until SIGINT/SIGTERM.
 
@@ -150,7 +164,6 @@ def up_command(
     """
     if runner_id is not None and server_url is None:
         raise click.UsageError("--runner-id needs --server")
-    logs.setup("host")
     try:
         if config_path is None and server_url is None:
             try:
@@ -158,12 +171,20 @@ def up_command(
             except OSError as exc:
                 raise ConfigError(f"cannot write a fresh config: {exc}") from None
         config = with_workspace(load_config(config_path), workspace)
+        log_settings = logs.resolve(config.logging)
+        if log_format is not None:
+            log_settings = msgspec.structs.replace(log_settings, format=log_format)
+        logs.setup("host", log_settings, strict=True)
         runner = server_runner(server_url, runner_id) if server_url is not None else None
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE)
+    # Every process the host starts logs as it does (corral.logs).
+    os.environ.update(logs.child_env(log_settings))
+    directory = resolve_state_dir(str(state_dir) if state_dir else None, config)
+    set_title(f"corral: host {directory}")
     host = Host(
         config,
-        resolve_state_dir(str(state_dir) if state_dir else None, config),
+        directory,
         config_path=config_path,
         runner=runner,
         elicitations=elicitation_rows,

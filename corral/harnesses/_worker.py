@@ -41,6 +41,7 @@ import trio
 from .. import logs
 from .._child_env import take_hidden_env
 from .._lifeline import die_with_host, host_lifeline
+from .._proctitle import set_title
 from ..bus import Incoming, Message, Outbox, Peer, open_peer
 from ..config import BusSettings, LivenessSettings
 from ._held import HeldEvents
@@ -70,6 +71,7 @@ from .protocol import (
     ResponseFailed,
     ResponseHeartbeat,
     ResponseInProgress,
+    ResponseRetry,
     RuntimeModel,
     ToolResult,
     TurnStart,
@@ -258,6 +260,18 @@ class TurnContext:
     def serve(self, model: str | None, provider: str | None, fallback_active: bool = False) -> None:
         """From now on, ``model`` (by ``provider``) serves this run."""
         self.observer.serve(model, provider, fallback_active)
+
+    async def retry(self, attempt: int, max_attempts: int, delay_s: float, reason: str) -> None:
+        """The model call is tried again (``attempt`` of ``max_attempts``) in ``delay_s``:
+        a ``response.retry`` event, so whoever watches the turn sees why it pauses."""
+        await self.emit(
+            ResponseRetry(
+                attempt=attempt,
+                max_attempts=max_attempts,
+                delay_seconds=round(delay_s, 2),
+                error={"code": "provider_retry", "message": reason},
+            )
+        )
 
     async def status(self, text: str) -> None:
         """A provider lifecycle status; a fallback switch becomes a ``warning`` (J-24)."""
@@ -708,7 +722,8 @@ def main() -> None:
     # Not PR_SET_PDEATHSIG: the kernel sends it when the parent dies, and the harness actor's
     # crash must leave its workers to its next incarnation (they are reparented to the host).
     host = host_lifeline(int(spec["host_pid"]), spec["host_start"])
-    logs.setup(f"worker:{spec['session_id']}")
+    set_title(f"corral: worker {spec['session_id']}")
+    logs.setup("worker", session=spec["session_id"])
     try:
         load_kind(spec["target"], spec.get("options", {}))
     except Exception:

@@ -264,6 +264,18 @@ class Warning(Output, tag="warning"):
     message: str = ""
 
 
+class ResponseRetry(Output, tag="response.retry"):
+    """A model call failed in a way worth another try, which comes after ``delay_seconds``:
+    the real server's ``RetryEvent`` (``attempt`` is the upcoming one, 1-based; ``error`` is
+    ``{code, message}``), so a client can say "retrying, attempt 2 of 5"."""
+
+    attempt: int
+    max_attempts: int
+    delay_seconds: float
+    source: str = "llm"
+    error: dict[str, Any] = {}
+
+
 class ResponseCompleted(Output, tag="response.completed"):
     response: dict[str, Any]
 
@@ -295,6 +307,7 @@ ProgressOutput = (
     | ResponseHeartbeat
     | RuntimeModel
     | Warning
+    | ResponseRetry
 )
 #: Every event a worker emits for a turn.
 AnyOutput = ProgressOutput | TerminalOutput

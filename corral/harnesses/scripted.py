@@ -1,6 +1,6 @@
 """The ``scripted`` harness: deterministic turns from a script in the agent spec.
 
-For tests, the demo agent and benchmarks. The format is ``shared/spec/SCRIPTED_HARNESS.md``::
+For tests, the demo agent and benchmarks. The format is ``docs/scripted-harness.md``::
 
     executor:
       harness: scripted

@@ -19,9 +19,18 @@ runner's events), ``_agents`` (agent YAMLs), ``_policy`` (rules), ``_state`` (fi
 state dir).
 """
 
-from ._agents import PACKAGED_AGENTS as PACKAGED_AGENTS
-from ._plane import ControlPlane as ControlPlane
-from ._plane import PlaneOptions as PlaneOptions
-from ._serve import serve as serve
-from ._state import ServerInfo as ServerInfo
-from ._state import read_server_json as read_server_json
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+# Imported on first use (corral._lazy): `corral agents validate` reads agent files with
+# ``_agents`` and has no use for the server, hypercorn and Starlette.
+if TYPE_CHECKING:
+    from ._agents import PACKAGED_AGENTS as PACKAGED_AGENTS
+    from ._plane import ControlPlane as ControlPlane
+    from ._plane import PlaneOptions as PlaneOptions
+    from ._serve import serve as serve
+    from ._state import ServerInfo as ServerInfo
+    from ._state import read_server_json as read_server_json
+
+__getattr__, __dir__ = lazy_exports(__name__, __file__)

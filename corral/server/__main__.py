@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import trio
 
 from .. import logs
 from .._exceptions import ConfigError, CorralError
+from .._proctitle import set_title
 from ..config import ServerSettings, load_config, resolve_state_dir
 from ._serve import serve
 
@@ -47,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="address to listen on (default: [server].host)")
     parser.add_argument("--port", type=_port, help="port (0: reuse the last one, else any)")
     args = parser.parse_args(argv)
-    logs.setup("server")
     try:
         config = load_config(args.config)
+        # Started by a host: log as it does; on its own: as its config says.
+        handed = logs.SETTINGS_ENV in os.environ
+        logs.setup("server", None if handed else logs.resolve(config.logging), strict=not handed)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -59,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is not None:
         settings = msgspec.structs.replace(settings, port=args.port)
     state_dir = resolve_state_dir(str(args.state_dir) if args.state_dir else None, config)
+    set_title(f"corral: server {state_dir}")
+    harness = config.actors.get("harness")
+    registered = harness.options.get("harnesses") if harness is not None else None
     code = 0
     try:
-        trio.run(_run, state_dir, settings)
+        trio.run(_run, state_dir, settings, list(registered or {}))
     except* ConfigError as group:
         _log_causes(group)
         code = 2
@@ -79,12 +86,14 @@ def _log_causes(group: BaseExceptionGroup[BaseException]) -> None:
         log.error("cannot start: %s", error)
 
 
-async def _run(state_dir: Path, settings: ServerSettings) -> None:
+async def _run(state_dir: Path, settings: ServerSettings, harnesses: list[str]) -> None:
     # The receiver is open before the server starts, so an early SIGTERM still stops it
     # cleanly instead of killing it halfway through writing its state.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            plane = await nursery.start(functools.partial(serve, state_dir, settings))
+            plane = await nursery.start(
+                functools.partial(serve, state_dir, settings, harnesses=harnesses)
+            )
             async for signum in signals:
                 log.info("%s: shutting down", signal.Signals(signum).name)
                 plane.begin_shutdown()

@@ -5,10 +5,13 @@ Agents are read from ``corral/server/agents/`` (shipped with the package) and th
 Both of omnigent's formats are read unchanged (``corral.spec`` describes them): each
 ``*.yaml``/``*.yml`` file is a flat agent, each subdirectory holding a ``config.yaml`` is a
 directory agent (with its ``agents/<child>/`` sub-agents), bundled whole as the real server
-does. An agent whose spec does not parse, or whose policies name a function this server
-cannot run, is logged with the file and the reason and skipped, never fatal, because one bad
-file in a directory of agents must not take the server (and every other agent) down; asking
-for it by name says why it is missing.
+does. Each file is checked strictly first (:mod:`corral.agent_files`: unknown keys, wrong
+types, a harness the runner does not run, with lines and "did you mean"). An agent whose file
+fails that check or does not parse, or whose policies name a function this server cannot
+run, is skipped, never fatal, because one bad file in a directory of agents must not take
+the server (and every other agent) down: it is logged once, listed with its problems
+(``GET /v1/agents``'s ``invalid``, which ``corral agents`` shows), and asking for it by name
+says why it is missing.
 
 An agent's id is derived from its name, so it stays the same across restarts and edits; its
 version is a hash of its files, so the runner sees a new ``x-agent-version`` when one changes
@@ -20,12 +23,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 import msgspec
+import yaml
 
 from .._exceptions import SpecError
-from ..spec import AgentSpec, load_agent_dir, load_spec_yaml, make_bundle, make_bundle_files
+from ..agent_files import Problem, check_agent_file
+from ..spec import (
+    MAX_YAML_BYTES,
+    AgentSpec,
+    load_agent_dir,
+    load_spec_yaml,
+    make_bundle,
+    make_bundle_files,
+)
 from ._policy import AgentPolicy, policies_of
 
 __all__ = [
@@ -34,6 +47,7 @@ __all__ = [
     "AgentCatalog",
     "Skipped",
     "agent_id_for",
+    "load_agent",
     "spec_policies",
     "yaml_version",
 ]
@@ -104,11 +118,23 @@ class Agent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Skipped(msgspec.Struct, frozen=True, kw_only=True):
-    """An agent file that was not loaded: where, why, and the agent name if it is known."""
+    """An agent file that was not loaded: where, why (``reason``: all of it, in one line;
+    ``problems``: each, as :meth:`corral.agent_files.Problem.to_dict`), and the agent name
+    if it is known."""
 
     path: str
     reason: str
     name: str | None = None
+    problems: list[dict[str, object]] = []
+
+    def listing(self) -> dict[str, object]:
+        """The file as ``GET /v1/agents`` lists it under ``invalid``."""
+        return {
+            "path": self.path,
+            "name": self.name,
+            "error": self.reason,
+            "problems": self.problems,
+        }
 
 
 class AgentCatalog:
@@ -125,11 +151,15 @@ class AgentCatalog:
         """Why an agent of this name (or file/directory stem) was skipped, if one was."""
         for skipped in self.skipped.values():
             if name in (skipped.name, Path(skipped.path).stem):
-                return f"{skipped.path}: {skipped.reason}"
+                reason = skipped.reason
+                return reason if reason.startswith(skipped.path) else f"{skipped.path}: {reason}"
         return None
 
-    def load(self) -> dict[str, Agent]:
-        """Re-read every directory; returns (and keeps) the agents by name."""
+    def load(self, harnesses: Collection[str] | None = None) -> dict[str, Agent]:
+        """Re-read every directory; returns (and keeps) the agents by name.
+
+        ``harnesses``: the harness names the runner runs (None: not known, not checked).
+        """
         agents: dict[str, Agent] = {}
         skipped: dict[str, Skipped] = {}
         for directory in self.dirs:
@@ -145,15 +175,10 @@ class AgentCatalog:
                 or (p.is_dir() and (p / "config.yaml").is_file())
             )
             for path in entries:
-                try:
-                    agent = _load_dir(path) if path.is_dir() else _load_file(path)
-                except _Rejected as exc:
-                    skipped[str(path)] = Skipped(path=str(path), reason=exc.reason, name=exc.name)
-                    self._warn_once(str(path), f"skipped: {exc.reason}")
-                    continue
-                except (OSError, UnicodeDecodeError, SpecError) as exc:
-                    skipped[str(path)] = Skipped(path=str(path), reason=str(exc))
-                    self._warn_once(str(path), f"skipped: {exc}")
+                agent = load_agent(path, harnesses)
+                if isinstance(agent, Skipped):
+                    skipped[str(path)] = agent
+                    self._warn_once(str(path), f"skipped: {agent.reason}")
                     continue
                 if agent.name in seen_here:
                     reason = f"a second agent named {agent.name!r} in the same directory"
@@ -194,7 +219,59 @@ def _policies(name: str, spec: AgentSpec, where: str = "") -> list[AgentPolicy]:
         raise _Rejected(name, f"{where}{exc}") from exc
 
 
-def _load_file(path: Path) -> Agent:
+class _Invalid(Exception):
+    """The agent file fails the strict check (:mod:`corral.agent_files`)."""
+
+    def __init__(self, skipped: Skipped) -> None:
+        super().__init__(skipped.reason)
+        self.skipped = skipped
+
+
+def load_agent(path: Path, harnesses: Collection[str] | None = None) -> Agent | Skipped:
+    """The agent at ``path`` (a YAML file, or a directory with a ``config.yaml``), or why it
+    cannot be served: its files fail the strict check (every problem, with its line), its
+    spec does not parse, a policy names a function this server cannot run, or it cannot be
+    read. ``harnesses``: the harness names the runner runs (None: not checked)."""
+    try:
+        return _load_dir(path, harnesses) if path.is_dir() else _load_file(path, harnesses)
+    except _Invalid as exc:
+        # Its name, if the YAML says it, so that asking for the agent by name says why not.
+        return msgspec.structs.replace(exc.skipped, name=_name_in(path))
+    except _Rejected as exc:
+        return Skipped(path=str(path), reason=exc.reason, name=exc.name)
+    except (OSError, UnicodeDecodeError, SpecError) as exc:
+        return Skipped(path=str(path), reason=str(exc))
+
+
+def _name_in(path: Path) -> str | None:
+    """The ``name`` an agent file (a directory's ``config.yaml``) gives, if it parses."""
+    try:
+        text = (path / "config.yaml" if path.is_dir() else path).read_bytes()
+        data = yaml.safe_load(text) if len(text) <= MAX_YAML_BYTES else None
+    except (OSError, yaml.YAMLError, RecursionError):
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _check(root: Path, files: list[Path], harnesses: Collection[str] | None) -> None:
+    """Check each of ``files`` (those of the agent at ``root``) strictly.
+
+    Raises:
+        _Invalid: naming every problem of every file, with its line.
+    """
+    found: list[tuple[Path, Problem]] = []
+    for file in files:
+        found += [(file, problem) for problem in check_agent_file(file, harnesses)]
+    if found:
+        texts = [problem.text(file) for file, problem in found]
+        more = f" (and {len(texts) - 1} more)" if len(texts) > 1 else ""
+        problems = [problem.to_dict(file) for file, problem in found]
+        raise _Invalid(Skipped(path=str(root), reason=texts[0] + more, problems=problems))
+
+
+def _load_file(path: Path, harnesses: Collection[str] | None = None) -> Agent:
+    _check(path, [path], harnesses)
     text = path.read_text(encoding="utf-8")
     spec = load_spec_yaml(text)
     name = spec.name or path.stem
@@ -208,7 +285,9 @@ def _load_file(path: Path) -> Agent:
     )
 
 
-def _load_dir(path: Path) -> Agent:
+def _load_dir(path: Path, harnesses: Collection[str] | None = None) -> Agent:
+    children = sorted((path / "agents").glob("*/config.yaml"))
+    _check(path, [path / "config.yaml", *children], harnesses)
     tree = load_agent_dir(path)
     name = tree.spec.name or path.name
     policies = _policies(name, tree.spec)

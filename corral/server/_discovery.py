@@ -9,7 +9,9 @@ against:
 ``GET /v1/agents``                      list page of agent objects (``id, object: "agent",
                                         name, version, description, harness, mcp_servers,
                                         policies``); it keeps the ``agents`` key
-                                        ``corral agents`` reads
+                                        ``corral agents`` reads, and ``invalid``: the
+                                        agent files not served (``path, name, error,
+                                        problems``)
 ``GET /v1/sessions``                    list page of sessions; ``agent_name`` filters
 ``GET /v1/sessions/{id}/agent``         the session's agent object
 ``GET /v1/sessions/{id}/child_sessions`` list page of its child sessions (``_session_writes``)
@@ -97,7 +99,8 @@ async def agents(api: Api, request: Request) -> Response:
     names = sorted(loaded)
     listing = [loaded[name].listing() for name in names]
     objects = [agent_object(loaded[name]) for name in names]
-    return JSONResponse(list_page(objects, agents=listing))
+    invalid = [s.listing() for _, s in sorted(api.plane.catalog.skipped.items())]
+    return JSONResponse(list_page(objects, agents=listing, invalid=invalid))
 
 
 @endpoint("any")

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit
@@ -38,6 +39,7 @@ async def serve(
     settings: ServerSettings,
     *,
     options: PlaneOptions | None = None,
+    harnesses: Collection[str] = (),
     task_status: trio.TaskStatus[ControlPlane] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the embedded control plane until it is shut down.
@@ -46,6 +48,8 @@ async def serve(
         state_dir: the host's state dir (the plane uses ``state_dir/server``).
         settings: ``[server]`` of ``corral.toml``.
         options: timings and limits; the defaults suit production.
+        harnesses: harness kinds the host's config registers (``[actors.harness.options]
+            harnesses``), which its runner runs besides those it announces.
         task_status: gets the running :class:`ControlPlane` once it listens and
             ``server.json`` is written (its ``info`` says where).
 
@@ -53,7 +57,7 @@ async def serve(
         ConfigError: the configured port cannot be bound, or the state is unusable.
         StateDirBusy: another control plane runs on this state dir.
     """
-    plane = ControlPlane(state_dir, settings, options)
+    plane = ControlPlane(state_dir, settings, options, harnesses=harnesses)
     try:
         await plane.open()
         port = await trio.to_thread.run_sync(choose_port, settings.host, settings.port, plane.dir)

@@ -36,9 +36,9 @@ import trio
 from tests.conftest import HostProcess, processes_of, wait_until
 from tests.integration.test_e2e import _config, _start, _stop
 
-pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(400)]
-
 PARENTS = int(os.environ.get("CORRAL_CHAOS_PARENTS", "9"))
+#: A round of three parents takes 10-30 s under a killer and other test runs' load.
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(120 + 30 * PARENTS)]
 #: Parents whose round runs at once (each with three children: 4 workers a parent).
 WAVE = 3
 KINDS = ("dispatch", "gateway", "harness", "journal", "policy", "tools", "worker", "server")
@@ -171,6 +171,8 @@ async def _settled(host: HostProcess, http: httpx.AsyncClient, parent: str) -> b
         return False
     pushed, _ = _inbox(host, parent)
     for entry in (e for e in _registry(host).values() if e["parent_id"] == parent):
+        if entry["abandoned"]:
+            continue  # the send failed and said so: no result comes
         if entry["status"] == "launching":
             # A send cut off by a kill: its child never got the message, so nothing comes.
             if await _child_items(http, entry["child_id"]):
@@ -252,7 +254,7 @@ async def test_s14_s19_fan_out_under_random_kills_delivers_each_result_exactly_o
         pushed, taken = _inbox(host, parent)
         for entry in (e for e in registry.values() if e["parent_id"] == parent):
             work = entry["dispatch_id"]
-            if entry["status"] == "launching":
+            if entry["status"] == "launching" or entry["abandoned"]:
                 continue  # its child never got the message (checked in _settled)
             if pushed[work] != 1:
                 problems.append(f"{parent}: result {work} pushed {pushed[work]} times")
@@ -260,7 +262,7 @@ async def test_s14_s19_fan_out_under_random_kills_delivers_each_result_exactly_o
                 problems.append(f"{parent}: result {work} taken by {taken[work]} drains")
         if sends[parent] > 3:
             problems.append(f"{parent}: fanned out again ({sends[parent]} sends)")
-    results = sum(1 for e in registry.values() if e["status"] != "launching")
+    results = sum(e["status"] != "launching" and not e["abandoned"] for e in registry.values())
     print(  # the run's figures, for docs/benchmarks.md (pytest -s)
         f"fan-out chaos: {len(parents)} parents, {results} child results, "
         f"{sum(kills.values())} kills {dict(kills)} in {time.monotonic() - started:.0f} s"

@@ -683,7 +683,8 @@ def test_agents_json_and_table(plane: FakePlane, tmp_path: Path) -> None:
         "agents": [
             {"name": "demo", "harness": "scripted", "model": "m"},
             {"name": "fail", "harness": "scripted", "model": "m"},
-        ]
+        ],
+        "invalid": [],  # the files the control plane did not load (this one lists none)
     }
     out = corral("agents", env={"CORRAL_STATE_DIR": str(tmp_path / "state")})
     assert out.returncode == 0 and "demo" in out.stdout and "scripted" in out.stdout

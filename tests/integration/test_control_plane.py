@@ -331,7 +331,7 @@ async def test_tunnel_handshake_close_codes_and_liveness(tmp_path: Path, agents_
         assert all(isinstance(ts, int) and ts > 1_700_000_000_000 for ts in first.pings)
         health = (await ctx.client.get("/healthz")).json()
         assert health["runner_online"] is True
-        assert health["runner"]["hello"]["harnesses"] == ["scripted"]
+        assert health["runner"]["hello"]["harnesses"] == ["openai", "scripted"]
 
         # A second tunnel for the same runner id replaces the first (4000).
         second = await ctx.runner()

@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +28,7 @@ from starlette.routing import Route
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from corral.server._http import build_app
-from tests.conftest import FAST_LIVENESS, HostProcess, corral, processes_of
+from tests.conftest import FAST_LIVENESS, HostProcess, corral, plain_up
 from tests.integration.test_e2e import _start, _stop
 
 S = "/v1/sessions/{session_id}"
@@ -316,21 +314,14 @@ def test_rotate_refuses_the_old_token_at_once_and_the_host_keeps_serving(
 
 def test_a_fresh_config_asks_before_any_sys_os_tool_runs(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    log = (tmp_path / "up.log").open("ab")
-    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_CONFIG", "CORRAL_STATE_DIR")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "corral", "up", "--state-dir", str(state)],
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-        env=env,
-    )
-    try:
-        up = corral("status", "--wait", "60", "--json", "--state-dir", str(state), timeout=90)
-        assert up.returncode == 0, (tmp_path / "up.log").read_text()
+    with plain_up(state):
         config = (state / "corral.toml").read_text()
         assert 'tool = "sys_os_*"' in config and 'action = "ask"' in config
         assert stat.S_IMODE(os.stat(state / "corral.toml").st_mode) == 0o600
+        # It logs to <state dir>/corral.log too, which `corral logs` finds with no flag.
+        logged = corral("logs", "--actor", "host", "--state-dir", str(state))
+        assert "corral host up" in logged.stdout, logged
+        assert (state / "corral.log").exists()
         sent = corral("send", "--agent", "demo", "hi", "--json", "--state-dir", str(state))
         doc = json.loads(sent.stdout)
         asked = [e for e in doc["events"] if e["type"] == "response.elicitation_request"]
@@ -344,11 +335,3 @@ def test_a_fresh_config_asks_before_any_sys_os_tool_runs(tmp_path: Path) -> None
         ]
         # send declines by default: the shell never ran.
         assert json.loads(output) == {"error": "The user declined this tool call."}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        finally:
-            for pid in processes_of(state):
-                os.kill(pid, signal.SIGKILL)
-            log.close()

@@ -24,6 +24,8 @@ provider serves every agent of a test module:
 ``delegate``  a ``sys_session_send`` to its sub-agent ``child`` (title ``t1``); woken by the
               child's result (a last user text ``[System: sub-agent …``) a ``sys_read_inbox``;
               after either output: ``delegate: …``
+``flaky``     HTTP 429 (``retry-after: 0.2``) the first time it sees a user text, then five
+              words as ``plain`` (the runner's retry of a model call)
 ``fanout``    two ``sys_session_send`` calls, to ``child`` titled ``t1`` then ``t2`` (the second
               once the first has answered its handle: both children then work at once), then
               ``fanout: launched``; woken, a ``sys_read_inbox`` and ``fanout: …``
@@ -159,6 +161,10 @@ def plan(body: dict[str, Any]) -> tuple[list[str], tuple[str, str] | None, float
     return [f"w{i} " if i < 4 else f"w{i}" for i in range(5)], None, 0.0
 
 
+#: The user texts ``flaky`` answered 429 already (one failure each).
+_FLAKY_FAILED: set[str] = set()
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     log_path = ""
@@ -188,6 +194,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"path": self.path, "at": time.time(), "body": body}) + "\n")
+        if body.get("model") == "flaky":
+            key = json.dumps(_user_texts(body))
+            if key not in _FLAKY_FAILED:
+                _FLAKY_FAILED.add(key)
+                self._plain(429, b'{"error":{"message":"slow down"}}', {"retry-after": "0.2"})
+                return
         deltas, call, pace = plan(body)
         if self.path.split("?")[0].rstrip("/").endswith("/messages"):
             frames = _anthropic(body, *_claude_plan(body, deltas))
@@ -215,8 +227,10 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def _plain(self, status: int, body: bytes) -> None:
+    def _plain(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         self.end_headers()

@@ -49,6 +49,21 @@ async def test_a_plain_turn_streams_to_the_client_and_is_saved_once(client: Clie
     assert stream.statuses(start) == ["running", "idle"]
 
 
+async def test_a_retried_model_call_reaches_the_client_as_response_retry(client: Client) -> None:
+    """The provider answers 429 once: corral's worker retries and says so with
+    ``response.retry``, which the real server validates (its RetryEvent) and relays to the
+    client without cutting its stream; the turn then completes."""
+    session = await client.session("flaky")
+    stream = await client.open_stream(session)
+    start, end = await client.turn(stream, "try me")
+    [retry] = [e for e in stream.events[start:end] if e.get("type") == "response.retry"]
+    assert (retry["source"], retry["attempt"], retry["max_attempts"]) == ("llm", 2, 5)
+    assert retry["delay_seconds"] == 0.2
+    assert retry["error"]["message"].endswith("returned HTTP 429: slow down")
+    assert stream.text(start, end) == "w0 w1 w2 w3 w4"
+    assert stream.statuses(start) == ["running", "idle"]
+
+
 async def test_the_second_turn_is_given_the_first(client: Client, stack) -> None:
     session = await client.session("history")
     stream = await client.open_stream(session)

@@ -51,6 +51,10 @@ def test_defaults() -> None:
         ({"metrics": {"listen": ":9464"}}, "metrics.listen"),
         ({"metrics": {"listen": 9464}}, "metrics.listen"),
         ({"metrics": {"port": 9464}}, "metrics.port"),
+        ({"logging": {"level": "verbose"}}, "logging.level"),
+        ({"logging": {"format": "yaml"}}, "logging.format"),
+        ({"logging": {"backups": -1}}, "logging.backups"),
+        ({"logging": {"fiel": "x.log"}}, "logging.fiel"),
     ],
 )
 def test_invalid_values_name_the_key(data: dict, key: str) -> None:
@@ -66,6 +70,28 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_paths_are_relative_to_the_config_file_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "etc" / "corral.toml"
+    conf.parent.mkdir()
+    conf.write_text(
+        '[server]\nagents_dirs = ["agents", "../shared", "~/mine", "/srv/agents"]\n'
+        '[logging]\nfile = "logs/corral.log"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    config = load_config(Path("etc/corral.toml"))
+    assert config.server.agents_dirs == [
+        str(tmp_path / "etc" / "agents"),
+        str(tmp_path / "etc" / ".." / "shared"),
+        "/home/someone/mine",
+        "/srv/agents",
+    ]
+    assert config.logging.file == str(tmp_path / "etc" / "logs" / "corral.log")
+    assert load_config(None).logging.file is None
 
 
 def test_extra_and_disabled_actors() -> None:

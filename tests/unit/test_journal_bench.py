@@ -1,4 +1,4 @@
-"""corral.bench.journal returns the `corral bench` document shape (CLI.md)."""
+"""corral.bench.journal returns the `corral bench` document shape (docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -94,6 +94,9 @@ class FakeTurn:
     async def status(self, text: str) -> None:
         self.events.append(("status", text))
 
+    async def retry(self, attempt: int, max_attempts: int, delay_s: float, reason: str) -> None:
+        self.events.append(("retry", attempt, max_attempts, delay_s, reason))
+
     async def item(self, item: dict[str, Any]) -> None:
         self.events.append(("item", item))
 
@@ -337,8 +340,8 @@ async def test_429_then_success_honours_retry_after(server) -> None:
     assert turn.text_out == "ok"
     first, second = server.requests
     assert second.received_at - first.received_at >= 0.19
-    [(_, status)] = turn.kinds("status")
-    assert status == "Retrying the model call in 0.2s: 127.0.0.1 returned HTTP 429: slow down"
+    # The turn says it waits, and for what: attempt 2 of 5, in the provider's 0.2 s.
+    assert turn.kinds("retry") == [("retry", 2, 5, 0.2, "127.0.0.1 returned HTTP 429: slow down")]
 
 
 async def test_500_until_attempts_run_out_fails_the_turn(server) -> None:

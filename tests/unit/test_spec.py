@@ -43,7 +43,7 @@ os_env:
 prompt: terse
 """
 
-# The example of shared/spec/SCRIPTED_HARNESS.md.
+# The example of docs/scripted-harness.md.
 SCRIPTED_YAML = """\
 name: approval-demo
 executor:

@@ -178,6 +178,7 @@ async def test_an_abandoned_entry_is_closed_with_nothing_to_deliver(tmp_path: Pa
     registry, _ = await _loaded(tmp_path)
     await registry.add(_entry())
     await registry.abandon(_entry())
+    assert registry.entries["subagent_000000000001"].abandoned
     assert registry.open_for("conv_child") == []
     assert await registry.ended("conv_child", "turn_1", "completed", "late") == []
     assert (await _loaded(tmp_path))[1] == []

@@ -132,8 +132,11 @@ class WorkEntry(msgspec.Struct, kw_only=True):
     pushed: bool = False
     #: The parent was told (its wake message posted).
     woken: bool = False
-    #: The parent's ``sys_read_inbox`` took the result (S-17): the entry is done.
+    #: The parent's ``sys_read_inbox`` took the result (S-17).
     drained: bool = False
+    #: The child never got its message (the tool failed, and told the parent): closed with
+    #: nothing to deliver.
+    abandoned: bool = False
     created_at: float = 0.0
     ended_at: float = 0.0
 
@@ -236,6 +239,7 @@ class WorkRegistry:
         if current.terminal:
             return
         current.status, current.pushed, current.woken = "cancelled", True, True
+        current.abandoned = True
         current.created_at = current.created_at or time.time()
         current.ended_at = time.time()
         await self.save(current)

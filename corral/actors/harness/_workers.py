@@ -16,6 +16,7 @@ import time
 import msgspec
 import trio
 
+from ... import logs
 from ..._exceptions import BusError, RestartIntensityExceeded, Unreachable
 from ...bus import Incoming, Request
 from ...harnesses.protocol import (
@@ -72,7 +73,8 @@ class WorkerPool(HarnessBase):
             "liveness": msgspec.to_builtins(self.peer.liveness),
             "options": {},
         }
-        child_env = {**env, "CORRAL_WORKER": msgspec.json.encode(spec).decode()}
+        # The worker logs as the host does (corral.logs): the settings the host handed over.
+        child_env = {**env, **logs.child_env(), "CORRAL_WORKER": msgspec.json.encode(spec).decode()}
         try:
             # A crashed worker's restart waits out its backoff here: the first crash in the
             # period respawns at once, each further one doubles the wait.

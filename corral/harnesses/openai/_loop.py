@@ -122,7 +122,7 @@ class _AgentLoop:
                     ) from None
                 delay = _delay(attempt, exc.retry_after, s)
                 log.warning("%s; retrying in %.2fs (attempt %d)", exc.reason, delay, attempt + 1)
-                await self.turn.status(f"Retrying the model call in {delay:.1f}s: {exc.reason}")
+                await self.turn.retry(attempt + 1, s.max_attempts, delay, exc.reason)
                 await trio.sleep(delay)
         raise AssertionError("unreachable")
 

@@ -11,6 +11,7 @@ import collections
 import logging
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,17 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
     """
 
     def __init__(
-        self, state_dir: Path, settings: ServerSettings, options: PlaneOptions | None = None
+        self,
+        state_dir: Path,
+        settings: ServerSettings,
+        options: PlaneOptions | None = None,
+        *,
+        harnesses: Collection[str] = (),
     ) -> None:
         self.settings = settings
+        #: Harness kinds the host's config registers, which its runner runs besides those
+        #: it announces (an agent file naming another is listed invalid once one connects).
+        self.host_harnesses = frozenset(harnesses)
         self.options = options or PlaneOptions()
         self.dir = server_dir(state_dir)
         self.store = Store(self.dir / "control.db")
@@ -83,7 +92,9 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         self._changed: dict[str, trio.Event] = {}
         self._outbox_wake: dict[str, trio.Event] = {}
         self._deliveries: collections.OrderedDict[int, _Delivery] = collections.OrderedDict()
-        self._agents = Coalesced(lambda: trio.to_thread.run_sync(self.catalog.load))
+        self._agents = Coalesced(
+            lambda: trio.to_thread.run_sync(self.catalog.load, self.runner_harnesses())
+        )
         self._specs: dict[str, AgentSpec | None] = {}
         self._copy_policies: dict[str, list[AgentPolicy]] = {}
         self._tools = ToolCalls(self)
@@ -130,6 +141,14 @@ class ControlPlane(RunnerBinding, RunnerCalls, OutboxDelivery):
         self._changed.clear()
 
     # -- agents ----------------------------------------------------------------------------
+
+    def runner_harnesses(self) -> frozenset[str] | None:
+        """The harness kinds the connected runner runs (its ``hello``'s and the config's);
+        None while no runner is connected (nobody can say which it runs)."""
+        announced = self.link.hello.get("harnesses") if self.link is not None else None
+        if not isinstance(announced, list):
+            return None
+        return self.host_harnesses | {h for h in announced if isinstance(h, str)}
 
     async def agents(self) -> dict[str, Agent]:
         """Re-read the agent directories (a few small files, read once for all who ask at
