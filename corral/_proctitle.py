@@ -20,6 +20,10 @@ import os
 
 import setproctitle
 
+#: How a harness worker's title begins: the harness actor tells its host's workers by it (or,
+#: before a worker has set it, by the module it runs), since a title overwrites the command line.
+WORKER_TITLE_PREFIX = "corral: worker "
+
 
 def set_title(title: str) -> None:
     """Show ``title`` for this process in ``ps`` (see the module docstring)."""

@@ -359,10 +359,15 @@ def _is_tool_child(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as stat:
             ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"corral." in f.read():
-                return False
+            own = f.read()
+        if b"corral." in own or own.startswith(b"corral: "):
+            return False
         with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            return b"corral.actors._entry" in f.read()
+            parent = f.read()
+        # An actor shows its title (corral/_proctitle.py) once set, its command line before.
+        if parent.startswith((b"corral: host ", b"corral: server ", b"corral: worker ")):
+            return False
+        return parent.startswith(b"corral: ") or b"corral.actors._entry" in parent
     except (OSError, ValueError, IndexError):
         return False
 

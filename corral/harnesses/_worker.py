@@ -41,7 +41,7 @@ import trio
 from .. import logs
 from .._child_env import take_hidden_env
 from .._lifeline import die_with_host, host_lifeline
-from .._proctitle import set_title
+from .._proctitle import WORKER_TITLE_PREFIX, set_title
 from ..bus import Incoming, Message, Outbox, Peer, open_peer
 from ..config import BusSettings, LivenessSettings
 from ._held import HeldEvents
@@ -722,7 +722,7 @@ def main() -> None:
     # Not PR_SET_PDEATHSIG: the kernel sends it when the parent dies, and the harness actor's
     # crash must leave its workers to its next incarnation (they are reparented to the host).
     host = host_lifeline(int(spec["host_pid"]), spec["host_start"])
-    set_title(f"corral: worker {spec['session_id']}")
+    set_title(f"{WORKER_TITLE_PREFIX}{spec['session_id']}")
     logs.setup("worker", session=spec["session_id"])
     try:
         load_kind(spec["target"], spec.get("options", {}))

@@ -296,7 +296,7 @@ async def test_without_tools_lists_are_empty_the_rest_503_and_errors_are_019_sha
     host_factory, tunnels
 ) -> None:
     config = owner_config(
-        tunnels, "down", tools=False, harnesses=["scripted", "claude-sdk", "openai", "scripted"]
+        tunnels, "down", tools=False, harnesses=["scripted", "no-such-kind", "openai", "scripted"]
     )
     no_dispatch = "[actors.dispatch]\nenabled = false\n"
     host = host_factory(config.replace(f'[actors.dispatch]\ntarget = "{_OWNER}"\n', no_dispatch))
@@ -305,7 +305,7 @@ async def test_without_tools_lists_are_empty_the_rest_503_and_errors_are_019_sha
         # §L: only kinds this host can run are advertised; the rest are logged once, with why.
         assert t.hello["harnesses"] == ["openai", "scripted"]
         log = host.log()
-        assert "claude-sdk (not a harness kind registered on this host)" in log
+        assert "no-such-kind (not a harness kind registered on this host)" in log
         assert len(re.findall("hello leaves out harness kinds", log)) == 1
         assert (await gateway_state(host))["harnesses"] == ["openai", "scripted"]
         for method, rest, query in _RESOURCE_ROUTES:

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from corral import harnesses
+from corral import clis, harnesses
 from corral.actors.gateway import (
     FATAL_CLOSE_CODES,
     RECYCLE_CLOSE_CODES,
@@ -192,8 +192,27 @@ def test_forget_drops_a_sessions_pending_events_for_good(tmp_path: Path) -> None
 # --- harness availability (§L) ----------------------------------------------------------------
 
 
-def test_built_in_harness_kinds_are_all_available() -> None:
+def test_built_in_harness_kinds_are_all_available_where_their_clis_are(
+    cli_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(clis.CLI_PATH_ENV, str(cli_bin))
     assert harnesses.availability() == dict.fromkeys(harnesses.HARNESSES)
+
+
+def test_a_cli_kind_is_unavailable_without_its_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(clis.CLI_PATH_ENV, str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    why = harnesses.availability()
+    for kind, cli in clis.KIND_CLI.items():
+        if kind in harnesses.HARNESSES:
+            assert why[kind] == (
+                f"it needs the {cli!r} CLI, which is not installed "
+                f"(install: {clis.CLIS[cli].install})"
+            ), kind
+    assert why["scripted"] is None
+    assert why["openai"] is None
 
 
 def test_availability_says_why_a_kind_cannot_run() -> None:
@@ -206,7 +225,7 @@ def test_availability_says_why_a_kind_cannot_run() -> None:
     harnesses.register("gw-bad-target", "no-colon-here")
     try:
         why = harnesses.availability(
-            ["scripted", "gw-missing-module", "gw-missing-package", "gw-bad-target", "claude-sdk"]
+            ["scripted", "gw-missing-module", "gw-missing-package", "gw-bad-target", "gw-unknown"]
         )
     finally:
         for name in ("gw-missing-module", "gw-missing-package", "gw-bad-target"):
@@ -216,7 +235,7 @@ def test_availability_says_why_a_kind_cannot_run() -> None:
         "gw-missing-module": "its module corral.harnesses.no_such_worker is not installed",
         "gw-missing-package": "it needs the Python module surely_not_installed_pkg_x",
         "gw-bad-target": "its target 'no-colon-here' is not module:Class",
-        "claude-sdk": "not a harness kind registered on this host",
+        "gw-unknown": "not a harness kind registered on this host",
     }
     assert "gw-missing-package" not in harnesses.REQUIRES
 

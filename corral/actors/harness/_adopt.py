@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from ..._exceptions import BusError
+from ..._proctitle import WORKER_TITLE_PREFIX
 from ...harnesses.protocol import Holdings, Inventory, worker_address
 from .._children import ChildSupervisor
 from .._process import kill_group, start_time, sweep_except
@@ -105,10 +106,13 @@ def _unrecorded_workers(host_pid: int, recorded: set[int]) -> list[int]:
     found = []
     for pid in sorted(children - recorded):
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if WORKER_MODULE.encode() in argv:
+        # A worker that has set its title shows that instead of its command line.
+        if cmdline.startswith(WORKER_TITLE_PREFIX.encode()) or (
+            WORKER_MODULE.encode() in cmdline.split(b"\0")
+        ):
             found.append(pid)
     return found
 
