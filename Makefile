@@ -5,10 +5,11 @@
 #                tests/interop and the coding-agent CLIs for the claude-sdk/codex/pi kinds),
 #                then the whole suite
 #   make test-fast — the same set-up, then all but the interop and chaos tests
-# make test-fast runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
+# The fast part runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
 # module per worker at a time, so a module's shared host stays in one process. make test (and
-# so CI) runs one test at a time: the chaos and interop tests time crashes (a 0.6 s heartbeat
-# window) and the real server, which a second worker's load would distort (docs/testing.md).
+# so CI) runs it so too, then the chaos and interop tests one at a time: they time crashes (a
+# 0.6 s heartbeat window) and the real server, which a second worker's load would distort
+# (docs/testing.md). Both parts always run; either failing fails the target.
 PYTHON ?= python3
 JOBS   ?= auto
 VENV   ?= .venv
@@ -17,6 +18,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 FAST   := -m "not interop and not chaos" -n $(JOBS) --dist loadfile
+SERIAL := -m "interop or chaos"
 
 .PHONY: run test test-fast lint bench clean
 
@@ -42,7 +44,10 @@ test: $(STAMP)
 	@# The coding-agent CLIs of the claude-sdk, codex and pi kinds, pinned and cached (exit 3:
 	@# no npm here, and their tests skip themselves loudly).
 	@./.ci/install-clis $(BIN)/python >/dev/null || [ $$? -eq 3 ]
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@status=0; \
+	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -q $(SERIAL) $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 test-fast: $(STAMP)
 	@command -v tmux >/dev/null 2>&1 || ./.ci/install-tmux
