@@ -212,3 +212,30 @@ async def test_s10_p15_a_directory_agent_s_child_takes_a_model_override(
     assert json.loads(out)["status"] == "launching", out
     (body,) = _creates(server)
     assert body["model_override"] == "databricks-claude-x-1"
+
+
+@pytest.mark.parametrize(
+    "closed",
+    [{"labels": {"omnigent.closed": "true"}}, {"title": "worker:closed:t"}],
+    ids=["label", "legacy-title"],
+)
+async def test_s13_p19_a_by_id_send_to_a_closed_child_is_refused_and_posts_nothing(
+    tmp_path: Path, server: FakeOmnigentServer, client: ServerClient, closed: dict[str, Any]
+) -> None:
+    agent_id = _caller(server)
+    child = server.add_session(agent_id, parent_session_id=CALLER, **closed)["id"]
+    registered: list[Any] = []
+    ctx = _context(tmp_path, client)
+
+    async def register_work(*args: Any) -> None:
+        registered.append(args)
+
+    ctx.register_work = register_work
+    out = json.loads(await _send(ctx, session_id=child, args="go on"))
+    assert (out["error"], out["conversation_id"]) == ("session_closed", child)
+    assert server.received("POST", f"/v1/sessions/{child}/events") == []
+    assert registered == [], "a closed child is not registered for fan-out"
+    # The same child open: the send goes through (the refusal is the label's doing).
+    server.sessions[child].update(labels={}, title="worker:t")
+    assert json.loads(await _send(ctx, session_id=child, args="go on"))["status"] == "launching"
+    assert len(registered) == 1
