@@ -193,6 +193,7 @@ class PiHarness:
                 relay.outstanding = False  # refused: no run to abort
                 raise
             running.prompts += 1
+            relay.took()
 
         with rpc.listen() as events:
             try:

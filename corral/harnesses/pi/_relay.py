@@ -66,6 +66,8 @@ class Relay:
     idle_timeout_s: float
     #: Whether pi may be running this turn: its prompt sent, and no ``agent_settled`` seen.
     outstanding: bool = False
+    #: Whether pi took the prompt: its silence counts from then (its start does not).
+    taken: bool = False
     #: The gate's questions not answered yet (an interrupt dismisses them).
     questions: dict[str, UiRequest] = field(default_factory=dict)
     #: The last model call's error, when it failed (a later success clears it).
@@ -82,7 +84,7 @@ class Relay:
 
         Raises:
             TurnFailed: ``harness_crashed`` (the CLI ended), ``timeout`` (it said nothing
-                for ``idle_timeout_s`` while no question was out).
+                for ``idle_timeout_s`` after taking the prompt while no question was out).
         """
         self.turn.serve(self.served, self.provider)
         with self._idle:
@@ -104,8 +106,13 @@ class Relay:
             "timeout", f"the pi CLI said nothing for {self.idle_timeout_s:g}s (idle_timeout_s)"
         )
 
+    def took(self) -> None:
+        """pi answered the prompt: from now on its silence is counted."""
+        self.taken = True
+        self._heard()
+
     def _heard(self) -> None:
-        if not self.questions and self.idle_timeout_s:
+        if self.taken and not self.questions and self.idle_timeout_s:
             self._idle.deadline = trio.current_time() + self.idle_timeout_s
 
     # --- events ---------------------------------------------------------------------------
