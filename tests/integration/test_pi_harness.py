@@ -85,10 +85,11 @@ async def pi_pid(host: HostProcess, session_id: str) -> int:
     )
 
 
-async def test_h04_a_plain_turn_streams_pi_text_with_usage_and_runtime_model(
+async def test_h04_a_plain_turn_streams_pi_reasoning_and_text_with_usage_and_runtime_model(
     host: HostProcess, llm: FakeOpenAI
 ) -> None:
-    llm.queue(answer_text(["Hel", "lo"]))
+    thought = ["thinking ", "hard"]
+    llm.queue(Reply(frames=chat_events(MODEL, ["Hel", "lo"], reasoning=thought)))
     async with fake_dispatch(host.endpoint) as d, answering(d, "s-pi-plain"):
         turn = await d.start_turn("s-pi-plain", agent_spec(llm), "say hello")
         end = await d.terminal(turn, timeout=60)
@@ -100,6 +101,11 @@ async def test_h04_a_plain_turn_streams_pi_text_with_usage_and_runtime_model(
     assert types.count("response.output_text.delta") == 2
     assert types.index("runtime_model") < types.index("response.output_text.delta")
     assert text_of(d, turn) == "Hello"
+    reasoned = [
+        e.delta for e in d.of_turn(turn) if e.__struct_config__.tag.endswith("ing_text.delta")
+    ]
+    assert reasoned == thought
+    assert types.index("response.reasoning_text.delta") < types.index("response.output_text.delta")
     observed = next(e for e in d.of_turn(turn) if e.__struct_config__.tag == "runtime_model")
     assert (observed.model, observed.provider) == (MODEL, "127.0.0.1")
     assert end.response["usage"] == {
@@ -216,6 +222,24 @@ async def test_a_policy_deny_refuses_a_command_without_asking_anyone(
     (denied,) = [e for e in d.of_turn(turn) if e.__struct_config__.tag == "response.policy_denied"]
     assert (denied.phase, denied.reason) == ("tool_call", "no shell here")
     assert not list(host.state_dir.glob("**/denied.txt"))
+
+
+async def test_a_read_only_tool_call_is_put_to_policy_but_no_person_is_asked(
+    host: HostProcess, llm: FakeOpenAI
+) -> None:
+    args = json.dumps({"path": "/etc/hostname"})
+    llm.queue(
+        Reply(frames=chat_events(MODEL, calls=[("call_r", "read", args)])), answer_text(["read"])
+    )
+    session = "s-pi-read"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session) as asked:
+        turn = await d.start_turn(session, agent_spec(llm), "which host?")
+        end = await d.terminal(turn, timeout=60)
+    assert end.__struct_config__.tag == "response.completed", end
+    assert [a.phase for a in asked] == ["PHASE_LLM_REQUEST", "PHASE_TOOL_CALL"]
+    assert asked[1].data["name"] == "read" and asked[1].data["call_id"] == "call_r"
+    (output,) = [i for i in items_of(d, turn) if i["type"] == "function_call_output"]
+    assert Path("/etc/hostname").read_text().strip() in output["output"]
 
 
 async def test_an_interrupt_stops_pi_and_the_command_it_runs_and_the_cli_lives_on(
