@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from corral.harnesses import availability
-from corral.harnesses.protocol import InputAccepted, Interrupt
+from corral.harnesses.protocol import InputAccepted, Interrupt, ToolResult
 from tests.conftest import HostProcess
 from tests.fake_openai import FakeOpenAI, Reply, chat_events, error
 from tests.integration._codex import (
@@ -326,6 +326,54 @@ async def test_d11_a_model_override_reaches_pi_and_the_conversation_goes_on(
     observed = [e.model for e in d.of_turn(second) if e.__struct_config__.tag == "runtime_model"]
     assert observed == ["pi-other"] and end.response["usage"]["model"] == "pi-other"
     assert "User: hi\n\nAssistant: one" in said(llm.requests[1])[-1]
+
+
+SHELL_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "sys_os_shell",
+        "description": "Run a shell command in the session's environment.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+
+
+async def test_the_runners_tools_are_offered_to_pi_and_run_by_the_runner(
+    host: HostProcess, llm: FakeOpenAI
+) -> None:
+    """The turn's ``tools`` are tools of corral's extension: the model sees them beside pi's
+    own, and a call of one is the runner's (``action_required``, answered by dispatch; its
+    policy, not the gate's person), its output going back to the model."""
+    call = ("call_rt", "sys_os_shell", json.dumps({"command": "uname"}))
+    llm.queue(
+        Reply(frames=chat_events(MODEL, calls=[call])), answer_text(["the runner says Linux"])
+    )
+    session = "s-pi-runner-tools"
+    async with fake_dispatch(host.endpoint) as d, answering(d, session) as asked:
+        turn = await d.start_turn(session, agent_spec(llm), "which OS?", tools=[SHELL_TOOL])
+        wanted = await d.wait_for(
+            lambda e: getattr(e, "item", {}).get("status") == "action_required", timeout=60
+        )
+        assert (wanted.item["name"], json.loads(wanted.item["arguments"])) == (
+            "sys_os_shell",
+            {"command": "uname"},
+        )
+        result = ToolResult(session_id=session, call_id=wanted.item["call_id"], output="Linux")
+        assert await d.send(result) == InputAccepted(status=204)
+        end = await d.terminal(turn, timeout=60)
+    assert end.__struct_config__.tag == "response.completed", end
+    first, second = llm.requests
+    offered = {t["function"]["name"]: t["function"] for t in first.json["tools"]}
+    assert {"sys_os_shell", "bash", "read"} <= set(offered)
+    assert offered["sys_os_shell"]["parameters"]["properties"] == {"command": {"type": "string"}}
+    (told,) = [m for m in second.json["messages"] if m["role"] == "tool"]
+    assert told["tool_call_id"] == "call_rt" and "Linux" in json.dumps(told)
+    # The runner's call is shown once, as every kind shows it (no pi item on top), and no
+    # person was asked: the model call's policy question counted the tool.
+    calls = [i for i in items_of(d, turn) if i["type"] == "function_call"]
+    assert [c["status"] for c in calls] == ["in_progress", "action_required", "completed"]
+    assert [(a.phase, a.data["tools_count"]) for a in asked] == [("PHASE_LLM_REQUEST", 1)]
+    assert text_of(d, turn) == "the runner says Linux"
 
 
 async def test_s08_without_the_pi_cli_a_turn_fails_at_once_naming_the_npm_package(

@@ -6,6 +6,7 @@ CLI in tests/integration/test_pi_*.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -17,8 +18,17 @@ import trio
 
 from corral.harnesses._cli_process import CliExited, open_cli
 from corral.harnesses._worker import TurnFailed
-from corral.harnesses.pi._home import GATE, GATE_TITLE, OFFLINE, Launch, argv, cli_env, prepare
-from corral.harnesses.pi._input import SEED_HEAD, prompt_text, turn_input
+from corral.harnesses.pi._home import (
+    GATE,
+    GATE_TITLE,
+    OFFLINE,
+    TOOL_TITLE,
+    Launch,
+    argv,
+    cli_env,
+    prepare,
+)
+from corral.harnesses.pi._input import SEED_HEAD, prompt_text, runner_tools, turn_input
 from corral.harnesses.pi._rpc import CommandFailed, PiRpc, UiRequest
 from corral.harnesses.pi._settings import provider_of, resolve_settings
 from corral.harnesses.protocol import TurnStart
@@ -59,6 +69,23 @@ def test_the_last_user_message_is_the_prompt_and_the_words_before_it_the_history
     assert turn_input({"content": "just text"}).text == "just text"
     # No user message last: nothing to prompt with.
     assert turn_input({"content": [_said("assistant", "x")]}).text == ""
+
+
+def test_the_runners_tools_are_taken_in_either_shape_with_their_schema_as_json() -> None:
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    message = {
+        "tools": [
+            {"type": "function", "function": {"name": "sys_os_read", "parameters": schema}},
+            {"type": "function", "name": "sys_list", "description": "list"},
+            {"type": "web_search"},
+            "not a tool",
+        ]
+    }
+    assert runner_tools(message) == (
+        ("sys_os_read", "", json.dumps(schema, sort_keys=True)),
+        ("sys_list", "list", '{"properties": {}, "type": "object"}'),
+    )
+    assert runner_tools({}) == ()
 
 
 def _turn(executor: dict[str, Any], **start: Any) -> Any:
@@ -143,6 +170,18 @@ def test_the_session_dir_holds_the_provider_the_gate_and_the_instructions(
     assert (launch.agent_dir / "models.json").stat().st_mode & 0o777 == 0o600
     gate = (launch.agent_dir / GATE).read_text()
     assert "ctx.ui.confirm" in gate and GATE_TITLE in gate and "block: true" in gate
+    assert (
+        "const RUNNER_TOOLS: Array<{ name: string; description: string; parameters: any }> = [];"
+        in gate
+    )
+    tool = ("sys_os_read", "", '{"type": "object"}')
+    prepare(_launch(tmp_path, tools=(tool,)))
+    gate = (launch.agent_dir / GATE).read_text()
+    assert TOOL_TITLE in gate and "ctx.ui.input" in gate
+    registered = (
+        '[{"name": "sys_os_read", "description": "sys_os_read", "parameters": {"type": "object"}}]'
+    )
+    assert f"parameters: any }}> = {registered};" in gate
     line = argv(launch)
     assert line[:9] == [
         "/opt/clis/pi", "--mode", "rpc", "--no-session", "--provider", "corral", "--model",

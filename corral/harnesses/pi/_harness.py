@@ -3,9 +3,9 @@
 ``pi --mode rpc --no-session`` is started on the session's first turn and kept for the next
 ones (its start costs ~0.35 s), in a task of the worker's (``TurnContext.services``); it
 keeps the conversation in memory. A turn that finds it gone (it exited, it was killed), or
-started for another model, provider or instructions, starts another — which has none of the
-conversation, so that turn gives it the history its message carries (``_input.py``). A new
-worker (the old one killed) does the same.
+started for another model, provider, instructions or runner tools, starts another — which
+has none of the conversation, so that turn gives it the history its message carries
+(``_input.py``). A new worker (the old one killed) does the same.
 
 A turn is one ``prompt`` with the user's new message, relayed by :class:`~._relay.Relay`
 until pi settles. An interrupt (the worker cancels the turn) dismisses the questions pi's
@@ -30,7 +30,7 @@ from ... import clis
 from .._cli_process import CliError, open_cli
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, argv, cli_env, prepare
-from ._input import TurnInput, prompt_text, turn_input
+from ._input import TurnInput, prompt_text, runner_tools, turn_input
 from ._relay import Relay
 from ._rpc import DIALOGS, CommandFailed, PiRpc, ProtocolError
 from ._settings import Settings, provider_of, resolve_settings
@@ -149,11 +149,12 @@ class PiHarness:
             model=settings.model,
             instructions=settings.instructions,
             api_key=settings.api_key,
+            tools=runner_tools(turn.message),
         )
         question = {
             "model": settings.model,
             "messages_count": len(given.history) + 1,
-            "tools_count": 0,
+            "tools_count": len(launch.tools),
             "system_prompt_preview": (settings.instructions or "")[:200],
             "last_user_message": given.text[:500],
         }
@@ -181,6 +182,7 @@ class PiHarness:
             served=settings.model,
             provider=provider_of(settings.base_url),
             idle_timeout_s=settings.idle_timeout_s,
+            tools=frozenset(name for name, _, _ in running.launch.tools),
         )
         prompt: dict[str, Any] = {"message": prompt_text(given, seed=running.prompts == 0)}
         if given.images:

@@ -11,10 +11,15 @@ Before each start of the CLI corral writes, whole (the provider's URL may have c
 * ``models.json`` (0600): one provider, :data:`PROVIDER`, at the agent's ``base_url``
   speaking its ``api``, with the agent's key and model. The key is in this file only, never
   in the CLI's environment, which the commands pi runs inherit.
-* :data:`GATE` — pi has no permission system of its own (HARNESS_CLIS.md): this extension's
-  ``tool_call`` handler asks ``ctx.ui.confirm`` before every tool call, which in RPC mode
-  reaches corral as an ``extension_ui_request``; a refusal blocks the call. Its message is
-  the call as JSON (:data:`GATE_TITLE` marks it as the gate's).
+* :data:`GATE`, corral's extension. pi has no permission system of its own
+  (HARNESS_CLIS.md): the extension's ``tool_call`` handler asks ``ctx.ui.confirm`` before
+  every call of pi's own tools, which in RPC mode reaches corral as an
+  ``extension_ui_request``; a refusal blocks the call. Its message is the call as JSON
+  (:data:`GATE_TITLE` marks it as the gate's). The extension also registers the runner's
+  tools (the turn's ``tools``, written into it): a call of one asks ``ctx.ui.input``
+  (:data:`TOOL_TITLE`, the call as JSON in its ``placeholder``), which corral answers with
+  the tool's output once the runner ran it — so the runner's own path (its policy, dispatch)
+  decides those, not the gate.
 * the agent's instructions, which pi appends to its own system prompt.
 
 pi runs with no other extension (``--no-extensions``), and offline
@@ -37,6 +42,8 @@ GATE = "corral-gate.ts"
 INSTRUCTIONS = "corral-instructions.md"
 #: The title of the gate's confirmation requests.
 GATE_TITLE = "corral: allow this tool call?"
+#: The title of the input requests that run one of the runner's tools.
+TOOL_TITLE = "corral: run this runner tool"
 #: What the model is told of a call the gate blocked.
 BLOCKED = "corral did not allow this tool call (a person declined it, or a policy denied it)."
 #: Always set for the CLI: no network but the provider's.
@@ -46,17 +53,44 @@ _PASSED = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TERM
 #: A local endpoint that wants no key still gets one: pi will not call a provider without.
 _NO_KEY = "corral-no-key"
 
-_GATE_SOURCE = f"""\
-// Written by corral before each start of this session's pi: every tool call is put to
-// corral (its policy, then a person) through ctx.ui.confirm, and blocked unless allowed.
-export default function (pi: any) {{
-  pi.on("tool_call", async (event: any, ctx: any) => {{
-    const call = {{ tool: event.toolName, call_id: event.toolCallId, input: event.input }};
-    const allowed = await ctx.ui.confirm({json.dumps(GATE_TITLE)}, JSON.stringify(call));
-    if (!allowed) return {{ block: true, reason: {json.dumps(BLOCKED)} }};
-  }});
-}}
+_GATE_SOURCE = """\
+// Written by corral before each start of this session's pi. Every call of pi's own tools is
+// put to corral (its policy, then a person) through ctx.ui.confirm, and blocked unless
+// allowed; the runner's tools are registered here and run by corral (ctx.ui.input answers
+// with the output), on the runner's own path.
+const GATE_TITLE = %(gate_title)s;
+const TOOL_TITLE = %(tool_title)s;
+const BLOCKED = %(blocked)s;
+const RUNNER_TOOLS: Array<{ name: string; description: string; parameters: any }> = %(tools)s;
+
+export default function (pi: any) {
+  const runner = new Set(RUNNER_TOOLS.map((tool) => tool.name));
+  for (const tool of RUNNER_TOOLS) {
+    pi.registerTool({
+      name: tool.name,
+      label: tool.name,
+      description: tool.description,
+      parameters: tool.parameters,
+      async execute(toolCallId: string, params: any, _signal: any, _onUpdate: any, ctx: any) {
+        const call = { tool: tool.name, call_id: toolCallId, arguments: params };
+        const output = await ctx.ui.input(TOOL_TITLE, JSON.stringify(call));
+        if (output === undefined) throw new Error(`the runner did not run ${tool.name}`);
+        return { content: [{ type: "text", text: output }], details: {} };
+      },
+    });
+  }
+  pi.on("tool_call", async (event: any, ctx: any) => {
+    if (runner.has(event.toolName)) return;
+    const call = { tool: event.toolName, call_id: event.toolCallId, input: event.input };
+    const allowed = await ctx.ui.confirm(GATE_TITLE, JSON.stringify(call));
+    if (!allowed) return { block: true, reason: BLOCKED };
+  });
+}
 """
+
+#: A runner tool as the extension registers it: name, description, parameters (JSON Schema,
+#: as JSON text, so that a :class:`Launch` can be compared).
+RunnerTool = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +106,7 @@ class Launch:
     model: str
     instructions: str | None
     api_key: str | None = field(repr=False)
+    tools: tuple[RunnerTool, ...] = ()
 
     @property
     def agent_dir(self) -> Path:
@@ -89,12 +124,26 @@ def models_json(launch: Launch) -> str:
     return json.dumps({"providers": {PROVIDER: provider}}, indent=2)
 
 
+def gate_source(launch: Launch) -> str:
+    """The extension of ``launch``: the gate, and its runner tools."""
+    tools = [
+        {"name": name, "description": description or name, "parameters": json.loads(schema)}
+        for name, description, schema in launch.tools
+    ]
+    return _GATE_SOURCE % {
+        "gate_title": json.dumps(GATE_TITLE),
+        "tool_title": json.dumps(TOOL_TITLE),
+        "blocked": json.dumps(BLOCKED),
+        "tools": json.dumps(tools, ensure_ascii=True),
+    }
+
+
 def prepare(launch: Launch) -> None:
     """Create the homes (0700) and the working directory, and write corral's files."""
     launch.agent_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     launch.workdir.mkdir(parents=True, exist_ok=True)
     _write_atomically(launch.agent_dir / "models.json", models_json(launch))
-    _write_atomically(launch.agent_dir / GATE, _GATE_SOURCE)
+    _write_atomically(launch.agent_dir / GATE, gate_source(launch))
     if launch.instructions:
         _write_atomically(launch.agent_dir / INSTRUCTIONS, launch.instructions)
 

@@ -7,10 +7,14 @@ A CLI that starts without the conversation — ``--no-session`` saves none, so a
 or one started again after a crash — is given the history as text ahead of the message
 (:func:`prompt_text`), the user's and the assistant's words; tool calls of the history are
 not replayed.
+
+The runner's tools the message offers (``tools``, chat or flat shape) are given to pi as
+tools of corral's extension (:func:`runner_tools`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +51,23 @@ def turn_input(message: Mapping[str, Any]) -> TurnInput:
     history = [(role, text) for role, parts in said[:-1] if (text := _text_of(parts))]
     last = said[-1][1]
     return TurnInput(_text_of(last), _images(last), history)
+
+
+def runner_tools(message: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """The runner's tools the turn's message offers, as ``(name, description, parameters as
+    JSON)``."""
+    tools = []
+    for tool in message.get("tools") or []:
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            continue
+        nested = tool.get("function")
+        fn: dict[str, Any] = nested if isinstance(nested, dict) else tool
+        name = fn.get("name")
+        if isinstance(name, str) and name:
+            schema = fn.get("parameters") or {"type": "object", "properties": {}}
+            text = json.dumps(schema, sort_keys=True)
+            tools.append((name, str(fn.get("description") or ""), text))
+    return tuple(tools)
 
 
 def prompt_text(given: TurnInput, *, seed: bool) -> str:

@@ -15,11 +15,14 @@ What pi says, and what the session sees of it:
                                    error when its last model call failed
 =================================  ==========================================================
 
-Every tool call pi is about to run reaches corral first, as the gate extension's
+Every call of pi's own tools reaches corral before it runs, as the gate extension's
 ``extension_ui_request`` ``confirm`` (``_home.py``): it is decided by
 :func:`corral.harnesses._permission.decide` — policy, then a person, except for pi's
 read-only tools (:data:`READ_ONLY`), which policy alone decides — and answered
-``confirmed`` true or false. Each is answered in a task of its own, so the relay goes on
+``confirmed`` true or false. A call of one of the runner's tools arrives as the extension's
+``input`` request: it runs through :meth:`TurnContext.call_tool` (the call shown, the
+runner's policy, dispatch), which shows it, so pi's ``tool_execution_*`` of it are not shown
+again; the answer is its output. Each is answered in a task of its own, so the relay goes on
 reading meanwhile. Any other dialog an extension opens is dismissed at once.
 """
 
@@ -35,7 +38,7 @@ import trio
 
 from .._permission import decide
 from .._worker import TurnContext, TurnFailed
-from ._home import GATE_TITLE
+from ._home import GATE_TITLE, TOOL_TITLE
 from ._rpc import (
     DIALOGS,
     MessageEvent,
@@ -64,6 +67,8 @@ class Relay:
     served: str
     provider: str
     idle_timeout_s: float
+    #: The runner's tools pi was given (by name): their calls are the runner's to show.
+    tools: frozenset[str] = frozenset()
     #: Whether pi may be running this turn: its prompt sent, and no ``agent_settled`` seen.
     outstanding: bool = False
     #: Whether pi took the prompt: its silence counts from then (its start does not).
@@ -129,6 +134,10 @@ class Relay:
                 await self.turn.reasoning(update.delta)
         elif kind == "message_end":
             await self._message_end(event_as(event, MessageEvent))
+        elif kind in ("tool_execution_start", "tool_execution_end") and (
+            event.get("toolName") in self.tools
+        ):
+            return None
         elif kind == "tool_execution_start":
             call = event_as(event, ToolExecution)
             item = _call(call)
@@ -198,6 +207,10 @@ class Relay:
             self.questions[request.id] = request
             self._idle.deadline = math.inf
             nursery.start_soon(self._decide, request)
+        elif request.method == "input" and request.title == TOOL_TITLE:
+            self.questions[request.id] = request
+            self._idle.deadline = math.inf
+            nursery.start_soon(self._run_tool, request)
         elif request.method in DIALOGS:
             await self.rpc.answer(request, cancelled=True)
 
@@ -222,6 +235,24 @@ class Relay:
             allowed = decision.allowed
         if self.questions.pop(request.id, None) is not None:
             await self.rpc.answer(request, confirmed=allowed)
+        self._heard()
+
+    async def _run_tool(self, request: UiRequest) -> None:
+        """Run the runner tool pi's model called (a task of its own) and answer with its
+        output; a call corral cannot read, or of a tool not offered, is not run."""
+        try:
+            call = json.loads(request.placeholder)
+            tool, arguments = str(call["tool"]), call.get("arguments") or {}
+        except (ValueError, KeyError, TypeError):
+            tool, arguments = "", None
+        if tool in self.tools and isinstance(arguments, dict):
+            output = await self.turn.call_tool(tool, arguments)
+            answer: dict[str, Any] = {"value": output}
+        else:
+            log.warning("pi asked to run a runner tool corral cannot: %.300r", request.placeholder)
+            answer = {"cancelled": True}
+        if self.questions.pop(request.id, None) is not None:
+            await self.rpc.answer(request, **answer)
         self._heard()
 
 

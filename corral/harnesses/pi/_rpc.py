@@ -111,7 +111,10 @@ class UiRequest(_Read):
     id: str
     method: str
     title: str = ""
+    #: ``confirm``'s text.
     message: str = ""
+    #: ``input``'s hint.
+    placeholder: str = ""
 
 
 class Settled(_Read):
