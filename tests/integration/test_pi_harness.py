@@ -396,6 +396,29 @@ async def test_s08_without_the_pi_cli_a_turn_fails_at_once_naming_the_npm_packag
     assert llm.requests == []
 
 
+async def test_a_pi_that_cannot_start_fails_the_turn_at_once_harness_unavailable(
+    host_factory: Callable[..., HostProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    llm: FakeOpenAI,
+) -> None:
+    """A CLI that exits before answering anything (here a stand-in for pi on a Node too
+    old for it) fails the turn ``harness_unavailable`` with its exit, never a hang."""
+    broken = tmp_path / "bin" / "pi"
+    broken.parent.mkdir()
+    broken.write_text("#!/bin/sh\necho 'pi needs Node.js >= 22.19' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CORRAL_CLI_PATH", str(broken.parent))
+    host = host_factory().start()
+    async with fake_dispatch(host.endpoint) as d, answering(d, "s-pi-broken"):
+        turn = await d.start_turn("s-pi-broken", agent_spec(llm))
+        end = await d.terminal(turn, timeout=30)
+    assert end.__struct_config__.tag == "response.failed"
+    assert end.error["code"] == "harness_unavailable"
+    assert end.error["message"].startswith("the pi CLI ended: pi ended its output (exit code 3)")
+    assert llm.requests == []
+
+
 def test_pi_is_offered_where_its_cli_is_found() -> None:
     assert os.environ.get("CORRAL_CLI_PATH")
     assert availability(["pi"]) == {"pi": None}
