@@ -128,8 +128,9 @@ async def test_a_cli_that_stops_talking_fails_the_turn_timeout_and_the_next_turn
     spec = agent_spec(llm, idle_timeout_s=1)
     async with fake_dispatch(host.endpoint) as d, answering(d, session):
         turn = await d.start_turn(session, spec, "hello")
-        await d.wait_type("response.output_text.delta", turn_id=turn, timeout=60)
         pi = await pi_pid(host, session)
+        # pi took the prompt (its model call is out): its silence counts from then.
+        await eventually(lambda: llm.requests, "pi's model call")
         os.kill(pi, signal.SIGSTOP)
         end = await d.terminal(turn, timeout=30)
         assert end.__struct_config__.tag == "response.failed"
