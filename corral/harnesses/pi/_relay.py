@@ -88,7 +88,8 @@ class Relay:
         """Relay until pi settles.
 
         Raises:
-            TurnFailed: ``harness_crashed`` (the CLI ended), ``timeout`` (it said nothing
+            TurnFailed: ``harness_crashed`` (the CLI ended; ``harness_unavailable`` if it
+                never answered: it did not start), ``timeout`` (it said nothing
                 for ``idle_timeout_s`` after taking the prompt while no question was out).
         """
         self.turn.serve(self.served, self.provider)
@@ -106,6 +107,8 @@ class Relay:
                 if settled is not None:
                     return settled
             why = self.rpc.ended or "its output ended"
+            if not self.rpc.answered:
+                raise TurnFailed("harness_unavailable", f"the pi CLI ended: {why}")
             raise TurnFailed("harness_crashed", f"the pi CLI ended mid-turn: {why}")
         raise TurnFailed(
             "timeout", f"the pi CLI said nothing for {self.idle_timeout_s:g}s (idle_timeout_s)"
