@@ -26,7 +26,6 @@ from tests.integration._codex import (
     gone,
     items_of,
     text_of,
-    worker_pid,
 )
 from tests.integration._dispatch import FakeDispatch, fake_dispatch
 
@@ -77,12 +76,18 @@ def said(request: Any) -> list[str]:
 
 
 async def pi_pid(host: HostProcess, session_id: str) -> int:
-    """The worker's pi CLI (Node names its process after the script: ``pi`` or ``node``)."""
-    worker = worker_pid(host, session_id)
-    return await eventually(
-        lambda: next((p for p, name in children(worker) if name in ("pi", "node")), None),
-        "the worker's pi CLI",
-    )
+    """The session's worker's pi CLI (Node names its process after the script: ``pi`` or
+    ``node``), once the worker and the CLI are there."""
+
+    def found() -> int | None:
+        state = host.ask("inspect", actor="harness")["state"]
+        workers = [w for w in state["workers"] if w["session_id"] == session_id and w["pid"]]
+        if not workers:
+            return None
+        kids = children(int(workers[0]["pid"]))
+        return next((p for p, name in kids if name in ("pi", "node")), None)
+
+    return await eventually(found, "the worker's pi CLI")
 
 
 async def test_h04_a_plain_turn_streams_pi_reasoning_and_text_with_usage_and_runtime_model(
@@ -283,7 +288,8 @@ async def test_an_interrupt_while_pi_waits_for_a_person_ends_the_turn_and_its_qu
         (row,) = [r for r in rows if r["elicitation_id"] == asked.elicitation_id]
         assert row["state"] != "parked"
         again = await d.start_turn(session, agent_spec(llm), "go on")
-        assert (await d.terminal(again, timeout=60)).__struct_config__.tag == "response.completed"
+        end = await d.terminal(again, timeout=60)
+        assert end.__struct_config__.tag == "response.completed", end
     assert text_of(d, again) == "next"
     assert not list(host.state_dir.glob("**/never.txt"))
 

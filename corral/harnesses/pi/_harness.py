@@ -8,8 +8,8 @@ has none of the conversation, so that turn gives it the history its message carr
 (``_input.py``). A new worker (the old one killed) does the same.
 
 A turn is one ``prompt`` with the user's new message, relayed by :class:`~._relay.Relay`
-until pi settles. An interrupt (the worker cancels the turn) dismisses the questions pi's
-gate has out, sends ``abort`` — pi stops its model call or the command it runs — and waits
+until pi settles. An interrupt (the worker cancels the turn) sends ``abort`` — pi stops its
+model call or the command it runs — dismisses the questions pi's gate has out, and waits
 until pi settles; a CLI that does not within :data:`INTERRUPT_GRACE_S` is ended itself. A
 CLI that dies mid-turn fails the turn ``harness_crashed`` at once (``harness_unavailable``
 if it never answered: it could not start); the next turn starts another.
@@ -18,6 +18,7 @@ if it never answered: it could not start); the next turn starts another.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -227,8 +228,9 @@ class PiHarness:
         relay: Relay,
         events: trio.MemoryReceiveChannel[dict[str, Any]],
     ) -> None:
-        """Stop pi's run (the worker's turn was cancelled, or failed): dismiss the gate's
-        questions, ``abort``, then wait until it settles; end the CLI if it does not."""
+        """Stop pi's run (the worker's turn was cancelled, or failed): ``abort``, dismiss
+        the gate's questions, then wait until it settles (and answers the abort); end the
+        CLI if it does not."""
         rpc = running.rpc
         if rpc.ended is not None:
             return
@@ -249,13 +251,15 @@ class PiHarness:
                 with _unwrapped():
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(drain)
-                        # pi finishes nothing while a dialog is open, an abort included.
+                        # The abort first: a question dismissed before it would let pi go
+                        # on to its next model call. pi answers it only once settled, and
+                        # settles nothing while a dialog is open: those are dismissed next.
+                        abort = functools.partial(rpc.command, "abort", timeout=INTERRUPT_GRACE_S)
+                        await nursery.start(abort)
                         for request in list(relay.questions.values()):
                             await rpc.answer(request, cancelled=True)
                         relay.questions.clear()
-                        await rpc.command("abort", timeout=INTERRUPT_GRACE_S)
                         await over.wait()
-                        nursery.cancel_scope.cancel()
             except (CliError, CommandFailed) as exc:
                 log.warning("pi did not take the abort: %s", exc)
         if not over.is_set():

@@ -166,8 +166,16 @@ class PiRpc:
         #: Why the CLI can no longer be used (set once its output ended).
         self.ended: CliError | None = None
 
-    async def command(self, kind: str, *, timeout: float = COMMAND_TIMEOUT_S, **fields: Any) -> Any:
-        """Send command ``kind`` and wait for its response; its ``data``.
+    async def command(
+        self,
+        kind: str,
+        *,
+        timeout: float = COMMAND_TIMEOUT_S,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        **fields: Any,
+    ) -> Any:
+        """Send command ``kind`` and wait for its response; its ``data``. Started with
+        ``nursery.start``, it counts as started once the command is written.
 
         Raises:
             CommandFailed: pi refused it.
@@ -182,6 +190,7 @@ class PiRpc:
         self._waiting[ident] = (done, box)
         try:
             await self.cli.send({"id": ident, "type": kind, **fields})
+            task_status.started()
             with trio.move_on_after(timeout):
                 await done.wait()
         finally:
