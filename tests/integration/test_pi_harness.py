@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from corral.harnesses import availability
 from corral.harnesses.protocol import InputAccepted, Interrupt, ToolResult
 from tests.conftest import HostProcess
+from tests.fake_anthropic import FakeAnthropic, message_events
 from tests.fake_openai import FakeOpenAI, Reply, chat_events, error
 from tests.integration._codex import (
     answering,
@@ -128,6 +130,32 @@ async def test_h04_a_plain_turn_streams_pi_reasoning_and_text_with_usage_and_run
     system = request.json["messages"][0]
     assert system["role"] == "system" and "Be terse." in system["content"]
     assert said(request)[-1] == "say hello"
+
+
+async def test_pi_speaks_the_anthropic_messages_api_to_an_endpoint_that_does(
+    host: HostProcess, nursery: trio.Nursery
+) -> None:
+    """``api: anthropic-messages``: pi calls ``/v1/messages`` under the ``base_url`` (given
+    without ``/v1``) with the key; thinking and text are relayed as from any provider."""
+    claude = FakeAnthropic()
+    await claude.start(nursery)
+    claude.queue(Reply(frames=message_events(["Hi ", "there"], thinking=["hmm"], model=MODEL)))
+    auth = {"type": "api_key", "api_key": KEY, "base_url": claude.base_url}
+    spec = {"name": "coder", "executor": {"harness": "pi", "model": MODEL, "auth": auth}}
+    spec["executor"]["api"] = "anthropic-messages"
+    async with fake_dispatch(host.endpoint) as d, answering(d, "s-pi-anthropic"):
+        turn = await d.start_turn("s-pi-anthropic", spec, "hello")
+        end = await d.terminal(turn, timeout=60)
+    assert end.__struct_config__.tag == "response.completed", end
+    assert text_of(d, turn) == "Hi there"
+    reasoned = [
+        e.delta for e in d.of_turn(turn) if e.__struct_config__.tag.endswith("ing_text.delta")
+    ]
+    assert reasoned == ["hmm"]
+    (request,) = claude.requests
+    assert request.path.split("?")[0] == "/v1/messages"
+    assert request.headers["x-api-key"] == KEY
+    assert end.response["usage"]["input_tokens"] == 10
 
 
 async def test_h12_each_session_has_its_own_pi_dir_under_the_state_dir_with_corrals_files(
