@@ -167,15 +167,18 @@ def chat_events(
     *,
     calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
     usage: tuple[int, int] = (10, 5),
+    reasoning: list[str] = (),  # type: ignore[assignment]
 ) -> list[bytes]:
     """A Chat Completions stream: content deltas, tool calls split across chunks (by index),
-    a finish_reason, a usage chunk and ``[DONE]``."""
+    a finish_reason, a usage chunk and ``[DONE]``. ``reasoning``: streamed first, as
+    ``reasoning_content`` deltas (llama.cpp's and DeepSeek's field)."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return sse({"id": "chatcmpl-fake", "model": model, "choices": [choice]})
 
     frames = [chunk({"role": "assistant", "content": ""})]
+    frames += [chunk({"reasoning_content": r}) for r in reasoning]
     frames += [chunk({"content": d}) for d in deltas]
     for index, (call_id, name, args) in enumerate(calls):
         head = {"index": index, "id": call_id, "type": "function", "function": {"name": name}}

@@ -69,6 +69,22 @@ def responses_text(model: str, pieces: list[str]) -> list[bytes]:
     return [sse(e) for e in events]
 
 
+def chat_text(model: str, pieces: list[str]) -> list[bytes]:
+    """A Chat Completions stream answering ``pieces``: content deltas, a finish, a usage
+    chunk and ``[DONE]`` (its frames carry no ``event:`` line, as OpenAI's do not)."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {"id": "chatcmpl-bench", "model": model, "choices": [choice]}
+
+    usage = {"prompt_tokens": 10, "completion_tokens": len(pieces)}
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": p}) for p in pieces]
+    events += [chunk({}, "stop"), {"id": "chatcmpl-bench", "choices": [], "usage": usage}]
+    frames = [f"data: {json.dumps(e)}\n\n".encode() for e in events]
+    return [*frames, b"data: [DONE]\n\n"]
+
+
 class FakeProvider:
     """``await provider.start(nursery)``; every request is answered with ``frames``."""
 

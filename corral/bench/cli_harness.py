@@ -1,5 +1,5 @@
-"""``corral bench harness --kind claude-sdk``: a coding-agent CLI kind through corral against
-the same CLI run by hand (the floor), in one run, on the same fake provider.
+"""``corral bench harness --kind claude-sdk|codex|pi``: a coding-agent CLI kind through
+corral against the same CLI run by hand (the floor), in one run, on the same fake provider.
 
 The floor: the CLI started by hand, exactly as the kind starts it (its command line and
 environment), told one message, timed from its start to its first text delta on stdout; then
@@ -43,12 +43,16 @@ from ..harnesses.codex._home import Launch as CodexLaunch
 from ..harnesses.codex._home import cli_env as codex_env
 from ..harnesses.codex._home import prepare as codex_prepare
 from ..harnesses.codex._rpc import ThreadStartParams, TurnStartParams
+from ..harnesses.pi._home import Launch as PiLaunch
+from ..harnesses.pi._home import argv as pi_argv
+from ..harnesses.pi._home import cli_env as pi_env
+from ..harnesses.pi._home import prepare as pi_prepare
 from ..harnesses.protocol import (
     AnyOutput,
 )
 from ..instance import Instance
 from ._common import Document, NotRunnable, figure, percentile, running_host
-from ._fake_provider import FakeProvider, anthropic_text, responses_text
+from ._fake_provider import FakeProvider, anthropic_text, chat_text, responses_text
 from .harness import first_delta
 
 LIVENESS = LivenessSettings(interval_s=0.5, liveness=4)
@@ -148,6 +152,36 @@ def _codex_reply(line: JsonObject) -> list[JsonObject]:
     return [{"id": 3, "method": "turn/start", "params": msgspec.to_builtins(turn)}]
 
 
+def _pi_spec(url: str) -> JsonObject:
+    auth = {"type": "api_key", "api_key": KEY, "base_url": f"{url}/v1"}
+    return {"name": "bench", "executor": {"harness": "pi", "model": MODEL, "auth": auth}}
+
+
+def _pi_by_hand(
+    cli: str, url: str, home: Path, cwd: Path
+) -> tuple[list[str], dict[str, str], list[JsonObject]]:
+    """pi's RPC mode as the kind starts it (its ``models.json`` and gate written the same
+    way), told one prompt."""
+    launch = PiLaunch(
+        cli_path=cli,
+        home=home,
+        workdir=cwd,
+        base_url=f"{url}/v1",
+        api="openai-completions",
+        model=MODEL,
+        instructions=None,
+        api_key=KEY,
+    )
+    pi_prepare(launch)
+    lines: list[JsonObject] = [{"id": "1", "type": "prompt", "message": "hi"}]
+    return pi_argv(launch), pi_env(launch, os.environ), lines
+
+
+def _pi_delta(line: JsonObject) -> bool:
+    event = line.get("assistantMessageEvent") or {}
+    return line.get("type") == "message_update" and event.get("type") == "text_delta"
+
+
 KINDS: dict[str, CliBench] = {
     "claude-sdk": CliBench(
         command="claude",
@@ -165,6 +199,14 @@ KINDS: dict[str, CliBench] = {
         is_delta=lambda line: line.get("method") == "item/agentMessage/delta",
         is_end=lambda line: line.get("method") == "turn/completed",
         reply=_codex_reply,
+    ),
+    "pi": CliBench(
+        command="pi",
+        frames=lambda: chat_text(MODEL, ["Hel", "lo"]),
+        spec=_pi_spec,
+        by_hand=_pi_by_hand,
+        is_delta=_pi_delta,
+        is_end=lambda line: line.get("type") == "agent_settled",
     ),
 }
 

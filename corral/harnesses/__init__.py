@@ -25,6 +25,7 @@ _BUILTIN = {
     # but hands the runner the spec as written.
     "claude": "corral.harnesses.claude:ClaudeHarness",
     "codex": "corral.harnesses.codex:CodexHarness",
+    "pi": "corral.harnesses.pi:PiHarness",
 }
 
 #: Python modules a built-in kind needs besides its own module.

@@ -18,6 +18,8 @@ provider serves every agent of a test module:
 ``history``   ``users=N`` and the user texts it was given, so a test sees the history
 ``codexcmd``  an ``exec_command`` call (the Codex CLI's shell tool: ``echo hello-from-codex >
               codex.txt``); after its output: ``codex said: …``
+``picmd``     a ``bash`` call (pi's shell tool: ``echo hello-from-pi > pi.txt``); after its
+              output: ``pi said: …``
 ``calls``     the tool call its last user text names, as JSON ``{"tool", "arguments"}`` (a test
               passes ids it only learns at run time); woken by a sub-agent's result, a
               ``sys_read_inbox``; after its output: ``called: …``
@@ -57,6 +59,8 @@ TOOLS = {
     "agentlist": ("sys_agent_list", {}, "agents: "),
     # The Codex CLI's own shell tool (the codex harness).
     "codexcmd": ("exec_command", {"cmd": "echo hello-from-codex > codex.txt"}, "codex said: "),
+    # pi's own shell tool (the pi harness).
+    "picmd": ("bash", {"command": "echo hello-from-pi > pi.txt"}, "pi said: "),
 }
 
 
