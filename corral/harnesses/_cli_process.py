@@ -80,6 +80,7 @@ class CliProcess:
         self._buffer = bytearray()
         self._stderr_tail: deque[bytes] = deque()
         self._stderr_size = 0
+        self._stderr_ended = trio.Event()
         self._send_lock = trio.Lock()
 
     @property
@@ -191,9 +192,12 @@ class CliProcess:
         return self.proc.returncode
 
     async def _settle(self) -> None:
-        """After stdout ends: give the CLI a moment to exit, so its exit code can be told."""
+        """After stdout ends: give the CLI a moment to exit and its stderr to be read to the
+        end, so its exit code and its last words can be told (a CLI that dies at once ends
+        both pipes before the stderr reader has run)."""
         with trio.move_on_after(1.0):
             await self.wait()
+            await self._stderr_ended.wait()
 
     def _exited(self, what: str) -> CliExited:
         code = self.proc.poll()
@@ -205,11 +209,14 @@ class CliProcess:
         )
 
     async def _drain_stderr(self) -> None:
-        while chunk := await self._stderr.receive_some(1 << 14):
-            self._stderr_tail.append(chunk)
-            self._stderr_size += len(chunk)
-            while self._stderr_size > STDERR_TAIL_BYTES and len(self._stderr_tail) > 1:
-                self._stderr_size -= len(self._stderr_tail.popleft())
+        try:
+            while chunk := await self._stderr.receive_some(1 << 14):
+                self._stderr_tail.append(chunk)
+                self._stderr_size += len(chunk)
+                while self._stderr_size > STDERR_TAIL_BYTES and len(self._stderr_tail) > 1:
+                    self._stderr_size -= len(self._stderr_tail.popleft())
+        finally:
+            self._stderr_ended.set()
 
     async def _end(self) -> None:
         """SIGTERM the CLI's group, SIGKILL it after :data:`KILL_GRACE_S`, and return once

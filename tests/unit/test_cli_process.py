@@ -86,6 +86,17 @@ async def test_an_exit_is_reported_with_its_code_and_stderr(tmp_path: Path) -> N
     assert "something broke" in caught.value.stderr
 
 
+async def test_a_cli_that_dies_at_start_is_reported_with_its_last_words(tmp_path: Path) -> None:
+    """Its stdout and stderr end together, before the stderr reader has run: the error waits
+    for the reader (ten times: the race is the scheduler's)."""
+    argv = ["sh", "-c", "echo 'no provider configured' >&2; exit 3"]
+    for _ in range(10):
+        async with open_cli(argv, env=dict(os.environ), cwd=tmp_path) as cli:
+            with pytest.raises(CliExited) as caught:
+                await cli.receive()
+        assert str(caught.value) == "sh ended its output (exit code 3): no provider configured"
+
+
 async def test_a_line_over_the_limit_is_an_error_not_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
