@@ -25,6 +25,7 @@ from ._chat import _client_call, url_option
 from ._output import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    CliError,
     config_option,
     config_path_of,
     emit_json,
@@ -56,9 +57,7 @@ def agents_group(
         state_dir,
         lambda api: api.call("GET", "/v1/agents", idempotent=True),
         url=url,
-        json_error=(lambda error: {"agents": [], "invalid": [], "error": error})
-        if as_json
-        else None,
+        document={"agents": [], "invalid": []},
     )
     agents = list(document.get("agents", []))
     invalid = list(document.get("invalid", []))
@@ -110,8 +109,12 @@ def validate_command(
     try:
         config = load_config(config_path_of(config_path, state_dir))
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(EXIT_USAGE) from None
+        raise CliError(
+            str(exc),
+            code="config_error",
+            exit_code=EXIT_USAGE,
+            document={"valid": False, "agents": []},
+        ) from None
     if not paths:
         paths = tuple(Path(d) for d in config.server.agents_dirs)
         if not paths:

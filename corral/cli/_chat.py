@@ -31,7 +31,15 @@ from .._jsonlines import JsonObject
 from ..config import resolve_state_dir
 from ._client import ApiError, ControlPlane, run_turn
 from ._locate import NoControlPlane, NoCredential
-from ._output import EXIT_FAILURE, NoHost, emit_json, json_option, state_dir_option
+from ._output import (
+    EXIT_FAILURE,
+    CliError,
+    NoHost,
+    emit_json,
+    json_option,
+    pick,
+    state_dir_option,
+)
 from ._sse import StreamEvent
 from ._turn_follower import TurnFollower
 
@@ -197,71 +205,59 @@ def _cursor(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-class Unauthorized(click.ClickException):
-    """The client token cannot be read, or the control plane refused it (exit 1); with
-    ``--json`` the error is also one JSON document on stdout."""
-
-    exit_code = EXIT_FAILURE
-
-    def __init__(self, message: str, *, code: str, document: JsonObject | None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.document = document
-
-    def show(self, file: Any = None) -> None:
-        if self.document is not None:
-            emit_json(self.document)
-        super().show(file)
-
-
-#: Makes the ``--json`` document of a failed call from its ``{"code", "message"}``.
-ErrorDocument = Callable[[JsonObject], JsonObject]
-
-
 def _client_call(
     state_dir: Path | None,
     work: Callable[[ControlPlane], Awaitable[T]],
     *,
     url: str | None = None,
-    json_error: ErrorDocument | None = None,
+    document: JsonObject | None = None,
 ) -> T:
     """Run ``work`` against the state dir's control plane (or the one at ``url``), mapping
-    errors to exit codes; a credential error is one ``json_error`` document too, if given."""
+    errors to exit codes; ``document``: the fields of the verb's ``--json`` error document
+    besides ``error`` (:mod:`._errors`)."""
 
     async def main() -> T:
         directory = resolve_state_dir(str(state_dir) if state_dir else None)
         async with ControlPlane(directory, url=url) as api:
             return await work(api)
 
-    def refused(code: str, message: str) -> Unauthorized:
-        document = json_error({"code": code, "message": message}) if json_error else None
-        return Unauthorized(message, code=code, document=document)
-
     try:
         return trio.run(main)
     except NoControlPlane as exc:
-        raise NoHost(str(exc)) from None
+        raise NoHost(str(exc), document=document) from None
     except NoCredential as exc:
-        raise refused("no_credential", str(exc)) from None
+        raise CliError(str(exc), code="no_credential", document=document) from None
     except ApiError as exc:
         if exc.status == 401:
             message = (
                 f"the control plane refused the client token: {exc.detail} (was it rotated? "
                 "`corral token` prints the current one; docs/security.md)"
             )
-            raise refused("unauthorized", message) from None
-        raise click.ClickException(str(exc)) from None
+            raise CliError(message, code="unauthorized", document=document) from None
+        raise CliError(str(exc), code=exc.error, document=document) from None
+    except CliError as exc:
+        exc.document = {**(document or {}), **exc.document}
+        raise
 
 
 async def _open_session(api: ControlPlane, session_id: str | None, agent: str | None) -> JsonObject:
-    """The given session, or a new one of ``agent`` (default ``demo``), with a clear error."""
+    """The given session (its id, or a unique prefix of it), or a new one of ``agent``
+    (default ``demo``), with a clear error."""
     if session_id is not None:
         try:
             return await api.session(session_id)
         except ApiError as exc:
-            if exc.status == 404:
-                raise click.ClickException(f"unknown session {session_id!r}") from None
-            raise
+            if exc.status not in (400, 404):
+                raise
+        # Not a whole id: a unique prefix of one names it.
+        try:
+            page = await api.call("GET", "/v1/sessions?limit=1000", idempotent=True)
+        except ApiError:
+            page = {}  # a server that lists none: the id is taken whole only
+        ids = [str(s.get("id")) for s in page.get("data", [])]
+        if not any(i.startswith(session_id) for i in ids):
+            raise CliError(f"unknown session {session_id!r}", code="not_found")
+        return await api.session(pick(session_id, ids, "session"))
     name = agent or DEFAULT_AGENT
     try:
         return await api.create_session(name)
@@ -269,20 +265,19 @@ async def _open_session(api: ControlPlane, session_id: str | None, agent: str | 
         if exc.status != 404:
             raise
         if "was not loaded" in exc.detail:  # its file is invalid: the plane says where, why
-            raise click.ClickException(exc.detail) from None
+            raise CliError(exc.detail, code="invalid_agent") from None
         names = ", ".join(str(a.get("name")) for a in await api.agents()) or "none"
-        raise click.ClickException(f"unknown agent {name!r} (agents here: {names})") from None
+        raise CliError(f"unknown agent {name!r} (agents here: {names})", code="not_found") from None
 
 
 #: The error code of a turn whose control plane went away and did not come back in time.
 UNREACHABLE = "control_plane_unreachable"
 
 
-class ControlPlaneLost(click.ClickException):
+def _control_plane_lost(message: str) -> CliError:
     """``corral chat`` lost its control plane during a turn (exit 1, as a failed turn of
     ``send``; exit 3 is for "no host here" before any session)."""
-
-    exit_code = EXIT_FAILURE
+    return CliError(message, code=UNREACHABLE)
 
 
 def _lost(exc: NoControlPlane, turn: TurnFollower) -> JsonObject:
@@ -404,17 +399,8 @@ def send_command(
             }
         return turn
 
-    def failed(error: JsonObject) -> JsonObject:
-        # The shape of a turn's document: no session, no turn, the error.
-        return {
-            "session_id": session_id,
-            "status": "failed",
-            "text": "",
-            "error": error,
-            "events": [],
-        }
-
-    turn = _client_call(state_dir, work, url=url, json_error=failed if as_json else None)
+    document: JsonObject = {"session_id": session_id, "status": "failed", "text": "", "events": []}
+    turn = _client_call(state_dir, work, url=url, document=document)
     view.end_text()
     if as_json:
         emit_json(turn.result())
@@ -580,7 +566,7 @@ async def chat_loop(
         cursor = turn.last_id or cursor
         if turn.error is not None and turn.error.get("code") == UNREACHABLE:
             # No control plane to send the next line to: the chat ends here.
-            raise ControlPlaneLost(f"session {sid}: {UNREACHABLE}: {turn.error['message']}")
+            raise _control_plane_lost(f"session {sid}: {UNREACHABLE}: {turn.error['message']}")
         if quit_chat:
             return
 

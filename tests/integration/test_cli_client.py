@@ -640,8 +640,16 @@ def test_send_failed_turn_exits_1_with_the_error(plane: FakePlane, tmp_path: Pat
 def test_send_bad_input(plane: FakePlane, tmp_path: Path) -> None:
     state = tmp_path / "state"
     out = _send(state, "--agent", "nope", "hi", "--json")
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == 1
     assert "unknown agent 'nope' (agents here: demo, fail)" in out.stderr
+    # The one --json document: a turn's shape, failed, with the error (#19).
+    assert json.loads(out.stdout) == {
+        "session_id": None,
+        "status": "failed",
+        "text": "",
+        "events": [],
+        "error": {"code": "not_found", "message": "unknown agent 'nope' (agents here: demo, fail)"},
+    }
     out = _send(state, "--session", "missing", "hi")
     assert out.returncode == 1 and "unknown session 'missing'" in out.stderr
     out = _send(state, "--session", "s1", "--agent", "demo", "hi")
@@ -867,7 +875,10 @@ def test_no_host_exits_3(tmp_path: Path) -> None:
         out = corral(*args, "--state-dir", str(state))
         assert out.returncode == 3, (args, out)
         assert "no running host found" in out.stderr
-        assert out.stdout == ""
+        if "--json" in args:  # the one error document (#19)
+            assert json.loads(out.stdout)["error"]["code"] == "no_host"
+        else:
+            assert out.stdout == ""
 
 
 def test_stale_server_file_without_a_host_exits_3(tmp_path: Path) -> None:
