@@ -28,7 +28,7 @@ COMMANDS: dict[str, str] = {
     "journal": "_journal:journal_group",
     "agents": "_agents:agents_group",
     "send": "_chat:send_command",
-    "chat": "_chat:chat_command",
+    "chat": "_repl:chat_command",
     "token": "_token:token_group",
 }
 

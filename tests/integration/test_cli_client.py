@@ -36,9 +36,7 @@ from corral.actors.host import Host
 from corral.cli import cli
 from corral.cli._chat import (
     Line,
-    LineReader,
     TurnView,
-    chat_loop,
     describe,
     format_arguments,
     summarize_output,
@@ -53,6 +51,7 @@ from corral.cli._client import (
     locate,
     run_turn,
 )
+from corral.cli._repl import LineReader, chat_loop
 from corral.cli._up import server_runner, with_workspace
 from corral.config import Config, RunnerSettings, parse_config
 from corral.instance import Instance
