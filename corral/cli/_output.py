@@ -118,6 +118,16 @@ def ask_host(state_dir: Path | None, op: str, *, timeout: float = 10.0, **args: 
         raise CliError(f"the host failed to answer {op}: {exc}", code="host_error") from exc
     except TimeoutError as exc:
         raise CliError(f"the host on {inst.state_dir} did not answer", code="host_timeout") from exc
+    except ValueError as exc:  # it closed the connection mid-answer (it was stopping)
+        raise CliError(
+            f"the host on {inst.state_dir} closed the connection without an answer",
+            code="host_error",
+        ) from exc
+    except OSError as exc:  # e.g. another user's host: its socket is 0600
+        raise CliError(
+            f"cannot reach the host on {inst.state_dir}: {exc.strerror or exc}",
+            code="host_unreachable",
+        ) from exc
 
 
 def pick(given: str, candidates: list[str], what: str, plural: str | None = None) -> str:

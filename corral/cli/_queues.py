@@ -70,7 +70,7 @@ def dead_letters_group(ctx: click.Context, state_dir: Path | None, as_json: bool
         corral dead-letters requeue 3f2a
         corral dead-letters purge 3f2a 9b01
     """
-    ctx.obj = state_dir
+    ctx.obj = (state_dir, as_json)
     if ctx.invoked_subcommand is not None:
         return
     data = {"dead_letters": _dead_letters(state_dir)}
@@ -90,9 +90,11 @@ def _pick_dead(state_dir: Path | None, given: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(pick(g, known, "dead letter") for g in given))
 
 
-def _state_dir(ctx: click.Context, state_dir: Path | None) -> Path | None:
-    """The subcommand's ``--state-dir``, else the group's."""
-    return state_dir if state_dir is not None else ctx.obj
+def _given(ctx: click.Context, state_dir: Path | None, as_json: bool) -> tuple[Path | None, bool]:
+    """The subcommand's ``--state-dir`` and ``--json``, else the group's
+    (``corral dead-letters --json purge ID`` is ``purge ID --json``)."""
+    group_dir, group_json = ctx.obj
+    return (state_dir if state_dir is not None else group_dir), as_json or group_json
 
 
 @dead_letters_group.command("requeue")
@@ -108,7 +110,7 @@ def requeue_command(
     Exit 1 (nothing requeued) if an ID names no dead letter, 2 if a prefix names several;
     exit 1 if one cannot be delivered again (a stream message, or one kept only in part).
     """
-    state_dir = _state_dir(ctx, state_dir)
+    state_dir, as_json = _given(ctx, state_dir, as_json)
     wanted = _pick_dead(state_dir, ids)
     answer = ask_host(state_dir, "requeue_dead_letters", ids=wanted)
     _done(answer, "requeued", as_json)
@@ -126,7 +128,7 @@ def purge_command(
 
     Exit 1 (nothing purged) if an ID names no dead letter, 2 if a prefix names several.
     """
-    state_dir = _state_dir(ctx, state_dir)
+    state_dir, as_json = _given(ctx, state_dir, as_json)
     wanted = _pick_dead(state_dir, ids)
     answer = ask_host(state_dir, "purge_dead_letters", ids=wanted)
     _done({**answer, "refused": []}, "purged", as_json)
@@ -183,7 +185,7 @@ def elicitations_group(ctx: click.Context, state_dir: Path | None, as_json: bool
         corral elicitations resolve 7c1e --accept
         corral elicitations cancel 7c1e
     """
-    ctx.obj = state_dir
+    ctx.obj = (state_dir, as_json)
     if ctx.invoked_subcommand is not None:
         return
     data = {"elicitations": _elicitations(state_dir)}
@@ -229,7 +231,8 @@ def resolve_command(
     """
     if accept is None:
         raise click.UsageError("give --accept or --decline", ctx=ctx)
-    _answer(_state_dir(ctx, state_dir), elicitation_id, "accept" if accept else "decline", as_json)
+    state_dir, as_json = _given(ctx, state_dir, as_json)
+    _answer(state_dir, elicitation_id, "accept" if accept else "decline", as_json)
 
 
 @elicitations_group.command("cancel")
@@ -244,7 +247,8 @@ def cancel_command(
 
     Exit 1 if it is already resolved or names none, 2 if the prefix names several.
     """
-    _answer(_state_dir(ctx, state_dir), elicitation_id, "cancel", as_json)
+    state_dir, as_json = _given(ctx, state_dir, as_json)
+    _answer(state_dir, elicitation_id, "cancel", as_json)
 
 
 def _answer(state_dir: Path | None, given: str, action: str, as_json: bool) -> None:

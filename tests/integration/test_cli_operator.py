@@ -115,7 +115,7 @@ async def test_dead_letters_requeue_delivers_once_and_purge_forgets_for_good(
     (echo,) = host.ask("mailboxes", actor="echo")["mailboxes"]
     assert echo["queued"] == echo["in_flight"] == 0  # delivered once, nothing left to retry
 
-    out = corral("dead-letters", "purge", second, "--json", *state)
+    out = corral("dead-letters", "--json", "purge", second, *state)
     assert out.returncode == 0, out.stderr
     assert _json(out) == {"purged": [second], "refused": [], "unknown": []}
     assert [d["id"] for d in _dead(host)] == [first]
@@ -230,6 +230,12 @@ async def _turn_answered_by(
             eid = str(event.data["elicitation_id"])
             seen.append(eid)
             await trio.to_thread.run_sync(_parked, host, eid)
+            # The default view of status shows the turn's worker, busy, its session whole.
+            status = await trio.to_thread.run_sync(
+                lambda: corral("status", "--state-dir", str(host.state_dir))
+            )
+            row = next(line for line in status.stdout.splitlines() if sid in line)
+            assert "scripted" in row and "busy" in row
             out = await trio.to_thread.run_sync(
                 lambda: corral(
                     "elicitations",
