@@ -22,7 +22,9 @@ from corral.cli._sse import StreamEvent
 from corral.config import LivenessSettings
 from tests._echo import EchoCrash
 from tests.conftest import FAST_LIVENESS, HostProcess, corral, kill_host, wait_until
+from tests.fake_tunnel_server import FakeTunnelServer
 from tests.integration._plane_host import plane_host, start
+from tests.integration.test_gateway import host_config, running
 
 #: The dead-letter tests crash the test-only echo actor (tests/_echo.py).
 RUNS_ECHO = True
@@ -186,6 +188,30 @@ def test_status_shows_an_unhealthy_tunnel_without_json(host_factory) -> None:
     out = corral("elicitations", "cancel", "elicit_nosuch", "--json", *state)
     assert "'elicit_nosuch'" in _failed(out, 1, "not_found")["message"]
     host.stop()
+
+
+async def test_sessions_of_a_host_without_a_control_plane_are_dispatch_s(
+    host_factory, tunnels: FakeTunnelServer
+) -> None:
+    """A host serving another server lists the sessions its dispatch holds: the server made
+    one through the tunnel, and ``corral sessions`` shows it, its id whole and a prefix of
+    it taken where a session id is."""
+    host = host_factory(host_config(tunnels, [{"id": "ops-a"}]))
+    async with running(host):
+        tunnel = await tunnels.wait_tunnel("ops-a")
+        sid = "sess_operator_" + "0123456789abcdef" * 2
+        body = {"session_id": sid, "agent_id": "agent_ops", "sub_agent_name": None}
+        assert (await tunnel.request("POST", "/v1/sessions", body)).status == 201
+        state = ["--state-dir", str(host.state_dir)]
+        out = await trio.to_thread.run_sync(lambda: corral("sessions", "--json", *state))
+        assert out.returncode == 0, out.stderr
+        document = _json(out)
+        assert document["source"] == "host"
+        (row,) = document["sessions"]
+        assert row["session_id"] == sid and row["agent"] == "agent_ops"
+        assert row["status"] == "idle" and row["created_at"] > 0
+        table = await trio.to_thread.run_sync(lambda: corral("sessions", *state))
+        assert sid in table.stdout
 
 
 # --- sessions and elicitations, through the embedded control plane --------------------------------
