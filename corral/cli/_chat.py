@@ -156,9 +156,13 @@ class TurnView:
     """Shows a turn as it happens: text streamed to ``out``, everything else as lines on
     ``notes`` (``out`` too by default; ``corral send`` keeps stdout for the text alone)."""
 
-    def __init__(self, out: Console, notes: Console | None = None) -> None:
+    def __init__(
+        self, out: Console, notes: Console | None = None, *, show_failure: bool = True
+    ) -> None:
         self.out = out
         self.notes = notes if notes is not None else out
+        #: Whether a failed turn's edge is shown (``send`` tells it once, as its error).
+        self.show_failure = show_failure
         self._mid_line = False
         self._shown: set[str] = set()
 
@@ -166,6 +170,8 @@ class TurnView:
         """Show one event (each tool call once)."""
         line = describe(event)
         if line is None:
+            return
+        if not self.show_failure and event.data.get("status") == "failed":
             return
         if line.key is not None:
             if line.key in self._shown:
@@ -367,7 +373,8 @@ def send_command(
     if text == "-":
         text = sys.stdin.read()
     out = Console(highlight=False)
-    view = TurnView(out, Console(stderr=True, highlight=False))
+    # A failed turn is told once, by the error line at the end.
+    view = TurnView(out, Console(stderr=True, highlight=False), show_failure=False)
 
     async def work(api: ControlPlane) -> TurnFollower:
         session = await _open_session(api, session_id, agent)

@@ -634,6 +634,12 @@ def test_send_failed_turn_exits_1_with_the_error(plane: FakePlane, tmp_path: Pat
     assert result["status"] == "failed"
     assert result["error"] == {"code": "scripted_failure", "message": "boom"}
     assert "scripted_failure: boom" in out.stderr
+    # Without --json too, the failure is told once: the error line (#19).
+    out = _send(tmp_path / "state", "--agent", "fail", "hi")
+    assert out.returncode == 1
+    told = [line for line in out.stderr.splitlines() if "boom" in line]
+    assert len(told) == 1, out.stderr
+    assert told[0].startswith("error: session ") and told[0].endswith(": scripted_failure: boom")
 
 
 def test_send_bad_input(plane: FakePlane, tmp_path: Path) -> None:
