@@ -200,10 +200,18 @@ def elicitations_group(ctx: click.Context, state_dir: Path | None, as_json: bool
             e["parent_session_id"] or "-",
             e["turn_id"],
             e["state"] + (f" ({e['reason']})" if e.get("reason") else ""),
-            str(e["params"].get("message", "")),
+            _prompt_of(e["params"]),
             _clock(e["created_at"]),
         )
     print_table(table, ids=("elicitation", "session", "parent", "turn"))
+
+
+def _prompt_of(params: dict[str, Any]) -> str:
+    """What an elicitation asks: its message, or the tool a policy asks about."""
+    tool = params.get("tool")
+    if params.get("message") or not isinstance(tool, dict):
+        return str(params.get("message") or "")
+    return f"run the tool {tool.get('name')}?"
 
 
 @elicitations_group.command("resolve")

@@ -43,6 +43,16 @@ ASKS = """
             - {text: "Deployed.", on_decline: "Not deployed."}
     """
 
+#: An agent whose turn runs a shell command, which the control plane's policy asks about.
+SHELL = """
+    name: shell
+    executor:
+      harness: scripted
+      script:
+        turns:
+          - - {tool: sys_os_shell, arguments: {command: "echo operator-approved"}}
+    """
+
 
 def _json(out: subprocess.CompletedProcess) -> Any:
     """The one JSON document on stdout (a second line would fail here)."""
@@ -219,8 +229,13 @@ async def test_sessions_of_a_host_without_a_control_plane_are_dispatch_s(
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A host with its embedded control plane and the ``asks`` agent, for the module."""
-    host = plane_host(tmp_path_factory.mktemp("plane"), {"asks": ASKS})
+    """A host with its embedded control plane, the ``asks`` and ``shell`` agents and a rule
+    that asks before any ``sys_os_*`` tool runs, for the module."""
+    host = plane_host(
+        tmp_path_factory.mktemp("plane"),
+        {"asks": ASKS, "shell": SHELL},
+        '[[server.policies]]\ntool = "sys_os_*"\naction = "ask"\nmessage = "Run it?"\n',
+    )
     try:
         yield start(host)
     finally:
@@ -242,14 +257,18 @@ def _parked(host: HostProcess, elicitation_id: str) -> bool:
 
 
 async def _turn_answered_by(
-    host: HostProcess, answer: list[str], *, expect: dict[str, Any] | None = None
-) -> tuple[str, str, str]:
-    """Run one turn of a new ``asks`` session whose question the operator answers with the
-    CLI (``answer`` with the elicitation id's prefix added); returns the session id, the
-    elicitation id and the turn's text."""
+    host: HostProcess,
+    answer: list[str],
+    *,
+    agent: str = "asks",
+    expect: dict[str, Any] | None = None,
+) -> tuple[str, str, list[StreamEvent]]:
+    """Run one turn of a new session of ``agent`` whose question the operator answers with
+    the CLI (``answer`` with the elicitation id's prefix added); returns the session id, the
+    elicitation id and the turn's events."""
     seen: list[str] = []
     async with ControlPlane(host.state_dir) as api:
-        session = await api.create_session("asks")
+        session = await api.create_session(agent)
         sid = str(session["id"])
 
         async def decide(event: StreamEvent) -> None:
@@ -280,33 +299,33 @@ async def _turn_answered_by(
                 assert {k: document[k] for k in expect} == expect
             return None  # answered by the operator, not by this client
 
-        def text_of(event: StreamEvent) -> None:
-            if event.type == "response.output_text.delta":
-                texts.append(str(event.data["delta"]))
-
-        texts: list[str] = []
+        events: list[StreamEvent] = []
         with trio.fail_after(60):
             turn = await run_turn(
                 api,
                 sid,
                 str(session.get("last_event_id")),
                 "go",
-                on_event=text_of,
+                on_event=events.append,
                 decide=decide,
             )
     assert turn.status == "idle", turn.error
     (eid,) = seen
-    return sid, eid, "".join(texts)
+    return sid, eid, events
+
+
+def _text(events: list[StreamEvent]) -> str:
+    return "".join(str(e.data["delta"]) for e in events if e.type == "response.output_text.delta")
 
 
 async def test_resolve_accept_lets_the_waiting_turn_go_on_once(plane: HostProcess) -> None:
     """``elicitations resolve ID --accept`` (ID a prefix) answers as the server's approval
     event does: the turn goes on with the yes; a second verdict exits 1 already_resolved."""
     state = ["--state-dir", str(plane.state_dir)]
-    _, eid, text = await _turn_answered_by(
+    _, eid, events = await _turn_answered_by(
         plane, ["resolve", "--accept"], expect={"action": "accept"}
     )
-    assert text == "asking. Deployed."
+    assert _text(events) == "asking. Deployed."
     out = corral("elicitations", "resolve", eid, "--decline", "--json", *state)
     assert eid in _failed(out, 1, "already_resolved")["message"]
     out = corral("elicitations", "cancel", eid, *state)
@@ -319,9 +338,27 @@ async def test_resolve_decline_and_cancel_end_the_question_with_a_no(plane: Host
     _, _, declined = await _turn_answered_by(
         plane, ["resolve", "--decline"], expect={"action": "decline"}
     )
-    assert declined == "asking. Not deployed."
+    assert _text(declined) == "asking. Not deployed."
     _, _, cancelled = await _turn_answered_by(plane, ["cancel"], expect={"action": "cancel"})
-    assert cancelled == "asking. Not deployed."
+    assert _text(cancelled) == "asking. Not deployed."
+
+
+async def test_resolve_answers_a_tool_call_the_policy_asked_about(plane: HostProcess) -> None:
+    """A ``[[server.policies]]`` ask rule parks the tool call in the policy actor; the
+    operator's accept runs it, as a person's in the server's UI would."""
+    _, eid, events = await _turn_answered_by(
+        plane, ["resolve", "--accept"], agent="shell", expect={"action": "accept"}
+    )
+    rows = _json(corral("elicitations", "--json", "--state-dir", str(plane.state_dir)))
+    (row,) = [r for r in rows["elicitations"] if r["elicitation_id"] == eid]
+    assert row["owner"] == "policy"
+    outputs = [
+        str(e.data["item"].get("output"))
+        for e in events
+        if e.type == "response.output_item.done"
+        and e.data["item"].get("type") == "function_call_output"
+    ]
+    assert len(outputs) == 1 and "operator-approved" in outputs[0]
 
 
 def test_resolve_needs_a_verdict_and_an_id_it_knows(plane: HostProcess) -> None:
