@@ -26,12 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-import trio
 from rich.table import Table
 
 from ..config import resolve_state_dir
-from ._client import ApiError, ControlPlane
-from ._locate import NoControlPlane, NoCredential
 from ._output import (
     CliError,
     NoHost,
@@ -275,6 +272,11 @@ def _answer(state_dir: Path | None, given: str, action: str, as_json: bool) -> N
             code="no_control_plane",
         )
     directory = resolve_state_dir(str(state_dir) if state_dir else None)
+    # Imported here: only a verdict talks HTTP (httpx, trio), not the listings.
+    import trio
+
+    from ._client import ApiError, ControlPlane
+    from ._locate import NoControlPlane, NoCredential
 
     async def main() -> dict[str, Any]:
         async with ControlPlane(directory) as api:
