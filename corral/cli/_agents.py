@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -30,6 +29,7 @@ from ._output import (
     config_path_of,
     emit_json,
     json_option,
+    print_table,
     state_dir_option,
 )
 
@@ -80,8 +80,10 @@ def agents_group(
                 "-",
                 f"[red]{escape(str(bad['error']))}[/red]",
             )
-        Console().print(table)
+        print_table(table, ids=("name",))
     if check and invalid:
+        # The document (or the table) says which and why; the line says that it failed.
+        click.echo(f"error: {len(invalid)} agent file(s) are invalid", err=True)
         raise SystemExit(EXIT_FAILURE)
 
 
@@ -130,6 +132,8 @@ def validate_command(
     else:
         _show(results)
     if not valid:
+        bad = sum(not r["valid"] for r in results)
+        click.echo(f"error: {bad} of {len(results)} agent file(s) are invalid", err=True)
         raise SystemExit(EXIT_FAILURE)
 
 

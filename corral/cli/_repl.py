@@ -202,6 +202,8 @@ class _Asker:
     async def ask(self, event: StreamEvent) -> None:
         """Ask about ``event`` (an ``elicitation_request``) and send the verdict."""
         elicitation_id = str(event.data.get("elicitation_id") or "")
+        if elicitation_id in self.answered:
+            return  # answered elsewhere before its prompt came up
         # A sub-agent's prompt, mirrored onto this stream, is answered where it lives.
         params = event.data.get("params")
         target = params.get("target_session_id") if isinstance(params, dict) else None
