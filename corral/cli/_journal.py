@@ -194,7 +194,7 @@ def show_command(
             _compact(record.get("payload")),
         )
     Console().print(table)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     for bad in data["malformed"]:
         err.print(f"line {bad['line']}: {bad['reason']}")
     if data["incomplete_tail"]:
