@@ -8,6 +8,8 @@ document on stdout, whatever the verb."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from corral.bus import open_peer
 from corral.cli._client import ControlPlane, run_turn
 from corral.cli._sse import StreamEvent
 from corral.config import LivenessSettings
-from tests._echo import EchoCrash
+from tests._echo import EchoCrash, EchoSleep
 from tests.conftest import FAST_LIVENESS, HostProcess, corral, kill_host, wait_until
 from tests.fake_tunnel_server import FakeTunnelServer
 from tests.integration._plane_host import plane_host, start
@@ -137,6 +139,40 @@ async def test_dead_letters_requeue_delivers_once_and_purge_forgets_for_good(
     host.start()
     assert [d["id"] for d in _dead(host)] == [first]
     assert host.actor("echo")["restarts"] == 0  # the requeued one is not delivered again
+
+
+async def test_a_requeued_dead_letter_is_handled_once(host_factory) -> None:
+    """A message whose recipient died while handling it is a dead letter after one attempt;
+    requeued, the restarted recipient handles it, once, and nothing is left over."""
+    host = host_factory(FAST_LIVENESS + "[bus]\nmax_attempts = 1\n").start()
+    async with open_peer("operator-sleep", host.endpoint, liveness=FAST) as peer:
+        await peer.cast("echo", EchoSleep(seconds=3), durable=True)
+
+    def in_flight() -> bool:
+        (row,) = host.ask("mailboxes", actor="echo")["mailboxes"]
+        return bool(row["in_flight"])
+
+    await trio.to_thread.run_sync(lambda: wait_until(in_flight, 30, "the sleep in flight"))
+    os.kill(host.actor("echo")["pid"], signal.SIGKILL)
+    await trio.to_thread.run_sync(lambda: _echo_running_after(host, 1))
+    (dead,) = wait_until(lambda: _dead(host), 10, "the dead letter")
+    assert dead["type"] == "echo.sleep" and dead["attempts"] == 1
+    handled = host.ask("inspect", actor="echo")["state"]["handled"]
+
+    out = corral(
+        "dead-letters", "requeue", dead["id"], "--json", "--state-dir", str(host.state_dir)
+    )
+    assert out.returncode == 0, out.stderr
+    assert _json(out) == {"requeued": [dead["id"]], "refused": [], "unknown": []}
+
+    def done() -> bool:
+        (row,) = host.ask("mailboxes", actor="echo")["mailboxes"]
+        return row["queued"] == row["in_flight"] == 0
+
+    await trio.to_thread.run_sync(lambda: wait_until(done, 30, "the requeued sleep handled"))
+    state = host.ask("inspect", actor="echo")["state"]
+    assert state["handled"] == handled + 1
+    assert _dead(host) == [] and host.actor("echo")["restarts"] == 1
 
 
 # --- mailboxes, status ---------------------------------------------------------------------------
