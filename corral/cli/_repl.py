@@ -1,9 +1,11 @@
 """``corral chat``: the interactive loop — line editing, history, approvals asked inline.
 
 Lines are read with the standard library's ``readline`` when stdin is a terminal (arrows,
-Ctrl-R, the usual Emacs keys), in a worker thread so the turn's events keep streaming. Each
-line sent is kept in ``<state dir>/chat_history`` (the newest :data:`HISTORY_LINES`; answers
-to approval prompts are not), so Up brings back what was typed in an earlier chat.
+Ctrl-R, the usual Emacs keys), in a worker thread. Each line sent is kept in
+``<state dir>/chat_history`` (the newest :data:`HISTORY_LINES`), so Up brings back what was
+typed in an earlier chat. An approval's answer is read without readline and without a
+thread (:meth:`LineReader.answer`): a prompt withdrawn mid-read leaves nothing blocked
+behind it, and is kept in no history.
 
 An approval is asked while the turn's stream goes on being read, so the prompt can be
 withdrawn, with a line saying why, when the question no longer stands: its turn ended (it
@@ -75,6 +77,8 @@ class LineReader:
         self._pending: _PendingRead | None = None
         self._lock = trio.Lock()
         self._history = _History(history) if history is not None else None
+        #: Answers are read from the terminal itself, without a thread (:meth:`answer`).
+        self._tty = input_fn is input and sys.stdin.isatty()
 
     @property
     def busy(self) -> bool:
@@ -103,6 +107,32 @@ class LineReader:
         if self._history is not None:
             self._history.took(pending.line, remember=remember)
         return pending.line
+
+    async def answer(self, prompt: str) -> str:
+        """The answer to a question (an approval): a line that is kept in no history.
+
+        On a terminal it is read from the terminal's own line discipline (which edits and
+        echoes it), waiting for input without a thread, so a cancelled question leaves
+        nothing blocked: the next ``you>`` prompt is readline's again, shown as it should
+        be. From a pipe it is the next line, as :meth:`read` gives it.
+
+        Raises:
+            EOFError: input ended (Ctrl-D).
+        """
+        if not self._tty or self.busy:
+            return await self.read(prompt, remember=False)
+        async with self._lock:
+            sys.stdout.write(prompt)
+            sys.stdout.flush()
+            fd = sys.stdin.fileno()
+            data = b""
+            while not data.endswith(b"\n"):
+                await trio.lowlevel.wait_readable(fd)
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    raise EOFError
+                data += chunk
+        return data.decode(errors="replace").rstrip("\n")
 
     async def _read_one(self, pending: _PendingRead, prompt: str) -> None:
         try:
@@ -212,7 +242,7 @@ class _Asker:
         with scope:
             try:
                 self.view.prompted()
-                answer = await self.reader.read(APPROVE_PROMPT, remember=False)
+                answer = await self.reader.answer(APPROVE_PROMPT)
             except EOFError:
                 answer = ""
             self.view.answered()

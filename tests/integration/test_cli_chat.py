@@ -200,8 +200,8 @@ def test_a_prompt_whose_turn_ends_is_withdrawn_and_typing_after_it_is_no_error(
     plane: HostProcess, terminals: list[Terminal]
 ) -> None:
     """The worker of the turn dies at the prompt (as it does when its host crashes): the
-    turn ends failed and the prompt is withdrawn; the ``y`` typed afterwards is a message
-    of the next turn, never a verdict refused with an HTTP 409."""
+    turn ends failed and the prompt is withdrawn; what is typed afterwards is the next
+    message, at readline's own prompt — never a verdict refused with an HTTP 409."""
     terminal, session_id, _ = _asking(plane, terminals)
     workers = plane.status()["workers"]
     (pid,) = [w["pid"] for w in workers if w["session_id"] == session_id]
@@ -211,8 +211,9 @@ def test_a_prompt_whose_turn_ends_is_withdrawn_and_typing_after_it_is_no_error(
         r"approval withdrawn: (the turn ended \(failed\)|it was answered elsewhere)", shown
     ), shown
     assert "turn failed" in shown
-    terminal.type("y\r")  # a new turn, which asks again
-    terminal.until(APPROVE, 2)
+    # The next line is readline's again, with its prompt: Up brings back the "go".
+    terminal.type("\x1b[A\r")
+    assert terminal.until(APPROVE, 2).count(f"{PROMPT}go") == 2
     terminal.type("n\r")
     assert "Not deployed." in terminal.until(PROMPT, 3)
     terminal.type("\x04")
@@ -224,10 +225,11 @@ def test_ctrl_c_at_a_prompt_interrupts_with_clean_lines_and_twice_quits(
     plane: HostProcess, terminals: list[Terminal]
 ) -> None:
     terminal, _, _ = _asking(plane, terminals)
-    terminal.type("\x03")  # Ctrl-C at the approval prompt: the turn is interrupted
+    # Ctrl-C at the approval prompt (the terminal echoes ^C): the turn is interrupted.
+    terminal.type("\x03")
     shown = terminal.until(PROMPT, 2)
     assert (
-        f"{APPROVE}\ninterrupting the turn (Ctrl-C again to quit)\n"
+        f"{APPROVE}^C\ninterrupting the turn (Ctrl-C again to quit)\n"
         "approval withdrawn: the turn is being interrupted\n"
     ) in shown
     terminal.type("\x03")  # Ctrl-C at you>: quits, the shell's prompt on a line of its own
