@@ -270,7 +270,7 @@ class _Asker:
     def withdraw(self, elicitation_id: str | None, why: str) -> None:
         """Withdraw one open prompt (None: every one), saying ``why``."""
         for eid in [elicitation_id] if elicitation_id is not None else list(self.open):
-            scope = self.open.pop(eid, None) if eid is not None else None
+            scope = self.open.pop(eid, None)
             if scope is not None:
                 scope.cancel()
                 self.view.note(f"approval withdrawn: {why}")

@@ -4,9 +4,6 @@ Where they come from: the embedded control plane's ``GET /v1/sessions`` when the
 one (its store knows each session's agent, title and parent); otherwise — a host serving
 another server (``--server``, ``[[runners]]``) — what dispatch holds (its inspection
 snapshot), which knows no title, and the agent only by its server's id.
-
-:func:`session_ids` is also how the verbs that take a session id (``send``/``chat
---session``) find the one a prefix names.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ def _from_dispatch(state_dir: Path) -> list[JsonObject]:
     try:
         reply = ask_host(state_dir, "inspect", actor="dispatch")
     except NoHost:
-        raise
+        raise  # not dispatch's fault: exit 3 as it is
     except click.ClickException as exc:
         raise CliError(
             f"dispatch did not answer: {exc.message}",
@@ -113,11 +110,6 @@ def list_sessions(state_dir: Path | None) -> tuple[str, list[JsonObject]]:
         if status.get("server") is None:
             return "host", _from_dispatch(directory)
     return "control_plane", _from_plane(directory)
-
-
-def session_ids(state_dir: Path | None) -> list[str]:
-    """Every session id the host knows, for picking one by its prefix."""
-    return [str(r["session_id"]) for r in list_sessions(state_dir)[1]]
 
 
 def _when(value: Any) -> str:
