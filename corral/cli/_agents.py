@@ -87,6 +87,10 @@ def agents_group(
         raise SystemExit(EXIT_FAILURE)
 
 
+#: The ``--json`` document of ``agents validate`` when it checked nothing (with its error).
+_NONE_VALID = {"valid": False, "agents": []}
+
+
 @agents_group.command("validate")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @config_option(
@@ -115,15 +119,25 @@ def validate_command(
             str(exc),
             code="config_error",
             exit_code=EXIT_USAGE,
-            document={"valid": False, "agents": []},
+            document=_NONE_VALID,
         ) from None
     if not paths:
         paths = tuple(Path(d) for d in config.server.agents_dirs)
         if not paths:
-            raise click.UsageError("give PATH..., or a config with [server] agents_dirs")
+            raise CliError(
+                "give PATH..., or a config with [server] agents_dirs",
+                code="usage",
+                exit_code=EXIT_USAGE,
+                document=_NONE_VALID,
+            )
     missing = [p for p in paths if not p.exists()]
     if missing:
-        raise click.UsageError(f"no such file or directory: {', '.join(map(str, missing))}")
+        raise CliError(
+            f"no such file or directory: {', '.join(map(str, missing))}",
+            code="usage",
+            exit_code=EXIT_USAGE,
+            document=_NONE_VALID,
+        )
     harnesses = set(HARNESSES) | _registered(config)
     results = [_result(agent, load_agent(agent, harnesses)) for agent in _agents_in(paths)]
     valid = all(r["valid"] for r in results)
