@@ -269,7 +269,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Any:
     that asks before any ``sys_os_*`` tool runs, for the module."""
     host = plane_host(
         tmp_path_factory.mktemp("plane"),
-        {"asks": ASKS, "shell": SHELL},
+        {"asks": ASKS, "shell": SHELL, "broken": "name: broken\nexector: {harness: scripted}\n"},
         '[[server.policies]]\ntool = "sys_os_*"\naction = "ask"\nmessage = "Run it?"\n',
     )
     try:
@@ -427,6 +427,13 @@ async def test_sessions_lists_the_control_plane_s_and_send_takes_a_prefix(
     assert sent["session_id"] == made and sent["text"] == "asking. Not deployed."
     out = corral("send", "--session", "nosuch", "go", "--json", *state)
     assert "unknown session 'nosuch'" in _failed(out, 1, "not_found")["message"]
+
+
+def test_agents_check_fails_with_one_line_after_the_table(plane: HostProcess) -> None:
+    out = corral("agents", "--check", "--state-dir", str(plane.state_dir))
+    assert out.returncode == 1
+    assert "broken" in out.stdout and "invalid" in out.stdout  # the table says which, why
+    assert out.stderr == "error: 1 agent file(s) are invalid\n"
 
 
 # --- one way to fail ------------------------------------------------------------------------------
