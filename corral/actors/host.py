@@ -519,6 +519,8 @@ class Host:
             "wait": self._op_wait,
             "mailboxes": self._op_mailboxes,
             "dead_letters": self._op_dead_letters,
+            "requeue_dead_letters": self._op_requeue_dead_letters,
+            "purge_dead_letters": self._op_purge_dead_letters,
             "inspect": self._op_inspect,
             "elicitations": self._op_elicitations,
             "stop": self._op_stop,
@@ -588,6 +590,29 @@ class Host:
     async def _op_dead_letters(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.broker is not None
         return {"dead_letters": self.broker.dead_letters()}
+
+    async def _op_requeue_dead_letters(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Deliver the dead letters ``ids`` again: ``{"requeued": [id], "refused": [{id,
+        error}], "unknown": [id]}`` (a refused one stays a dead letter)."""
+        assert self.broker is not None
+        answer: dict[str, list[Any]] = {"requeued": [], "refused": [], "unknown": []}
+        for mid in [str(i) for i in request.get("ids", [])]:
+            try:
+                self.broker.requeue_dead(mid)
+            except KeyError:
+                answer["unknown"].append(mid)
+            except ValueError as exc:
+                answer["refused"].append({"id": mid, "error": str(exc)})
+            else:
+                answer["requeued"].append(mid)
+        return answer
+
+    async def _op_purge_dead_letters(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Drop the dead letters ``ids`` for good: ``{"purged": [id], "unknown": [id]}``."""
+        assert self.broker is not None
+        ids = [str(i) for i in request.get("ids", [])]
+        purged = self.broker.purge_dead(ids)
+        return {"purged": purged, "unknown": [i for i in ids if i not in purged]}
 
     async def _op_elicitations(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.broker is not None

@@ -178,6 +178,21 @@ class Broker:
         """Rows for ``corral dead-letters``, oldest first."""
         return self._store.dead_letters()
 
+    def purge_dead(self, ids: list[str]) -> list[str]:
+        """Drop these dead letters for good (``corral dead-letters purge``); returns the ids
+        that were dead letters."""
+        return self._store.purge_dead(ids)
+
+    def requeue_dead(self, mid: str) -> None:
+        """Deliver dead letter ``mid`` again (``corral dead-letters requeue``): it goes back
+        to the end of its recipient's mailbox with a fresh count of attempts.
+
+        Raises:
+            KeyError: ``mid`` is not a dead letter.
+            ValueError: it cannot be delivered again (the message says why).
+        """
+        self._pump(self._store.requeue_dead(mid))
+
     def parked(self) -> list[dict[str, Any]]:
         """Every parked entry and the recently resolved ones, for ``corral elicitations``.
 

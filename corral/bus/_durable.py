@@ -24,11 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 from .._exceptions import ProtocolError
 from ..config import BusSettings
-from ._codec import decode_envelope
+from ._codec import decode_envelope, encode_envelope
 from ._log import (
     Acked,
     Attempted,
@@ -37,6 +38,7 @@ from ._log import (
     MailboxLog,
     Parked,
     Put,
+    Undead,
     Unparked,
     frame_record,
 )
@@ -121,9 +123,12 @@ class DurableStore:
                         record.attempts,
                         record.error,
                         record.at,
+                        record.frame,
                     )
                 )
                 self.mailbox(record.actor).dead_letters += 1
+            elif isinstance(record, Undead):
+                self._forget_dead(record.ids)
             elif isinstance(record, Parked):
                 if record.id in entries:
                     entries[record.id].owner = record.owner
@@ -340,10 +345,61 @@ class DurableStore:
     ) -> None:
         """Keep a dead letter (in memory and in the log, with the start of its frame)."""
         at = time.time()
-        self._dead.append(DeadLetter(mid, actor, mtype, attempts, error, at))
+        kept = frame[:_DEAD_FRAME_KEEP]
+        self._dead.append(DeadLetter(mid, actor, mtype, attempts, error, at, kept))
         self.mailbox(actor).dead_letters += 1
-        self.append(DeadLettered(mid, actor, mtype, attempts, error, at, frame[:_DEAD_FRAME_KEEP]))
+        self.append(DeadLettered(mid, actor, mtype, attempts, error, at, kept))
         log.warning("dead letter %s for %s (%s): %s", mid, actor, mtype, error)
+
+    def purge_dead(self, ids: list[str]) -> list[str]:
+        """Drop these dead letters for good; returns the ids that were dead letters."""
+        gone = self._forget_dead(ids)
+        if gone:
+            self.append(Undead(ids=[d.id for d in gone]))
+            log.info("purged dead letters %s", ", ".join(d.id for d in gone))
+        return [d.id for d in gone]
+
+    def requeue_dead(self, mid: str) -> Mailbox:
+        """Put dead letter ``mid`` back in its recipient's mailbox, as a new delivery (its
+        attempts start again at 1); it keeps its id, so a recipient that did handle it
+        before (and dedups by id) does not handle it twice. The caller pumps the box.
+
+        Raises:
+            KeyError: ``mid`` is not a dead letter.
+            ValueError: it cannot be delivered again (not a durable message, kept only in
+                part, or for an actor this host does not know); it stays a dead letter.
+        """
+        dead = next((d for d in self._dead if d.id == mid), None)
+        if dead is None:
+            raise KeyError(mid)
+        try:
+            env = decode_envelope(dead.frame)
+        except ProtocolError:
+            raise ValueError(
+                "its message was not kept whole (malformed, or larger than 64 KiB)"
+            ) from None
+        if env.durability != "durable":
+            raise ValueError("it is a stream message, which is never redelivered")
+        if env.recipient not in self.known:
+            raise ValueError(f"no actor named {env.recipient!r} runs on this host")
+        frame = encode_envelope(msgspec.structs.replace(env, attempt=1))
+        self._forget_dead([mid])
+        self.append(Undead(ids=[mid]))
+        self.append(Put(id=mid, recipient=env.recipient, frame=frame))
+        box = self.mailbox(env.recipient)
+        box.queued.append(entry_of(msgspec.structs.replace(env, attempt=1), frame))
+        self._live_bytes += len(frame)
+        log.info("requeued dead letter %s for %s", mid, env.recipient)
+        return box
+
+    def _forget_dead(self, ids: list[str]) -> list[DeadLetter]:
+        wanted = set(ids)
+        gone = [d for d in self._dead if d.id in wanted]
+        for dead in gone:
+            self._dead.remove(dead)
+            box = self.mailbox(dead.actor)
+            box.dead_letters = max(box.dead_letters - 1, 0)
+        return gone
 
     # --- the group commit ------------------------------------------------------------------
 
@@ -400,7 +456,8 @@ class DurableStore:
                     records.append(Parked(id=entry.id, owner=entry.owner))
                 live += len(entry.frame)
         records.extend(
-            DeadLettered(d.id, d.actor, d.type, d.attempts, d.error, d.at) for d in self._dead
+            DeadLettered(d.id, d.actor, d.type, d.attempts, d.error, d.at, d.frame)
+            for d in self._dead
         )
         before = self._log.size
         await trio.to_thread.run_sync(self._log.rewrite, records, limiter=self._io_limiter)

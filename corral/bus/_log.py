@@ -4,7 +4,8 @@ Layout (version 1)::
 
     file   := MAGIC record*
     record := u32 length | u32 crc32(payload) | payload       (little-endian)
-    payload:= msgpack of one LogRecord (Put | Acked | Attempted | DeadLettered)
+    payload:= msgpack of one LogRecord (Put | Acked | Attempted | DeadLettered | Parked |
+              Unparked | Undead)
 
 A crash can leave a torn or garbled tail; :func:`replay` stops at the first record whose
 length or checksum does not hold and reports the offset, and :class:`MailboxLog` truncates
@@ -86,7 +87,14 @@ class Unparked(_Record, tag="unpark"):
     reason: str | None = None
 
 
-LogRecord = Put | Acked | Attempted | DeadLettered | Parked | Unparked
+class Undead(_Record, tag="undead"):
+    """Dead letters an operator took off the list (``corral dead-letters purge`` or
+    ``requeue``; a requeued one is the ``Put`` that follows)."""
+
+    ids: list[str]
+
+
+LogRecord = Put | Acked | Attempted | DeadLettered | Parked | Unparked | Undead
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(LogRecord)

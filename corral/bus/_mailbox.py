@@ -48,6 +48,9 @@ class DeadLetter:
     attempts: int
     error: str
     at: float
+    #: The start of the message as it arrived (at most 64 KiB), kept so an operator can
+    #: requeue it; not shown.
+    frame: bytes = b""
 
     def to_json(self) -> dict[str, Any]:
         """The shape ``corral dead-letters --json`` prints."""

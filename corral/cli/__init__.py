@@ -19,15 +19,16 @@ COMMANDS: dict[str, str] = {
     "logs": "_logs:logs_command",
     "status": "_inspect:status_command",
     "mailboxes": "_inspect:mailboxes_command",
-    "dead-letters": "_inspect:dead_letters_command",
-    "elicitations": "_inspect:elicitations_command",
+    "sessions": "_sessions:sessions_command",
+    "dead-letters": "_queues:dead_letters_group",
+    "elicitations": "_queues:elicitations_group",
     "subagents": "_subagents:subagents_command",
     "harnesses": "_harnesses:harnesses_command",
     "bench": "_bench:bench_command",
     "journal": "_journal:journal_group",
     "agents": "_agents:agents_group",
     "send": "_chat:send_command",
-    "chat": "_chat:chat_command",
+    "chat": "_repl:chat_command",
     "token": "_token:token_group",
 }
 
@@ -55,5 +56,7 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(auto_envvar_prefix="CORRAL")
+    """Console-script entry point: every failure is told one way (:mod:`._errors`)."""
+    from ._errors import run
+
+    run(cli)

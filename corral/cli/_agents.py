@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -25,10 +24,12 @@ from ._chat import _client_call, url_option
 from ._output import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    CliError,
     config_option,
     config_path_of,
     emit_json,
     json_option,
+    print_table,
     state_dir_option,
 )
 
@@ -56,9 +57,7 @@ def agents_group(
         state_dir,
         lambda api: api.call("GET", "/v1/agents", idempotent=True),
         url=url,
-        json_error=(lambda error: {"agents": [], "invalid": [], "error": error})
-        if as_json
-        else None,
+        document={"agents": [], "invalid": []},
     )
     agents = list(document.get("agents", []))
     invalid = list(document.get("invalid", []))
@@ -81,9 +80,15 @@ def agents_group(
                 "-",
                 f"[red]{escape(str(bad['error']))}[/red]",
             )
-        Console().print(table)
+        print_table(table, ids=("name",))
     if check and invalid:
+        # The document (or the table) says which and why; the line says that it failed.
+        click.echo(f"error: {len(invalid)} agent file(s) are invalid", err=True)
         raise SystemExit(EXIT_FAILURE)
+
+
+#: The ``--json`` document of ``agents validate`` when it checked nothing (with its error).
+_NONE_VALID = {"valid": False, "agents": []}
 
 
 @agents_group.command("validate")
@@ -110,15 +115,29 @@ def validate_command(
     try:
         config = load_config(config_path_of(config_path, state_dir))
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(EXIT_USAGE) from None
+        raise CliError(
+            str(exc),
+            code="config_error",
+            exit_code=EXIT_USAGE,
+            document=_NONE_VALID,
+        ) from None
     if not paths:
         paths = tuple(Path(d) for d in config.server.agents_dirs)
         if not paths:
-            raise click.UsageError("give PATH..., or a config with [server] agents_dirs")
+            raise CliError(
+                "give PATH..., or a config with [server] agents_dirs",
+                code="usage",
+                exit_code=EXIT_USAGE,
+                document=_NONE_VALID,
+            )
     missing = [p for p in paths if not p.exists()]
     if missing:
-        raise click.UsageError(f"no such file or directory: {', '.join(map(str, missing))}")
+        raise CliError(
+            f"no such file or directory: {', '.join(map(str, missing))}",
+            code="usage",
+            exit_code=EXIT_USAGE,
+            document=_NONE_VALID,
+        )
     harnesses = set(HARNESSES) | _registered(config)
     results = [_result(agent, load_agent(agent, harnesses)) for agent in _agents_in(paths)]
     valid = all(r["valid"] for r in results)
@@ -127,6 +146,8 @@ def validate_command(
     else:
         _show(results)
     if not valid:
+        bad = sum(not r["valid"] for r in results)
+        click.echo(f"error: {bad} of {len(results)} agent file(s) are invalid", err=True)
         raise SystemExit(EXIT_FAILURE)
 
 

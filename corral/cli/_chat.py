@@ -1,4 +1,5 @@
-"""``corral agents``, ``corral send`` and ``corral chat``: talk to the embedded control plane.
+"""``corral send``, and what ``corral chat`` (:mod:`._repl`) and ``corral agents`` share with
+it: talk to the embedded control plane.
 
 The commands are thin: finding the control plane and following a turn live in
 :mod:`._client`, and how a turn looks on a terminal lives in :func:`describe` and
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,7 +30,15 @@ from .._jsonlines import JsonObject
 from ..config import resolve_state_dir
 from ._client import ApiError, ControlPlane, run_turn
 from ._locate import NoControlPlane, NoCredential
-from ._output import EXIT_FAILURE, NoHost, emit_json, json_option, state_dir_option
+from ._output import (
+    EXIT_FAILURE,
+    CliError,
+    NoHost,
+    emit_json,
+    json_option,
+    pick,
+    state_dir_option,
+)
 from ._sse import StreamEvent
 from ._turn_follower import TurnFollower
 
@@ -149,9 +156,13 @@ class TurnView:
     """Shows a turn as it happens: text streamed to ``out``, everything else as lines on
     ``notes`` (``out`` too by default; ``corral send`` keeps stdout for the text alone)."""
 
-    def __init__(self, out: Console, notes: Console | None = None) -> None:
+    def __init__(
+        self, out: Console, notes: Console | None = None, *, show_failure: bool = True
+    ) -> None:
         self.out = out
         self.notes = notes if notes is not None else out
+        #: Whether a failed turn's edge is shown (``send`` tells it once, as its error).
+        self.show_failure = show_failure
         self._mid_line = False
         self._shown: set[str] = set()
 
@@ -159,6 +170,8 @@ class TurnView:
         """Show one event (each tool call once)."""
         line = describe(event)
         if line is None:
+            return
+        if not self.show_failure and event.data.get("status") == "failed":
             return
         if line.key is not None:
             if line.key in self._shown:
@@ -179,6 +192,15 @@ class TurnView:
         prefix, style = _STYLES.get(kind, ("", ""))
         self.notes.print(Text(prefix + text, style=style), soft_wrap=True)
 
+    def prompted(self) -> None:
+        """A prompt was written on ``out`` and waits for its answer: a line shown meanwhile
+        starts on a line of its own."""
+        self._mid_line = True
+
+    def answered(self) -> None:
+        """The prompt's answer ended its line (echoed by the terminal with the Enter)."""
+        self._mid_line = False
+
     def new_turn(self) -> None:
         """Forget the tool calls shown: a new turn starts (call ids are per turn)."""
         self._shown.clear()
@@ -197,71 +219,59 @@ def _cursor(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-class Unauthorized(click.ClickException):
-    """The client token cannot be read, or the control plane refused it (exit 1); with
-    ``--json`` the error is also one JSON document on stdout."""
-
-    exit_code = EXIT_FAILURE
-
-    def __init__(self, message: str, *, code: str, document: JsonObject | None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.document = document
-
-    def show(self, file: Any = None) -> None:
-        if self.document is not None:
-            emit_json(self.document)
-        super().show(file)
-
-
-#: Makes the ``--json`` document of a failed call from its ``{"code", "message"}``.
-ErrorDocument = Callable[[JsonObject], JsonObject]
-
-
 def _client_call(
     state_dir: Path | None,
     work: Callable[[ControlPlane], Awaitable[T]],
     *,
     url: str | None = None,
-    json_error: ErrorDocument | None = None,
+    document: JsonObject | None = None,
 ) -> T:
     """Run ``work`` against the state dir's control plane (or the one at ``url``), mapping
-    errors to exit codes; a credential error is one ``json_error`` document too, if given."""
+    errors to exit codes; ``document``: the fields of the verb's ``--json`` error document
+    besides ``error`` (:mod:`._errors`)."""
 
     async def main() -> T:
         directory = resolve_state_dir(str(state_dir) if state_dir else None)
         async with ControlPlane(directory, url=url) as api:
             return await work(api)
 
-    def refused(code: str, message: str) -> Unauthorized:
-        document = json_error({"code": code, "message": message}) if json_error else None
-        return Unauthorized(message, code=code, document=document)
-
     try:
         return trio.run(main)
     except NoControlPlane as exc:
-        raise NoHost(str(exc)) from None
+        raise NoHost(str(exc), document=document) from None
     except NoCredential as exc:
-        raise refused("no_credential", str(exc)) from None
+        raise CliError(str(exc), code="no_credential", document=document) from None
     except ApiError as exc:
         if exc.status == 401:
             message = (
                 f"the control plane refused the client token: {exc.detail} (was it rotated? "
                 "`corral token` prints the current one; docs/security.md)"
             )
-            raise refused("unauthorized", message) from None
-        raise click.ClickException(str(exc)) from None
+            raise CliError(message, code="unauthorized", document=document) from None
+        raise CliError(str(exc), code=exc.error, document=document) from None
+    except CliError as exc:
+        exc.document = {**(document or {}), **exc.document}
+        raise
 
 
 async def _open_session(api: ControlPlane, session_id: str | None, agent: str | None) -> JsonObject:
-    """The given session, or a new one of ``agent`` (default ``demo``), with a clear error."""
+    """The given session (its id, or a unique prefix of it), or a new one of ``agent``
+    (default ``demo``), with a clear error."""
     if session_id is not None:
         try:
             return await api.session(session_id)
         except ApiError as exc:
-            if exc.status == 404:
-                raise click.ClickException(f"unknown session {session_id!r}") from None
-            raise
+            if exc.status not in (400, 404):
+                raise
+        # Not a whole id: a unique prefix of one names it.
+        try:
+            page = await api.call("GET", "/v1/sessions?limit=1000", idempotent=True)
+        except ApiError:
+            page = {}  # a server that lists none: the id is taken whole only
+        ids = [str(s.get("id")) for s in page.get("data", [])]
+        if not any(i.startswith(session_id) for i in ids):
+            raise CliError(f"unknown session {session_id!r}", code="not_found")
+        return await api.session(pick(session_id, ids, "session"))
     name = agent or DEFAULT_AGENT
     try:
         return await api.create_session(name)
@@ -269,20 +279,19 @@ async def _open_session(api: ControlPlane, session_id: str | None, agent: str | 
         if exc.status != 404:
             raise
         if "was not loaded" in exc.detail:  # its file is invalid: the plane says where, why
-            raise click.ClickException(exc.detail) from None
+            raise CliError(exc.detail, code="invalid_agent") from None
         names = ", ".join(str(a.get("name")) for a in await api.agents()) or "none"
-        raise click.ClickException(f"unknown agent {name!r} (agents here: {names})") from None
+        raise CliError(f"unknown agent {name!r} (agents here: {names})", code="not_found") from None
 
 
 #: The error code of a turn whose control plane went away and did not come back in time.
 UNREACHABLE = "control_plane_unreachable"
 
 
-class ControlPlaneLost(click.ClickException):
+def _control_plane_lost(message: str) -> CliError:
     """``corral chat`` lost its control plane during a turn (exit 1, as a failed turn of
     ``send``; exit 3 is for "no host here" before any session)."""
-
-    exit_code = EXIT_FAILURE
+    return CliError(message, code=UNREACHABLE)
 
 
 def _lost(exc: NoControlPlane, turn: TurnFollower) -> JsonObject:
@@ -364,7 +373,8 @@ def send_command(
     if text == "-":
         text = sys.stdin.read()
     out = Console(highlight=False)
-    view = TurnView(out, Console(stderr=True, highlight=False))
+    # A failed turn is told once, by the error line at the end.
+    view = TurnView(out, Console(stderr=True, highlight=False), show_failure=False)
 
     async def work(api: ControlPlane) -> TurnFollower:
         session = await _open_session(api, session_id, agent)
@@ -404,17 +414,8 @@ def send_command(
             }
         return turn
 
-    def failed(error: JsonObject) -> JsonObject:
-        # The shape of a turn's document: no session, no turn, the error.
-        return {
-            "session_id": session_id,
-            "status": "failed",
-            "text": "",
-            "error": error,
-            "events": [],
-        }
-
-    turn = _client_call(state_dir, work, url=url, json_error=failed if as_json else None)
+    document: JsonObject = {"session_id": session_id, "status": "failed", "text": "", "events": []}
+    turn = _client_call(state_dir, work, url=url, document=document)
     view.end_text()
     if as_json:
         emit_json(turn.result())
@@ -428,226 +429,3 @@ def send_command(
             soft_wrap=True,
         )
         raise SystemExit(EXIT_FAILURE)
-
-
-class LineReader:
-    """Reads input lines in a worker thread, one at a time, on request.
-
-    A read abandoned half-way (Ctrl-C interrupted the turn while an approval prompt waited)
-    keeps its thread; the line typed next goes to the next :meth:`read` rather than being
-    lost, and no second thread competes for stdin.
-    """
-
-    def __init__(self, input_fn: Callable[[str], str] = input) -> None:
-        self._input = input_fn
-        self._pending: _PendingRead | None = None
-
-    @property
-    def busy(self) -> bool:
-        """Whether a thread is still blocked reading a line nobody waits for any more."""
-        return self._pending is not None and not self._pending.done.is_set()
-
-    async def read(self, prompt: str) -> str:
-        """The next line (without its newline).
-
-        Raises:
-            EOFError: input ended (Ctrl-D).
-        """
-        pending = self._pending
-        if pending is None:
-            pending = self._pending = _PendingRead()
-            trio.lowlevel.spawn_system_task(self._read_one, pending, prompt)
-        else:
-            sys.stdout.write(prompt)  # the abandoned read printed an older prompt
-            sys.stdout.flush()
-        await pending.done.wait()
-        self._pending = None
-        if pending.error is not None:
-            raise pending.error
-        return pending.line
-
-    async def _read_one(self, pending: _PendingRead, prompt: str) -> None:
-        try:
-            pending.line = await trio.to_thread.run_sync(
-                self._input, prompt, abandon_on_cancel=True
-            )
-        except (EOFError, OSError, ValueError) as exc:  # ValueError: stdin was closed
-            pending.error = exc if isinstance(exc, EOFError) else EOFError(str(exc))
-        pending.done.set()
-
-
-class _PendingRead:
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.line = ""
-        self.error: EOFError | None = None
-
-
-async def chat_turn(
-    api: ControlPlane,
-    reader: LineReader,
-    view: TurnView,
-    session_id: str,
-    after: str | None,
-    text: str,
-) -> tuple[TurnFollower, bool]:
-    """One turn of ``corral chat``; returns it and whether the user asked to quit.
-
-    Ctrl-C interrupts the turn (the turn still ends with its own edge, which is awaited);
-    a second Ctrl-C quits. Approval prompts are answered inline.
-    """
-    turn = TurnFollower(session_id)
-    view.new_turn()
-    quit_chat = False
-    prompt_scope: trio.CancelScope | None = None
-    error: Exception | None = None
-
-    async def decide(event: StreamEvent) -> str | None:
-        nonlocal prompt_scope
-        with trio.CancelScope() as prompt_scope:
-            try:
-                answer = await reader.read("approve? [y/N] ")
-            except EOFError:
-                answer = ""
-            return "accept" if answer.strip().lower() in ("y", "yes") else "decline"
-        return None  # interrupted instead
-
-    async def interrupt() -> None:
-        try:
-            await api.interrupt(session_id)
-        except (ApiError, NoControlPlane) as exc:
-            view.note(f"could not interrupt: {exc}", kind="error")
-
-    async def watch_ctrl_c(*, task_status: trio.TaskStatus[None]) -> None:
-        nonlocal quit_chat
-        with trio.open_signal_receiver(signal.SIGINT) as signals:
-            task_status.started()
-            interrupted = False
-            async for _ in signals:
-                if interrupted:
-                    quit_chat = True
-                    nursery.cancel_scope.cancel()
-                    return
-                interrupted = True
-                view.note("interrupting the turn (Ctrl-C again to quit)")
-                if prompt_scope is not None:
-                    prompt_scope.cancel()
-                nursery.start_soon(interrupt)
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(watch_ctrl_c)
-        try:
-            await run_turn(
-                api, session_id, after, text, on_event=view.show, decide=decide, follower=turn
-            )
-        except NoControlPlane as exc:
-            # The turn failed, told as send tells it (control_plane_unreachable, exit 1),
-            # not as "no host" (exit 3): the session exists and its message may still run.
-            turn.status, turn.error = "failed", _lost(exc, turn)
-        except Exception as exc:  # re-raised below, unwrapped from the nursery's group
-            error = exc
-        nursery.cancel_scope.cancel()
-    view.end_text()
-    if error is not None:
-        raise error
-    return turn, quit_chat
-
-
-async def chat_loop(
-    api: ControlPlane,
-    reader: LineReader,
-    view: TurnView,
-    *,
-    session_id: str | None,
-    agent: str | None,
-) -> None:
-    """The REPL: prompt, run the turn, repeat until EOF or a double Ctrl-C."""
-    session = await _open_session(api, session_id, agent)
-    sid = str(session["id"])
-    cursor = _cursor(session.get("last_event_id"))
-    view.note(
-        f"session {sid} with agent {session.get('agent') or agent or DEFAULT_AGENT}: "
-        "Ctrl-C interrupts a turn; Ctrl-D (or Ctrl-C at the prompt) quits"
-    )
-    while True:
-        line = await _prompt(reader)
-        if line is None:
-            view.out.print()
-            return
-        if not line.strip():
-            continue
-        turn, quit_chat = await chat_turn(api, reader, view, sid, cursor, line)
-        cursor = turn.last_id or cursor
-        if turn.error is not None and turn.error.get("code") == UNREACHABLE:
-            # No control plane to send the next line to: the chat ends here.
-            raise ControlPlaneLost(f"session {sid}: {UNREACHABLE}: {turn.error['message']}")
-        if quit_chat:
-            return
-
-
-async def _prompt(reader: LineReader) -> str | None:
-    """The next line at the ``you>`` prompt, or None when the user quits there (Ctrl-D, or
-    Ctrl-C).
-
-    Ctrl-C is received here, as during a turn, rather than left to trio's KeyboardInterrupt:
-    that one is raised wherever the main thread happens to be, and a quit at the prompt once
-    went unnoticed for 20 s under load. The abandoned read keeps its thread
-    (:attr:`LineReader.busy`), which :func:`chat_command` leaves without waiting for.
-    """
-    line: str | None = None
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def quit_on_ctrl_c() -> None:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(quit_on_ctrl_c)
-            # Ctrl-D is a quit as well; raised from here it would reach the caller in a group.
-            with contextlib.suppress(EOFError):
-                line = await reader.read("you> ")
-            nursery.cancel_scope.cancel()
-    return line
-
-
-@click.command("chat")
-@_session_options
-@state_dir_option
-@url_option
-def chat_command(
-    session_id: str | None, agent: str | None, state_dir: Path | None, url: str | None
-) -> None:
-    """Talk to an agent: streamed text, tool calls as they happen, approvals inline.
-
-    Ctrl-C interrupts the running turn (twice quits); Ctrl-D or Ctrl-C at the prompt quits.
-    A control plane that goes away during a turn and is not back within 30 s ends the chat
-    with control_plane_unreachable (exit 1).
-
-    \b
-    Example:
-        corral chat --agent demo
-    """
-    _check_session_options(session_id, agent)
-    view = TurnView(Console(highlight=False))
-    reader = LineReader()
-
-    async def work(api: ControlPlane) -> None:
-        await chat_loop(api, reader, view, session_id=session_id, agent=agent)
-
-    code = 0
-    try:
-        _client_call(state_dir, work, url=url)
-    except KeyboardInterrupt:
-        view.out.print()
-    except click.ClickException as exc:
-        if not reader.busy:
-            raise
-        exc.show()
-        code = exc.exit_code
-    if reader.busy:
-        # A thread still blocks in input(), holding stdin's lock: interpreter shutdown would
-        # abort on that lock, so leave without waiting for it (nothing else is pending).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)

@@ -430,7 +430,11 @@ async def run_turn(
                             raise
                         # Already answered or gone (an interrupt cancelled it): the turn
                         # still ends with its own edge, so keep following.
-                        log.warning("approval %s was not taken: %s", elicitation_id, exc)
+                        log.warning(
+                            "the verdict on %s was not taken: it was already answered (%s)",
+                            elicitation_id,
+                            exc.detail or exc.error,
+                        )
 
     await api.follow(session_id, after, handle, on_open=post)
     return turn

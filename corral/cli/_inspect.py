@@ -1,7 +1,8 @@
-"""``corral status``, ``corral mailboxes``, ``corral dead-letters``: look inside a host."""
+"""``corral status``, ``corral mailboxes``: look inside a host."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -9,9 +10,18 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from ._output import NoHost, ask_host, emit_json, json_option, state_dir_option
-from ._subagents import parents_of
+from ._output import (
+    CliError,
+    NoHost,
+    ask_host,
+    emit_json,
+    json_option,
+    pick,
+    print_table,
+    state_dir_option,
+)
 
 
 def _age(value: float | None) -> str:
@@ -36,30 +46,94 @@ def status_command(state_dir: Path | None, wait_s: float | None, as_json: bool) 
     if as_json:
         emit_json(data)
         return
+    _show_status(data)
+
+
+#: The colour of each state a row of ``corral status`` can be in: green all is well, yellow
+#: on its way (or back), red needs a look.
+STATE_STYLES = {
+    "running": "green",
+    "connected": "green",
+    "idle": "green",
+    "starting": "yellow",
+    "connecting": "yellow",
+    "restarting": "yellow",
+    "reconnecting": "yellow",
+    "draining": "yellow",
+    "stopping": "yellow",
+    "busy": "cyan",
+    "stopped": "dim",
+    "closed": "dim",
+    "failed": "bold red",
+    "gave_up": "bold red",
+}
+
+
+def styled(state: str | None) -> Text:
+    """A state, in its colour (plain where the output is not a terminal)."""
+    return Text(str(state or "-"), style=STATE_STYLES.get(str(state), ""))
+
+
+def _show_status(data: dict[str, Any]) -> None:
+    """The default view of ``corral status``: the host, its actors, the control plane, the
+    runner tunnels and the harness workers, each state in its colour and each error said."""
     host = data["host"]
-    console = Console()
+    console = Console(soft_wrap=not sys.stdout.isatty())
     console.print(
-        f"corral {host['version']}  pid {host['pid']}  up {host['uptime_s']:.0f}s  "
-        f"state {host['state_dir']}"
+        Text.assemble(
+            f"corral {host['version']}  pid {host['pid']}  ",
+            styled(host.get("state")),
+            f"  up {host['uptime_s']:.0f}s  state {host['state_dir']}",
+        )
     )
     table = Table("actor", "state", "pid", "restarts", "uptime", "last exit")
     for a in data["actors"]:
         last = a["last_exit"]
         table.add_row(
             a["name"],
-            a["state"],
+            styled(a["state"]),
             str(a["pid"] or "-"),
             str(a["restarts"]),
             _age(a["uptime_s"]),
             "-" if not last else f"{last['reason']} ({time.time() - last['at']:.0f}s ago)",
         )
-    console.print(table)
+    print_table(table)
     server = data.get("server")
     if server:
         console.print(
-            f"control plane {server['url'] or '-'}  {server['state']}  pid {server['pid'] or '-'}"
-            f"  restarts {server.get('restarts', 0)}"
+            Text.assemble(
+                f"control plane {server['url'] or '-'}  ",
+                styled(server["state"]),
+                f"  pid {server['pid'] or '-'}  restarts {server.get('restarts', 0)}",
+            )
         )
+    tunnels = data.get("tunnels") or []
+    if tunnels:
+        table = Table("runner", "server", "state", "for", "error", "next attempt")
+        for t in tunnels:
+            since = t.get("since")
+            table.add_row(
+                str(t.get("runner_id") or "-"),
+                str(t.get("server") or t.get("url") or "-"),
+                styled(t.get("state")),
+                _age(time.time() - since if since else None),
+                Text(str(t.get("error") or "-"), style="red" if t.get("error") else ""),
+                _age(t.get("next_attempt_in_s")),
+            )
+        print_table(table, ids=("runner", "server"))
+    workers = data.get("workers") or []
+    if workers:
+        table = Table("worker session", "harness", "state", "idle", "crashes", "pid")
+        for w in workers:
+            table.add_row(
+                str(w["session_id"]),
+                str(w.get("harness") or "-"),
+                styled("busy" if w.get("in_flight") else "idle"),
+                _age(w.get("idle_s")),
+                Text(str(w.get("crashes", 0)), style="red" if w.get("crashes") else ""),
+                str(w.get("pid") or "-"),
+            )
+        print_table(table, ids=("worker session",))
 
 
 def _all_running(data: dict[str, Any]) -> bool:
@@ -89,7 +163,7 @@ def _wait_running(state_dir: Path | None, wait_s: float) -> dict[str, Any]:
             return data
         if remaining <= 0:
             waiting = [a["name"] for a in data["actors"] if a["state"] != "running"]
-            raise click.ClickException(
+            raise CliError(
                 f"the host is {data['host']['state']} after {wait_s:g}s; not running: "
                 + (", ".join(waiting) or "-")
             )
@@ -104,6 +178,9 @@ def _wait_running(state_dir: Path | None, wait_s: float) -> dict[str, Any]:
 def mailboxes_command(actor: str | None, peek: int, state_dir: Path | None, as_json: bool) -> None:
     """Show each actor's durable mailbox: queued, in flight (stuck: past [bus] stuck_after_s),
     parked, dead letters."""
+    if actor is not None:
+        names = [m["actor"] for m in ask_host(state_dir, "mailboxes")["mailboxes"]]
+        actor = pick(actor, names, "mailbox", "mailboxes")
     data = ask_host(state_dir, "mailboxes", actor=actor, peek=peek)
     if as_json:
         emit_json(data)
@@ -114,70 +191,11 @@ def mailboxes_command(actor: str | None, peek: int, state_dir: Path | None, as_j
     )
     for m in data["mailboxes"]:
         table.add_row(m["actor"], *(str(m[k]) for k in columns), _age(m["oldest_age_s"]))
-    console = Console()
-    console.print(table)
+    print_table(table)
+    console = Console(soft_wrap=True)
     for m in data["mailboxes"]:
         for p in m.get("peek", []):
             console.print(
                 f"  {m['actor']}: {p['id']} {p['type']} session={p['session_id']} "
                 f"attempts={p['attempts']} age={_age(p['age_s'])} {p['state']}"
             )
-
-
-@click.command("dead-letters")
-@state_dir_option
-@json_option
-def dead_letters_command(state_dir: Path | None, as_json: bool) -> None:
-    """List messages that could not be delivered or handled, with the error."""
-    data: dict[str, Any] = ask_host(state_dir, "dead_letters")
-    if as_json:
-        emit_json(data)
-        return
-    table = Table("id", "actor", "type", "attempts", "error", "at")
-    for d in data["dead_letters"]:
-        table.add_row(
-            d["id"],
-            d["actor"],
-            d["type"],
-            str(d["attempts"]),
-            d["error"],
-            time.strftime("%H:%M:%S", time.localtime(d["at"])),
-        )
-    Console().print(table)
-
-
-@click.command("elicitations")
-@state_dir_option
-@json_option
-def elicitations_command(state_dir: Path | None, as_json: bool) -> None:
-    """List elicitations parked by harness workers, and recently resolved ones; a sub-agent's
-    shows its parent session."""
-    data: dict[str, Any] = ask_host(state_dir, "elicitations")
-    parents = _parents(state_dir) if data["elicitations"] else {}
-    for e in data["elicitations"]:
-        e["parent_session_id"] = parents.get(e["session_id"])
-    if as_json:
-        emit_json(data)
-        return
-    table = Table("elicitation", "session", "parent", "turn", "state", "prompt", "created")
-    for e in data["elicitations"]:
-        table.add_row(
-            e["elicitation_id"],
-            e["session_id"],
-            e["parent_session_id"] or "-",
-            e["turn_id"],
-            e["state"] + (f" ({e['reason']})" if e.get("reason") else ""),
-            str(e["params"].get("message", "")),
-            time.strftime("%H:%M:%S", time.localtime(e["created_at"])),
-        )
-    Console().print(table)
-
-
-def _parents(state_dir: Path | None) -> dict[str, str]:
-    """Each sub-agent session's parent, from dispatch's work registry; {} when dispatch does
-    not answer (the elicitations are still worth showing without it)."""
-    try:
-        reply = ask_host(state_dir, "inspect", actor="dispatch")
-    except click.ClickException:
-        return {}
-    return parents_of(list(reply["state"].get("subagents", [])))

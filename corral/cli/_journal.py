@@ -31,7 +31,15 @@ from .._jsonlines import JsonObject
 from ..config import resolve_state_dir
 from ..instance import Instance
 from ..journal import InvalidCursorError, InvalidIdError, RunJournal
-from ._output import corral_errors, emit_json, json_option, state_dir_option
+from ._output import (
+    CliError,
+    corral_errors,
+    emit_json,
+    json_option,
+    pick,
+    print_table,
+    state_dir_option,
+)
 
 _decoder = msgspec.json.Decoder()
 # A payload wider than this is cut in tables and human `tail` lines.
@@ -54,19 +62,34 @@ def _check_ids(journal: RunJournal, session_id: str, run_id: str | None = None) 
         raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
-def _require_session(journal: RunJournal, session_id: str) -> None:
+def _require_session(journal: RunJournal, session_id: str) -> str:
+    """The session ``session_id`` names (whole, or a unique prefix of a journal's)."""
     _check_ids(journal, session_id)
     if not (journal.root / session_id).is_dir():
-        raise click.ClickException(f"no journal for session {session_id!r} in {journal.root}")
-
-
-def _require_run(journal: RunJournal, session_id: str, run_id: str) -> None:
-    _check_ids(journal, session_id, run_id)
-    _require_session(journal, session_id)
-    if not journal.path(session_id, run_id).is_file():
-        raise click.ClickException(
-            f"no journal for run {run_id!r} of session {session_id!r} in {journal.root}"
+        known = (
+            [p.name for p in journal.root.iterdir() if p.is_dir()] if journal.root.is_dir() else []
         )
+        if not any(k.startswith(session_id) for k in known):
+            raise CliError(
+                f"no journal for session {session_id!r} in {journal.root}", code="not_found"
+            )
+        session_id = pick(session_id, known, "session")
+    return session_id
+
+
+def _require_run(journal: RunJournal, session_id: str, run_id: str) -> tuple[str, str]:
+    """The session and run the ids name (each whole, or a unique prefix)."""
+    _check_ids(journal, session_id, run_id)
+    session_id = _require_session(journal, session_id)
+    if not journal.path(session_id, run_id).is_file():
+        runs = [p.name.removesuffix(".jsonl") for p in (journal.root / session_id).glob("*.jsonl")]
+        if not any(r.startswith(run_id) for r in runs):
+            raise CliError(
+                f"no journal for run {run_id!r} of session {session_id!r} in {journal.root}",
+                code="not_found",
+            )
+        run_id = pick(run_id, runs, "run")
+    return session_id, run_id
 
 
 def _when(value: Any) -> str:
@@ -102,12 +125,11 @@ def ls_command(session: str | None, state_dir: Path | None, as_json: bool) -> No
     """List the sessions with journals, or the runs of SESSION."""
     journal = _open(state_dir)
     if session is not None:
-        _require_session(journal, session)
+        session = _require_session(journal, session)
     data = journal.listing(session)
     if as_json:
         emit_json(data)
         return
-    console = Console()
     if session is None:
         table = Table("session", "runs", "bytes", "modified")
         for row in data["sessions"]:
@@ -126,7 +148,7 @@ def ls_command(session: str | None, state_dir: Path | None, as_json: bool) -> No
                 str(model.get("model")) if isinstance(model, dict) else "-",
                 _when(run["updated_at"]),
             )
-    console.print(table)
+    print_table(table, ids=("session", "run"))
 
 
 @journal_group.command("show")
@@ -154,7 +176,7 @@ def show_command(
 ) -> None:
     """Show the records of RUN in SESSION (the library's read result with --json)."""
     journal = _open(state_dir)
-    _require_run(journal, session, run)
+    session, run = _require_run(journal, session, run)
     try:
         data = journal.read(session, run, after_seq=_cursor(after), limit=limit, strict=strict)
     except InvalidCursorError as exc:
@@ -172,7 +194,7 @@ def show_command(
             _compact(record.get("payload")),
         )
     Console().print(table)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     for bad in data["malformed"]:
         err.print(f"line {bad['line']}: {bad['reason']}")
     if data["incomplete_tail"]:
@@ -192,7 +214,7 @@ def show_command(
 def summary_command(session: str, run: str, state_dir: Path | None, as_json: bool) -> None:
     """Summarise RUN: cursor, terminal state and the observed runtime model."""
     journal = _open(state_dir)
-    _require_run(journal, session, run)
+    session, run = _require_run(journal, session, run)
     data = journal.summary(session, run)
     if as_json:
         emit_json(data)
@@ -244,9 +266,9 @@ def tail_command(
     _check_ids(journal, session, run)
     if not wait:
         if run is None:
-            _require_session(journal, session)
+            session = _require_session(journal, session)
         else:
-            _require_run(journal, session, run)
+            session, run = _require_run(journal, session, run)
     show = _printer(as_json, with_run=run is None)
     # SIGTERM ends a follow as cleanly as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)

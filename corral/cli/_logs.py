@@ -23,7 +23,14 @@ from .._logfile import log_lines
 from ..config import LOG_LEVELS, load_config, resolve_state_dir
 from ..instance import Instance
 from ..logs import parse_line, to_logfmt
-from ._output import EXIT_USAGE, config_option, config_path_of, json_option, state_dir_option
+from ._output import (
+    EXIT_USAGE,
+    CliError,
+    config_option,
+    config_path_of,
+    json_option,
+    state_dir_option,
+)
 
 
 def find_log_file(state_dir: Path | None, config_path: Path | None) -> Path:
@@ -42,10 +49,11 @@ def find_log_file(state_dir: Path | None, config_path: Path | None) -> Path:
     if configured:
         return Path(configured)
     where = config_path if config_path is not None else directory / "corral.toml"
-    raise click.ClickException(
+    raise CliError(
         f"no log file: no host runs on {directory} with one, and {where} sets no "
         "[logging] file (the host logs to stderr only); set it (docs/config.md), or pass "
-        "--file or --config"
+        "--file or --config",
+        code="no_log_file",
     )
 
 
@@ -143,10 +151,9 @@ def logs_command(
     try:
         path = file or find_log_file(state_dir, config_path)
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(EXIT_USAGE) from None
+        raise CliError(str(exc), code="config_error", exit_code=EXIT_USAGE) from None
     if not follow and not path.exists():
-        raise click.ClickException(f"log file {path} does not exist (yet)")
+        raise CliError(f"log file {path} does not exist (yet)", code="no_log_file")
     records = render(log_lines(path, follow=follow), actors, session, level, as_json)
     try:
         _print(records, last)

@@ -19,10 +19,8 @@ result is:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from .._exceptions import BadInput
@@ -32,10 +30,13 @@ from ._output import (
     EXIT_FAILURE,
     EXIT_NO_HOST,
     EXIT_USAGE,
+    CliError,
     NoHost,
     ask_host,
     emit_json,
     json_option,
+    pick,
+    print_table,
     state_dir_option,
 )
 
@@ -43,20 +44,10 @@ from ._output import (
 _OPEN = frozenset({"launching", "in_progress"})
 
 
-class Refused(click.ClickException):
-    """A failure of the command, with its code; under ``--json`` it is also the one JSON
-    document on stdout (``{"sessions": [], "error": {code, message}}``)."""
-
-    def __init__(self, message: str, *, code: str, exit_code: int, as_json: bool) -> None:
-        super().__init__(message)
-        self.code = code
-        self.exit_code = exit_code  # type: ignore[misc]  # click reads it per instance
-        self.as_json = as_json
-
-    def show(self, file: Any = None) -> None:
-        if self.as_json:
-            emit_json({"sessions": [], "error": {"code": self.code, "message": self.message}})
-        super().show(file)
+def _refused(message: str, *, code: str, exit_code: int) -> CliError:
+    """A failure of the command; under ``--json`` its document is
+    ``{"sessions": [], "error": {code, message}}``."""
+    return CliError(message, code=code, exit_code=exit_code, document={"sessions": []})
 
 
 def result_place(entry: JsonObject) -> str:
@@ -123,20 +114,17 @@ def subagent_tree(entries: list[JsonObject], session_id: str | None = None) -> l
     return [node(r) for r in roots]
 
 
-def _entries(state_dir: Path | None, as_json: bool) -> list[JsonObject]:
+def _entries(state_dir: Path | None) -> list[JsonObject]:
     """The registry's entries, from dispatch's snapshot."""
     try:
         reply = ask_host(state_dir, "inspect", actor="dispatch")
     except NoHost as exc:
-        raise Refused(
-            exc.message, code="no_host", exit_code=EXIT_NO_HOST, as_json=as_json
-        ) from None
+        raise _refused(exc.message, code="no_host", exit_code=EXIT_NO_HOST) from None
     except click.ClickException as exc:
-        raise Refused(
+        raise _refused(
             f"dispatch did not answer: {exc.message}",
             code="dispatch_unavailable",
             exit_code=EXIT_FAILURE,
-            as_json=as_json,
         ) from None
     return list(reply["state"].get("subagents", []))
 
@@ -175,26 +163,25 @@ def subagents_command(session_id: str | None, state_dir: Path | None, as_json: b
     """Show the tree of sessions and their sub-agents: each dispatch, its state, and where
     its result is (pending, recorded, inbox, woken, drained, abandoned).
 
-    Exit 1 when --session names a session with no sub-agent work on this host, 2 when it is
-    not a session id, 3 when no host runs.
+    --session takes a session id or a unique prefix of one. Exit 1 when it names a session
+    with no sub-agent work on this host, 2 when it is not a session id or names several, 3
+    when no host runs.
     """
     if session_id is not None:
         try:
             check_session_id(session_id)
         except BadInput as exc:
-            raise Refused(
-                str(exc), code="invalid_session_id", exit_code=EXIT_USAGE, as_json=as_json
-            ) from None
-    entries = _entries(state_dir, as_json)
-    if session_id is not None and not any(
-        session_id in (e["parent_id"], e["child_id"]) for e in entries
-    ):
-        raise Refused(
+            raise _refused(str(exc), code="invalid_session_id", exit_code=EXIT_USAGE) from None
+    entries = _entries(state_dir)
+    known = [e[k] for e in entries for k in ("parent_id", "child_id")]
+    if session_id is not None and any(k.startswith(session_id) for k in known):
+        session_id = pick(session_id, known, "session")
+    elif session_id is not None:
+        raise _refused(
             f"session {session_id} has no sub-agent work on this host (it dispatched none, "
             "and none was dispatched to it)",
             code="session_not_found",
             exit_code=EXIT_FAILURE,
-            as_json=as_json,
         )
     trees = subagent_tree(entries, session_id)
     if as_json:
@@ -203,4 +190,4 @@ def subagents_command(session_id: str | None, state_dir: Path | None, as_json: b
     table = Table("session", "sub-agent", "dispatch", "state", "result", "output")
     for tree in trees:
         _rows(table, tree, 0)
-    Console().print(table)
+    print_table(table, ids=("session", "dispatch"))

@@ -16,7 +16,7 @@ import click
 
 from ..config import resolve_state_dir
 from ._locate import NoCredential, client_token_file, read_client_token
-from ._output import emit_json, json_option, state_dir_option
+from ._output import CliError, emit_json, json_option, state_dir_option
 
 
 def _state(state_dir: Path | None) -> Path:
@@ -52,7 +52,7 @@ def token_group(ctx: click.Context, state_dir: Path | None, as_json: bool) -> No
     try:
         token = read_client_token(directory)
     except NoCredential as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CliError(str(exc), code="no_credential") from None
     _print(token, client_token_file(directory), as_json)
 
 
@@ -70,5 +70,5 @@ def rotate_command(state_dir: Path | None, as_json: bool) -> None:
     try:
         token = rotate_client_token(path.parent)
     except OSError as exc:
-        raise click.ClickException(f"cannot write {path}: {exc.strerror}") from None
+        raise CliError(f"cannot write {path}: {exc.strerror}", code="write_failed") from None
     _print(token, path, as_json, rotated=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import NoReturn
 
@@ -180,6 +182,8 @@ def up_command(
         _fail(exc, EXIT_USAGE)
     # Every process the host starts logs as it does (corral.logs).
     os.environ.update(logs.child_env(log_settings))
+    said = _ErrorsLogged()
+    logging.getLogger().addHandler(said)
     directory = resolve_state_dir(str(state_dir) if state_dir else None, config)
     set_title(f"corral: host {directory}")
     host = Host(
@@ -192,12 +196,25 @@ def up_command(
     try:
         trio.run(host.run)
     except ConfigError as exc:
-        _fail(exc, EXIT_USAGE)
+        _fail(exc, EXIT_USAGE, said=said.messages)
     except CorralError as exc:
         # Another host on the state dir, a crash loop, a control plane that never came up.
-        _fail(exc, EXIT_FAILURE)
+        _fail(exc, EXIT_FAILURE, said=said.messages)
 
 
-def _fail(exc: Exception, code: int) -> NoReturn:
-    stderr.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+class _ErrorsLogged(logging.Handler):
+    """Remembers the error records logged, so a failure the host logged (on stderr, with
+    the rest of its log) is not told a second time."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.add(record.getMessage())
+
+
+def _fail(exc: Exception, code: int, *, said: AbstractSet[str] = frozenset()) -> NoReturn:
+    if str(exc) not in said:
+        stderr.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
     raise SystemExit(code) from None

@@ -91,11 +91,15 @@ def test_dead_letters_json(host: HostProcess) -> None:
 
 
 def test_no_host_exits_3(tmp_path: Path) -> None:
+    """Nothing on stdout but, under --json, the one error document (#19)."""
     for args in (["status", "--json"], ["mailboxes"], ["dead-letters", "--json"]):
         out = corral(*args, "--state-dir", str(tmp_path / "nothing"))
         assert out.returncode == 3, (args, out)
-        assert "no corral host is running" in out.stderr
-        assert out.stdout == ""
+        assert "no running host found" in out.stderr
+        if "--json" in args:
+            assert json.loads(out.stdout)["error"]["code"] == "no_host"
+        else:
+            assert out.stdout == ""
 
 
 def test_invalid_config_exits_2_naming_the_key(tmp_path: Path) -> None:

@@ -36,9 +36,7 @@ from corral.actors.host import Host
 from corral.cli import cli
 from corral.cli._chat import (
     Line,
-    LineReader,
     TurnView,
-    chat_loop,
     describe,
     format_arguments,
     summarize_output,
@@ -53,6 +51,7 @@ from corral.cli._client import (
     locate,
     run_turn,
 )
+from corral.cli._repl import LineReader, chat_loop
 from corral.cli._up import server_runner, with_workspace
 from corral.config import Config, RunnerSettings, parse_config
 from corral.instance import Instance
@@ -635,13 +634,27 @@ def test_send_failed_turn_exits_1_with_the_error(plane: FakePlane, tmp_path: Pat
     assert result["status"] == "failed"
     assert result["error"] == {"code": "scripted_failure", "message": "boom"}
     assert "scripted_failure: boom" in out.stderr
+    # Without --json too, the failure is told once: the error line (#19).
+    out = _send(tmp_path / "state", "--agent", "fail", "hi")
+    assert out.returncode == 1
+    told = [line for line in out.stderr.splitlines() if "boom" in line]
+    assert len(told) == 1, out.stderr
+    assert told[0].startswith("error: session ") and told[0].endswith(": scripted_failure: boom")
 
 
 def test_send_bad_input(plane: FakePlane, tmp_path: Path) -> None:
     state = tmp_path / "state"
     out = _send(state, "--agent", "nope", "hi", "--json")
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == 1
     assert "unknown agent 'nope' (agents here: demo, fail)" in out.stderr
+    # The one --json document: a turn's shape, failed, with the error (#19).
+    assert json.loads(out.stdout) == {
+        "session_id": None,
+        "status": "failed",
+        "text": "",
+        "events": [],
+        "error": {"code": "not_found", "message": "unknown agent 'nope' (agents here: demo, fail)"},
+    }
     out = _send(state, "--session", "missing", "hi")
     assert out.returncode == 1 and "unknown session 'missing'" in out.stderr
     out = _send(state, "--session", "s1", "--agent", "demo", "hi")
@@ -867,7 +880,10 @@ def test_no_host_exits_3(tmp_path: Path) -> None:
         out = corral(*args, "--state-dir", str(state))
         assert out.returncode == 3, (args, out)
         assert "no running host found" in out.stderr
-        assert out.stdout == ""
+        if "--json" in args:  # the one error document (#19)
+            assert json.loads(out.stdout)["error"]["code"] == "no_host"
+        else:
+            assert out.stdout == ""
 
 
 def test_stale_server_file_without_a_host_exits_3(tmp_path: Path) -> None:

@@ -308,7 +308,8 @@ def test_failing_agent_exits_1_with_its_error(shared_host: HostProcess) -> None:
 
 def test_bad_client_input(shared_host: HostProcess) -> None:
     out = _send(shared_host, "--agent", "no-such-agent", "hi", "--json")
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["error"]["code"] == "not_found"  # the one document (#19)
     assert "unknown agent 'no-such-agent'" in out.stderr and "demo" in out.stderr
     out = _send(shared_host, "--session", "0123456789abcdef0123456789abcdef", "hi")
     assert out.returncode == 1

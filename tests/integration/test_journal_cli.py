@@ -155,7 +155,8 @@ def test_unknown_session_or_run_exits_1(seeded: tuple[Path, RunJournal], args: l
     state_dir, _ = seeded
     out = corral("journal", *args, "--json", "--state-dir", str(state_dir))
     assert out.returncode == 1, out
-    assert "no journal for" in out.stderr and out.stdout == ""
+    assert "no journal for" in out.stderr
+    assert json.loads(out.stdout)["error"]["code"] == "not_found"  # the one document (#19)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +175,8 @@ def test_invalid_ids_and_cursors_exit_2(seeded: tuple[Path, RunJournal], args: l
     state_dir, _ = seeded
     out = corral("journal", *args, "--json", "--state-dir", str(state_dir))
     assert out.returncode == 2, out
-    assert "Invalid value" in out.stderr and out.stdout == ""
+    assert "Invalid value" in out.stderr
+    assert json.loads(out.stdout)["error"]["code"] == "usage"  # the one document (#19)
 
 
 def test_reading_leaves_a_torn_tail_alone(seeded: tuple[Path, RunJournal]) -> None:

@@ -156,6 +156,18 @@ class DispatchActor(SubagentWork):
             **super().snapshot(),
             **self.stats,
             "sessions": len(self.sessions),
+            # ``corral sessions`` on a host with no control plane: what dispatch holds.
+            "session_list": [
+                {
+                    "id": s.record.id,
+                    "agent_id": s.record.agent_id,
+                    "runner_id": s.record.runner_id,
+                    "status": s.record.status,
+                    "turn_id": s.record.turn_id,
+                    "created_at": s.record.created_at,
+                }
+                for s in self.sessions.values()
+            ],
             "active_turns": self._active_turns(),
             "stopping": self.stopping,
             "tally": self.tally.snapshot(),
