@@ -7,6 +7,11 @@ is measured at baseline and after +1, +10 and +100 sessions (+1 and +10 with ``-
 PSS, summed from ``/proc/PID/smaps_rollup``, which splits each shared page among the
 processes that map it (so figures add up, where RSS counts a page once per process), and
 RSS beside it. The figure a host's capacity follows is the PSS each added session costs.
+Two hosts are measured, one after the other: one whose workers are forked from the harness
+actor's zygote (the default, :mod:`corral._zygote`), one whose workers are exec'd (``zygote
+= false``), each figure named with its mode (``[zygote]``, ``[exec]``). Then each host
+starts a few more sessions: a cold turn (its worker spawned first: what a session whose idle
+worker was reaped pays to resume) and a warm one (its worker idle), start to first delta.
 
 Baseline, same run: the interpreter floor, a bare ``python -c "import trio, zmq, msgspec"``
 left running and measured alone (PSS, with RSS as a figure): what any process of a
@@ -47,6 +52,9 @@ liveness = 4
 [actors.harness.options]
 idle_timeout_s = 0
 """
+
+#: The spawns compared: workers forked from the zygote (the default), and exec'd.
+MODES = {"zygote": "zygote = true\n", "exec": "zygote = false\n"}
 
 
 def process_tree(root: int) -> list[int]:
@@ -146,7 +154,12 @@ async def _measure(inst: Instance, counts: tuple[int, ...], turns: int) -> dict[
     return rows
 
 
-def _figures(rows: dict[str, Any], floor: float) -> list[Figure]:
+def _figures(rows: dict[str, Any], floor: float, mode: str) -> list[Figure]:
+    """The figures of one host, each named with its ``mode`` (``[zygote]``, ``[exec]``)."""
+    return [{**f, "name": f"{f['name']} [{mode}]"} for f in _host_figures(rows, floor)]
+
+
+def _host_figures(rows: dict[str, Any], floor: float) -> list[Figure]:
     tree = rows["tree"]
     _, base_pss, base_rss, base_procs = tree[0]
     out = [
@@ -182,12 +195,11 @@ def run(params: Mapping[str, object]) -> Document:
     turns = 5 if quick else 20
     with step("baseline: a bare interpreter"):
         floor_pss, floor_rss = floor_mb()
-    with running_host(CONFIG) as inst:
-        rows = trio.run(_measure, inst, counts, turns)
-    results = [
-        figure("interpreter floor RSS", floor_rss, "MB", floor_pss),
-        *_figures(rows, floor_pss),
-    ]
+    results = [figure("interpreter floor RSS", floor_rss, "MB", floor_pss)]
+    for mode, option in MODES.items():
+        with step(f"a host, workers by {mode}"), running_host(CONFIG + option) as inst:
+            rows = trio.run(_measure, inst, counts, turns)
+        results += _figures(rows, floor_pss, mode)
     return {
         "benchmark": "memory",
         "baseline": {
@@ -196,7 +208,12 @@ def run(params: Mapping[str, object]) -> Document:
             "unit": "MB",
         },
         "results": results,
-        "params": {"sessions": list(counts), "turns": turns, "python": sys.version.split()[0]},
+        "params": {
+            "sessions": list(counts),
+            "turns": turns,
+            "modes": list(MODES),
+            "python": sys.version.split()[0],
+        },
     }
 
 

@@ -35,7 +35,7 @@ def test_a_tree_is_its_root_and_every_process_below_it() -> None:
 
 
 @pytest.mark.chaos
-def test_bench_memory_measures_the_tree_per_session_against_the_interpreter_floor() -> None:
+def test_bench_memory_measures_forked_and_execd_sessions_against_the_interpreter_floor() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "corral", "bench", "memory", "--quick", "--json"],
         capture_output=True,
@@ -48,17 +48,24 @@ def test_bench_memory_measures_the_tree_per_session_against_the_interpreter_floo
     assert doc["params"]["sessions"] == [1, 10]
     floor = doc["baseline"]
     assert floor["unit"] == "MB" and 5 < floor["value"] < 200
+    assert doc["params"]["modes"] == ["zygote", "exec"]
     rows = {r["name"]: r for r in doc["results"]}
-    base = rows["host tree PSS, no session"]
-    assert base["ratio_to_baseline"] > 1, "a host is more than one bare interpreter"
-    assert rows["host tree processes, no session"]["value"] >= 2
-    for count in (1, 10):
-        tree = rows[f"host tree PSS, +{count} sessions"]
-        per = rows[f"PSS per added session, +{count}"]
-        assert tree["value"] > base["value"]
-        # What a session adds is a worker: more than nothing, less than a whole host.
-        assert 0 < per["value"] < base["value"]
-        assert per["ratio_to_baseline"] == pytest.approx(per["value"] / floor["value"], rel=1e-2)
-        assert rows[f"RSS per added session, +{count}"]["value"] >= per["value"] * 0.9
-    assert rows["warm turn (worker idle) to first delta p50"]["value"] > 0
-    assert rows["cold turn (worker spawned) to first delta p50"]["value"] > 0
+    for mode in ("zygote", "exec"):
+        base = rows[f"host tree PSS, no session [{mode}]"]
+        assert base["ratio_to_baseline"] > 1, "a host is more than one bare interpreter"
+        assert rows[f"host tree processes, no session [{mode}]"]["value"] >= 2
+        for count in (1, 10):
+            tree = rows[f"host tree PSS, +{count} sessions [{mode}]"]
+            per = rows[f"PSS per added session, +{count} [{mode}]"]
+            assert tree["value"] > base["value"]
+            # What a session adds is a worker: more than nothing, less than a whole host.
+            assert 0 < per["value"] < base["value"]
+            assert per["ratio_to_baseline"] == pytest.approx(
+                per["value"] / floor["value"], rel=1e-2
+            )
+            assert rows[f"RSS per added session, +{count} [{mode}]"]["value"] >= per["value"] * 0.9
+        assert rows[f"warm turn (worker idle) to first delta p50 [{mode}]"]["value"] > 0
+        assert rows[f"cold turn (worker spawned) to first delta p50 [{mode}]"]["value"] > 0
+    # The zygote's point: a forked worker shares the interpreter and its imports.
+    forked = rows["PSS per added session, +10 [zygote]"]["value"]
+    assert forked < 0.75 * rows["PSS per added session, +10 [exec]"]["value"]

@@ -34,8 +34,11 @@ from ._records import OwnedTurn, ParkedElicitation, WorkerState
 
 log = logging.getLogger("corral.actors.harness")
 
-#: The module a harness worker runs (``python -m``), by which the host's children are told.
+#: The module a harness worker runs (``python -m``), by which the host's children are told
+#: (a worker forked from the zygote shows the zygote's command line, which names it too)...
 WORKER_MODULE = "corral.harnesses._worker"
+#: ... until the worker sets its process title (corral._proctitle), which starts with this.
+WORKER_TITLE = b"corral: worker "
 
 
 def host_record() -> dict[str, Any]:
@@ -108,7 +111,7 @@ def _unrecorded_workers(host_pid: int, recorded: set[int]) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if WORKER_MODULE.encode() in argv:
+        if WORKER_MODULE.encode() in argv or argv[0].startswith(WORKER_TITLE):
             found.append(pid)
     return found
 
