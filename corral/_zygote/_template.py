@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import logging
@@ -205,6 +206,9 @@ def main() -> None:
             importlib.import_module(module)
         except Exception:  # its children import it themselves, and fail as an exec would
             log.exception("the zygote could not preload %s", module)
+    # What the zygote holds stays out of its children's collections: a collection writes to
+    # every object it visits, and the pages it writes to are copied, no longer shared.
+    gc.freeze()
     template = Template(requests, reports)
     reports.send(encode(Ready(pid=os.getpid())))
     template.serve()

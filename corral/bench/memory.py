@@ -11,7 +11,8 @@ Two hosts are measured, one after the other: one whose workers are forked from t
 actor's zygote (the default, :mod:`corral._zygote`), one whose workers are exec'd (``zygote
 = false``), each figure named with its mode (``[zygote]``, ``[exec]``). Then each host
 starts a few more sessions: a cold turn (its worker spawned first: what a session whose idle
-worker was reaped pays to resume) and a warm one (its worker idle), start to first delta.
+worker was reaped pays to resume) and a warm one (its worker idle): start to first delta, and
+the CPU time the host's tree spent per turn.
 
 Baseline, same run: the interpreter floor, a bare ``python -c "import trio, zmq, msgspec"``
 left running and measured alone (PSS, with RSS as a figure): what any process of a
@@ -33,7 +34,16 @@ from ..actors._control import request
 from ..bus import open_peer
 from ..harnesses.protocol import AnyOutput
 from ..instance import Instance
-from ._common import Document, Figure, figure, host_pid, percentile, quiet, running_host
+from ._common import (
+    Document,
+    Figure,
+    _tree_cpu_s,
+    figure,
+    host_pid,
+    percentile,
+    quiet,
+    running_host,
+)
 from ._progress import step
 from .harness import LIVENESS, first_delta
 
@@ -142,15 +152,20 @@ async def _measure(inst: Instance, counts: tuple[int, ...], turns: int) -> dict[
                     await first_delta(peer, sessions[-1], spec, limit_s=60)
                     progress.advance()
                 rows["tree"].append((count, *await _settled_tree(inst, count)))
-        with step("cold and warm turns", total=2 * turns) as progress:
-            cold, warm = [], []
-            for _ in range(turns):
-                session_id = f"cold-{uuid.uuid4().hex[:12]}"
-                cold.append(await first_delta(peer, session_id, spec, limit_s=60))
-                progress.advance()
-                warm.append(await first_delta(peer, session_id, spec, limit_s=60))
-                progress.advance()
-        rows["cold"], rows["warm"] = sorted(cold), sorted(warm)
+        root = host_pid(inst)
+        fresh = [f"cold-{uuid.uuid4().hex[:12]}" for _ in range(turns)]
+        for kind in ("cold", "warm"):
+            # The same sessions twice: first each worker is spawned, then it is idle.
+            with step(f"{kind} turns", total=turns) as progress:
+                await quiet(root)
+                cpu = _tree_cpu_s(root)
+                firsts = []
+                for session_id in fresh:
+                    firsts.append(await first_delta(peer, session_id, spec, limit_s=60))
+                    progress.advance()
+                await quiet(root)
+                rows[f"{kind}_cpu_ms"] = (_tree_cpu_s(root) - cpu) / turns * 1000
+            rows[kind] = sorted(firsts)
     return rows
 
 
@@ -175,15 +190,12 @@ def _host_figures(rows: dict[str, Any], floor: float) -> list[Figure]:
             figure(f"RSS per added session, +{count}", (rss - base_rss) / count, "MB", floor),
         ]
     ms = 1000
+    cold, warm = percentile(rows["cold"], 0.5) * ms, percentile(rows["warm"], 0.5) * ms
     out += [
-        figure(
-            "cold turn (worker spawned) to first delta p50",
-            percentile(rows["cold"], 0.5) * ms,
-            "ms",
-        ),
-        figure(
-            "warm turn (worker idle) to first delta p50", percentile(rows["warm"], 0.5) * ms, "ms"
-        ),
+        figure("cold turn (worker spawned) to first delta p50", cold, "ms"),
+        figure("warm turn (worker idle) to first delta p50", warm, "ms"),
+        figure("host tree CPU per cold turn", rows["cold_cpu_ms"], "ms"),
+        figure("host tree CPU per warm turn", rows["warm_cpu_ms"], "ms"),
     ]
     return out
 
