@@ -9,10 +9,10 @@ processes that map it (so figures add up, where RSS counts a page once per proce
 RSS beside it. The figure a host's capacity follows is the PSS each added session costs.
 Two hosts are measured, one after the other: one whose workers are forked from the harness
 actor's zygote (the default, :mod:`corral._zygote`), one whose workers are exec'd (``zygote
-= false``), each figure named with its mode (``[zygote]``, ``[exec]``). Then each host
-starts a few more sessions: a cold turn (its worker spawned first: what a session whose idle
-worker was reaped pays to resume) and a warm one (its worker idle): start to first delta, and
-the CPU time the host's tree spent per turn.
+= false``), each figure named with its mode (``[zygote]``, ``[exec]``). Then another host
+of each mode, with no session idle, runs a few sessions twice: a cold turn (its worker
+spawned first: what a session whose idle worker was reaped pays to resume) and a warm one
+(its worker idle): start to first delta, and the CPU time the host's tree spent per turn.
 
 Baseline, same run: the interpreter floor, a bare ``python -c "import trio, zmq, msgspec"``
 left running and measured alone (PSS, with RSS as a figure): what any process of a
@@ -133,37 +133,49 @@ async def _settled_tree(inst: Instance, sessions: int) -> tuple[float, float, in
     return pss, rss, len(tree)
 
 
-async def _measure(inst: Instance, counts: tuple[int, ...], turns: int) -> dict[str, Any]:
-    """The tree at baseline and at each count of sessions; then cold and warm turns."""
-    spec = {
-        "name": "bench",
-        "executor": {"harness": "scripted", "script": {"turns": [[{"text": "hi"}]]}},
-    }
-    rows: dict[str, Any] = {}
+#: A scripted session's turn: one short text.
+SPEC = {
+    "name": "bench",
+    "executor": {"harness": "scripted", "script": {"turns": [[{"text": "hi"}]]}},
+}
+
+
+async def _sessions(inst: Instance, counts: tuple[int, ...]) -> list[tuple[int, float, float, int]]:
+    """(sessions, PSS, RSS, processes) of the tree at baseline and at each count of sessions
+    (one turn each, their workers left idle)."""
     async with open_peer(
         "bench-rx", inst.bus_endpoint, liveness=LIVENESS, accepts=AnyOutput
     ) as peer:
-        rows["tree"] = [(0, *await _settled_tree(inst, 0))]
+        tree = [(0, *await _settled_tree(inst, 0))]
         sessions: list[str] = []
         with step("sessions, one turn each", total=counts[-1]) as progress:
             for count in counts:
                 while len(sessions) < count:
                     sessions.append(f"mem-{uuid.uuid4().hex[:12]}")
-                    await first_delta(peer, sessions[-1], spec, limit_s=60)
+                    await first_delta(peer, sessions[-1], SPEC, limit_s=60)
                     progress.advance()
-                rows["tree"].append((count, *await _settled_tree(inst, count)))
-        root = host_pid(inst)
-        fresh = [f"cold-{uuid.uuid4().hex[:12]}" for _ in range(turns)]
+                tree.append((count, *await _settled_tree(inst, count)))
+    return tree
+
+
+async def _turns(inst: Instance, turns: int) -> dict[str, Any]:
+    """Cold and warm turns on a host of their own: the same ``turns`` sessions twice, each
+    worker spawned for the first and idle for the second. Their starts to first delta
+    (sorted), and the CPU time the host's tree spent per turn."""
+    root = host_pid(inst)
+    fresh = [f"cold-{uuid.uuid4().hex[:12]}" for _ in range(turns)]
+    rows: dict[str, Any] = {}
+    async with open_peer(
+        "bench-rx", inst.bus_endpoint, liveness=LIVENESS, accepts=AnyOutput
+    ) as peer:
         for kind in ("cold", "warm"):
-            # The same sessions twice: first each worker is spawned, then it is idle.
             with step(f"{kind} turns", total=turns) as progress:
                 await quiet(root)
                 cpu = _tree_cpu_s(root)
                 firsts = []
                 for session_id in fresh:
-                    firsts.append(await first_delta(peer, session_id, spec, limit_s=60))
+                    firsts.append(await first_delta(peer, session_id, SPEC, limit_s=60))
                     progress.advance()
-                await quiet(root)
                 rows[f"{kind}_cpu_ms"] = (_tree_cpu_s(root) - cpu) / turns * 1000
             rows[kind] = sorted(firsts)
     return rows
@@ -209,8 +221,11 @@ def run(params: Mapping[str, object]) -> Document:
         floor_pss, floor_rss = floor_mb()
     results = [figure("interpreter floor RSS", floor_rss, "MB", floor_pss)]
     for mode, option in MODES.items():
-        with step(f"a host, workers by {mode}"), running_host(CONFIG + option) as inst:
-            rows = trio.run(_measure, inst, counts, turns)
+        with step(f"a host, workers by {mode}"):
+            with running_host(CONFIG + option) as inst:
+                rows: dict[str, Any] = {"tree": trio.run(_sessions, inst, counts)}
+            with running_host(CONFIG + option) as inst:
+                rows |= trio.run(_turns, inst, turns)
         results += _figures(rows, floor_pss, mode)
     return {
         "benchmark": "memory",
