@@ -10,9 +10,10 @@ RSS beside it. The figure a host's capacity follows is the PSS each added sessio
 Two hosts are measured, one after the other: one whose workers are forked from the harness
 actor's zygote (the default, :mod:`corral._zygote`), one whose workers are exec'd (``zygote
 = false``), each figure named with its mode (``[zygote]``, ``[exec]``). Then another host
-of each mode, with no session idle, runs a few sessions twice: a cold turn (its worker
-spawned first: what a session whose idle worker was reaped pays to resume) and a warm one
-(its worker idle): start to first delta, and the CPU time the host's tree spent per turn.
+of each mode, which reaps idle workers after a few seconds, runs a few sessions three times:
+a cold turn (a new session, its worker spawned), at once a warm one (its worker idle), and
+once every worker was reaped a resumed one (its worker spawned again: what the idle reap
+costs a session): start to first delta, and the CPU time the host's tree spent per turn.
 
 Baseline, same run: the interpreter floor, a bare ``python -c "import trio, zmq, msgspec"``
 left running and measured alone (PSS, with RSS as a figure): what any process of a
@@ -50,7 +51,8 @@ from .harness import LIVENESS, first_delta
 #: The interpreter floor: the runtime's imports, nothing else, held until stdin closes.
 FLOOR = "import sys, trio, zmq, msgspec; print('ready', flush=True); sys.stdin.read()"
 
-#: The host: no embedded server (a runner's tree is measured), idle workers kept.
+#: The host: no embedded server (a runner's tree is measured); idle workers are kept (0),
+#: or reaped after a few seconds for the resumed turns.
 CONFIG = """\
 [server]
 enabled = false
@@ -60,8 +62,16 @@ interval_s = 0.5
 liveness = 4
 
 [actors.harness.options]
-idle_timeout_s = 0
+idle_timeout_s = {idle_timeout_s}
 """
+#: The turns measured, and what each is.
+TURN_KINDS = {
+    "cold": "a new session, its worker spawned",
+    "warm": "its worker idle",
+    "resumed": "its idle worker reaped, spawned again",
+}
+#: The turns host's idle reap: longer than a turn takes to follow the one before it.
+TURNS_IDLE_S = 3
 
 #: The spawns compared: workers forked from the zygote (the default), and exec'd.
 MODES = {"zygote": "zygote = true\n", "exec": "zygote = false\n"}
@@ -159,25 +169,40 @@ async def _sessions(inst: Instance, counts: tuple[int, ...]) -> list[tuple[int, 
 
 
 async def _turns(inst: Instance, turns: int) -> dict[str, Any]:
-    """Cold and warm turns on a host of their own: the same ``turns`` sessions twice, each
-    worker spawned for the first and idle for the second. Their starts to first delta
-    (sorted), and the CPU time the host's tree spent per turn."""
+    """Turns on a host of their own, whose idle workers are reaped after
+    :data:`TURNS_IDLE_S`: ``turns`` new sessions each get a cold turn (its worker spawned)
+    and at once a warm one (its worker idle); once every worker is reaped, each gets a
+    resumed turn (a worker spawned again). Per kind: the starts to first delta (sorted), and
+    the CPU time the host's tree spent per turn."""
     root = host_pid(inst)
-    fresh = [f"cold-{uuid.uuid4().hex[:12]}" for _ in range(turns)]
-    rows: dict[str, Any] = {}
+    sessions = [f"turns-{uuid.uuid4().hex[:12]}" for _ in range(turns)]
+    firsts: dict[str, list[float]] = {"cold": [], "warm": [], "resumed": []}
+    cpu_s = dict.fromkeys(firsts, 0.0)
     async with open_peer(
         "bench-rx", inst.bus_endpoint, liveness=LIVENESS, accepts=AnyOutput
     ) as peer:
-        for kind in ("cold", "warm"):
-            with step(f"{kind} turns", total=turns) as progress:
-                await quiet(root)
-                cpu = _tree_cpu_s(root)
-                firsts = []
-                for session_id in fresh:
-                    firsts.append(await first_delta(peer, session_id, SPEC, limit_s=60))
-                    progress.advance()
-                rows[f"{kind}_cpu_ms"] = (_tree_cpu_s(root) - cpu) / turns * 1000
-            rows[kind] = sorted(firsts)
+
+        async def turn(kind: str, session_id: str) -> None:
+            before = _tree_cpu_s(root)
+            firsts[kind].append(await first_delta(peer, session_id, SPEC, limit_s=60))
+            cpu_s[kind] += _tree_cpu_s(root) - before
+
+        await quiet(root)
+        with step("cold and warm turns", total=turns) as progress:
+            for session_id in sessions:
+                await turn("cold", session_id)
+                await turn("warm", session_id)
+                progress.advance()
+        with step("idle workers reaped"), trio.fail_after(30 + TURNS_IDLE_S):
+            while await trio.to_thread.run_sync(_live_workers, inst):
+                await trio.sleep(0.1)
+        await quiet(root)
+        with step("resumed turns", total=turns) as progress:
+            for session_id in sessions:
+                await turn("resumed", session_id)
+                progress.advance()
+    rows: dict[str, Any] = {kind: sorted(values) for kind, values in firsts.items()}
+    rows |= {f"{kind}_cpu_ms": cpu_s[kind] / turns * 1000 for kind in firsts}
     return rows
 
 
@@ -202,13 +227,12 @@ def _host_figures(rows: dict[str, Any], floor: float) -> list[Figure]:
             figure(f"RSS per added session, +{count}", (rss - base_rss) / count, "MB", floor),
         ]
     ms = 1000
-    cold, warm = percentile(rows["cold"], 0.5) * ms, percentile(rows["warm"], 0.5) * ms
-    out += [
-        figure("cold turn (worker spawned) to first delta p50", cold, "ms"),
-        figure("warm turn (worker idle) to first delta p50", warm, "ms"),
-        figure("host tree CPU per cold turn", rows["cold_cpu_ms"], "ms"),
-        figure("host tree CPU per warm turn", rows["warm_cpu_ms"], "ms"),
-    ]
+    for kind, what in TURN_KINDS.items():
+        p50 = percentile(rows[kind], 0.5) * ms
+        out += [
+            figure(f"{kind} turn ({what}) to first delta p50", p50, "ms"),
+            figure(f"host tree CPU per {kind} turn", rows[f"{kind}_cpu_ms"], "ms"),
+        ]
     return out
 
 
@@ -222,9 +246,9 @@ def run(params: Mapping[str, object]) -> Document:
     results = [figure("interpreter floor RSS", floor_rss, "MB", floor_pss)]
     for mode, option in MODES.items():
         with step(f"a host, workers by {mode}"):
-            with running_host(CONFIG + option) as inst:
+            with running_host(CONFIG.format(idle_timeout_s=0) + option) as inst:
                 rows: dict[str, Any] = {"tree": trio.run(_sessions, inst, counts)}
-            with running_host(CONFIG + option) as inst:
+            with running_host(CONFIG.format(idle_timeout_s=TURNS_IDLE_S) + option) as inst:
                 rows |= trio.run(_turns, inst, turns)
         results += _figures(rows, floor_pss, mode)
     return {
