@@ -4,8 +4,8 @@ adopt and reap the processes a dead harness actor left to the host.
 Children start by exec (``subprocess.Popen`` from the trio thread), never by a bare fork: a
 forked child that inherits a zmq context silently loses sends. (Harness workers are forked
 from a zygote, :mod:`corral._zygote`, a process that never has a zmq context, a thread or a
-trio run; it execs the rest.) Each child is the
-leader of its own session/process group, so that killing it kills what it started. An actor
+trio run.) Each child is the leader of its own session/process group, so that killing it
+kills what it started. An actor
 arranges in :mod:`corral.actors._entry` to die with its parent (``PR_SET_PDEATHSIG``); a
 harness worker dies with the host instead (:mod:`corral._lifeline`).
 """

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from corral.bench.memory import memory_mb, process_tree
+from corral.bench.memory import cpu_s, memory_mb, process_tree
 
 
 def test_a_tree_is_its_root_and_every_process_below_it() -> None:
@@ -34,13 +34,24 @@ def test_a_tree_is_its_root_and_every_process_below_it() -> None:
         parent.wait(10)
 
 
+def test_a_trees_cpu_keeps_the_time_of_the_children_it_reaped() -> None:
+    """A busy child that exited and was waited for still counts, in its parent's time: a
+    tree's CPU does not drop when a worker is reaped."""
+    before = cpu_s([os.getpid()])
+    busy = subprocess.run([sys.executable, "-c", "sum(range(30_000_000))"], check=True)
+    assert busy.returncode == 0
+    assert cpu_s([os.getpid()]) - before >= 0.1
+    assert cpu_s([os.getpid() + 10_000_000]) == 0, "a gone pid counts nothing"
+
+
 @pytest.mark.chaos
+@pytest.mark.timeout(300)
 def test_bench_memory_measures_forked_and_execd_sessions_against_the_interpreter_floor() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "corral", "bench", "memory", "--quick", "--json"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=280,
         check=True,
     )
     doc = json.loads(done.stdout)

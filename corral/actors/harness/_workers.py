@@ -2,9 +2,10 @@
 
 One worker process per session, supervised by the actor's own
 :class:`~corral.actors._children.ChildSupervisor` (restarted on demand, counted per
-session). This part starts a session's worker and waits until it is up, calls it (giving up
-at once if it exits meanwhile), passes it the inputs dispatch sends mid-turn, takes its
-heartbeats and stops idle ones (H-08). It knows nothing of how a turn ends: that is
+session). This part starts a session's worker (forked from the actor's zygote when it can,
+:mod:`corral._zygote`) and waits until it is up, calls it (giving up at once if it exits
+meanwhile), passes it the inputs dispatch sends mid-turn, takes its heartbeats and stops
+idle ones (H-08). It knows nothing of how a turn ends: that is
 :mod:`._turns`, above it in the chain (:mod:`._base`).
 """
 
