@@ -210,5 +210,8 @@ def main() -> None:
     # every object it visits, and the pages it writes to are copied, no longer shared.
     gc.freeze()
     template = Template(requests, reports)
-    reports.send(encode(Ready(pid=os.getpid())))
-    template.serve()
+    try:
+        reports.send(encode(Ready(pid=os.getpid())))
+        template.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the owner closed its end (it stops, or stopped while this one imported)

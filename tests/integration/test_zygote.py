@@ -153,6 +153,19 @@ async def test_a_killed_zygote_leaves_its_children_and_the_spawn_execs_until_the
         nursery.cancel_scope.cancel()
 
 
+async def test_an_owner_that_stops_before_the_zygote_is_ready_leaves_no_traceback(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A host stopped as it starts: the zygote finds its owner gone when it would say it is
+    ready, and exits quietly (its stderr is the host's log)."""
+    zygote = Zygote((CHILD,), base_env(), fallback=Execs())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        nursery.cancel_scope.cancel()
+    assert zygote.proc is not None and zygote.proc.returncode in (0, -signal.SIGKILL)
+    assert "Traceback" not in capfd.readouterr().err
+
+
 # --- in a host -----------------------------------------------------------------------------
 
 ENV_HARNESS = (
