@@ -33,6 +33,7 @@ from ._child_state import ChildState, decide_exit, silent_for, step
 from ._process import (
     Adopted,
     Process,
+    Spawn,
     describe_exit,
     kill_group,
     spawn,
@@ -146,6 +147,8 @@ class ChildSupervisor:
             task: it must not block).
         record: what every child's pid file records besides its own (e.g. which host it
             belongs to).
+        spawn: what starts a child process (the exec spawn by default; the harness actor's
+            forks its workers from a zygote, :mod:`corral._zygote`).
     """
 
     def __init__(
@@ -155,8 +158,10 @@ class ChildSupervisor:
         run_dir: Path,
         on_event: Callable[[ChildEvent], None] = lambda event: None,
         record: dict[str, Any] | None = None,
+        spawn: Spawn = spawn,
     ) -> None:
         self.flags = flags
+        self.spawn = spawn
         self.run_dir = run_dir
         self.on_event = on_event
         self.record = dict(record or {})
@@ -353,7 +358,7 @@ class ChildSupervisor:
         child.kill_reason = None
         child.started_at = time.monotonic()
         self.on_event(Spawning(child.spec.name))
-        child.proc = spawn(child.spec.argv, env=child.spec.env, cwd=child.spec.cwd)
+        child.proc = self.spawn(child.spec.argv, env=child.spec.env, cwd=child.spec.cwd)
         write_pidfile(
             self.run_dir / f"{_file_safe(child.spec.name)}.pid",
             child.proc.pid,

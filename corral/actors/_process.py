@@ -1,9 +1,11 @@
 """OS processes: spawn by exec, wait through a pidfd, kill, describe exits, sweep orphans,
 adopt and reap the processes a dead harness actor left to the host.
 
-Children always start by exec (``subprocess.Popen`` from the trio thread), never by a bare
-fork: a forked child that inherits a zmq context silently loses sends. Each child is the
-leader of its own session/process group, so that killing it kills what it started. An actor
+Children start by exec (``subprocess.Popen`` from the trio thread), never by a bare fork: a
+forked child that inherits a zmq context silently loses sends. (Harness workers are forked
+from a zygote, :mod:`corral._zygote`, a process that never has a zmq context, a thread or a
+trio run.) Each child is the leader of its own session/process group, so that killing it
+kills what it started. An actor
 arranges in :mod:`corral.actors._entry` to die with its parent (``PR_SET_PDEATHSIG``); a
 harness worker dies with the host instead (:mod:`corral._lifeline`).
 """
@@ -20,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -72,8 +74,22 @@ class Adopted:
         return UNKNOWN_EXIT
 
 
-#: A supervised child's process: spawned here, or adopted.
-Process = subprocess.Popen[bytes] | Adopted
+class Watched(Protocol):
+    """A process that is not this one's child, held like :class:`subprocess.Popen`:
+    :class:`Adopted`, or one a zygote forked (:class:`corral._zygote.Forked`)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+#: A supervised child's process: spawned here by exec, adopted, or forked by a zygote.
+Process = subprocess.Popen[bytes] | Watched
+#: What starts a child: :func:`spawn`'s signature.
+Spawn = Callable[..., Process]
 
 
 def spawn(
@@ -110,7 +126,7 @@ def spawn(
 
 async def wait_exit(proc: Process) -> int:
     """Wait (without a thread) until the process exits; return its returncode."""
-    if isinstance(proc, Adopted):
+    if not isinstance(proc, subprocess.Popen):
         return await proc.wait()
     if proc.poll() is not None:
         return proc.returncode

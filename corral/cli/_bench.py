@@ -15,6 +15,7 @@ BENCHMARKS = {
     "bus": "corral.bench.bus",
     "chaos": "corral.bench.chaos",
     "journal": "corral.bench.journal",
+    "memory": "corral.bench.memory",
     "harness": "corral.bench.harness",
     "turn": "corral.bench.turn",
     "relay": "corral.bench.relay",

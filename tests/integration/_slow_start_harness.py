@@ -1,6 +1,7 @@
 """A harness whose first worker of a host hangs while it starts (imports), for the test of a
 worker killed while it starts: the import leaves a marker, named after the harness actor (the
-worker's parent), and sleeps; a worker that finds the marker starts at once."""
+worker's parent, or the parent of the zygote it was forked from), and sleeps; a worker that
+finds the marker starts at once."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from typing import Any
 
 from corral.harnesses._worker import TurnContext
 
-_MARKER = Path(f"/tmp/corral-slow-start-{os.getppid()}")
+
+def _harness_actor() -> int:
+    parent = os.getppid()
+    if Path(f"/proc/{parent}/cmdline").read_bytes().startswith(b"corral: zygote"):
+        return int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return parent
+
+
+_MARKER = Path(f"/tmp/corral-slow-start-{_harness_actor()}")
 if not _MARKER.exists():
     _MARKER.touch()
     time.sleep(60)

@@ -30,6 +30,7 @@ FLOOR = frozenset(
         "_lifeline",
         "_logfile",
         "_proctitle",
+        "_zygote",
         "agent_files",
         "bus",
         "clis",

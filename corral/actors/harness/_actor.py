@@ -45,6 +45,9 @@ class HarnessActor(TurnLife):
 
     async def setup(self) -> None:
         assert self.nursery is not None
+        if self.zygote is not None:
+            # Started first: it imports while this actor adopts and hears from its workers.
+            await self.nursery.start(self.zygote.run)
         await self.nursery.start(self.children.run)
         # A killed predecessor's workers live on: adopted, each says what it holds.
         self.workers.update(adopt_workers(self.children, self.run_dir))
@@ -78,6 +81,7 @@ class HarnessActor(TurnLife):
                 for c in [self.children.children.get(worker_address(w.session_id))]
             ],
             "parked": sorted(self.parked),
+            "zygote": None if self.zygote is None else self.zygote.statistics(),
             # What this actor keeps per session beyond its live workers (bounded: H-08).
             "records": {"workers": len(self.workers), "children": len(self.children.children)},
         }

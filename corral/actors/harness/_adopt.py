@@ -35,7 +35,8 @@ from ._records import OwnedTurn, ParkedElicitation, WorkerState
 
 log = logging.getLogger("corral.actors.harness")
 
-#: The module a harness worker runs (``python -m``), by which the host's children are told.
+#: The module a harness worker runs (``python -m``), by which the host's children are told
+#: until the worker sets its process title (``WORKER_TITLE_PREFIX``).
 WORKER_MODULE = "corral.harnesses._worker"
 
 

@@ -21,6 +21,9 @@ from typing import Any
 
 import msgspec
 
+from ... import harnesses, logs
+from ..._child_env import base_env
+from ..._zygote import Zygote
 from ...bus import Dedup, Message
 from ...harnesses.protocol import ElicitationParked, Holdings, ResponseFailed, TurnStart
 from ...instance import Instance
@@ -32,8 +35,9 @@ from ...tools.os_env import (
 from .._actor import Actor, ActorContext
 from .._children import ChildSupervisor
 from .._deferred import Deferred
+from .._process import spawn
 from .._specs import Backoff, Liveness, SupFlags
-from ._adopt import host_record
+from ._adopt import WORKER_MODULE, host_record
 from ._options import HarnessOptions
 from ._records import OwnedTurn, ParkedElicitation, WorkerState
 
@@ -63,6 +67,12 @@ class HarnessBase(Actor):
         self.homes = ctx.data_dir / "homes"
         self.run_dir = ctx.data_dir / "workers"
         self.started_turns = Dedup(ctx.data_dir / "started-turns")
+        #: Where workers are forked from (None: each is exec'd).
+        self.zygote = (
+            Zygote(_preload(), {**base_env(), **logs.child_env()}, fallback=spawn)
+            if opts.zygote
+            else None
+        )
         # A worker is needed again only by its session's next turn: after a crash it is
         # restarted then (on demand), backed off and counted per session like any restart.
         self.children = ChildSupervisor(
@@ -76,6 +86,7 @@ class HarnessBase(Actor):
             ),
             run_dir=self.run_dir,
             record=host_record(),
+            spawn=spawn if self.zygote is None else self.zygote.spawn,
         )
         self.workers: dict[str, WorkerState] = {}
         self.turns: dict[str, OwnedTurn] = {}
@@ -99,6 +110,13 @@ class HarnessBase(Actor):
             await self.peer.cast(to, event, durable=True, session_id=session_id)
         except Exception:
             log.exception("could not deliver %s to %s", type(event).__name__, to)
+
+
+def _preload() -> tuple[str, ...]:
+    """What the zygote imports: the worker runtime, then the built-in harness kinds (a
+    worker then imports nothing of its own kind either)."""
+    kinds = {target.partition(":")[0] for target in harnesses.HARNESSES.values()}
+    return (WORKER_MODULE, *sorted(kinds))
 
 
 def places_of(base: HarnessBase, msg: TurnStart) -> TurnStart:

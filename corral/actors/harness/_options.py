@@ -10,8 +10,14 @@ import msgspec
 class HarnessOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """``[actors.harness.options]``."""
 
-    #: A worker with no turn for this long is stopped (0: never).
-    idle_timeout_s: float = 1800.0
+    #: A worker with no turn for this long is stopped (0: never). Five minutes: a forked
+    #: worker's restart costs a turn tens of milliseconds, its idleness ~7 MB per session
+    #: (docs/supervision.md, "How long an idle worker lives").
+    idle_timeout_s: float = 300.0
+    #: Fork workers from a zygote, a process that has imported the worker runtime
+    #: (:mod:`corral._zygote`); False: exec each. Without a zygote (not started yet, dead,
+    #: given up on) a worker is exec'd anyway.
+    zygote: bool = True
     #: How long a new worker gets to answer its first turn.
     start_timeout_s: float = 15.0
     #: A worker silent this long is dead (default: the bus's liveness window).

@@ -2,9 +2,10 @@
 
 One worker process per session, supervised by the actor's own
 :class:`~corral.actors._children.ChildSupervisor` (restarted on demand, counted per
-session). This part starts a session's worker and waits until it is up, calls it (giving up
-at once if it exits meanwhile), passes it the inputs dispatch sends mid-turn, takes its
-heartbeats and stops idle ones (H-08). It knows nothing of how a turn ends: that is
+session). This part starts a session's worker (forked from the actor's zygote when it can,
+:mod:`corral._zygote`) and waits until it is up, calls it (giving up at once if it exits
+meanwhile), passes it the inputs dispatch sends mid-turn, takes its heartbeats and stops
+idle ones (H-08). It knows nothing of how a turn ends: that is
 :mod:`._turns`, above it in the chain (:mod:`._base`).
 """
 
@@ -40,6 +41,8 @@ Forwarded = ToolResult | PolicyVerdict | Interrupt
 
 #: Exit code of a worker that could not load its harness implementation.
 EXIT_CANNOT_LOAD = 78
+#: How long a worker's spawn waits for a zygote that is starting (then it is exec'd).
+ZYGOTE_WAIT_S = 5.0
 
 
 class WorkerPool(HarnessBase):
@@ -73,6 +76,10 @@ class WorkerPool(HarnessBase):
             "liveness": msgspec.to_builtins(self.peer.liveness),
             "options": {},
         }
+        if self.zygote is not None:
+            # A zygote still importing is worth a short wait: the worker then starts sooner
+            # than an exec would, and costs a fraction of one.
+            await self.zygote.ready(ZYGOTE_WAIT_S)
         # The worker logs as the host does (corral.logs): the settings the host handed over.
         child_env = {**env, **logs.child_env(), "CORRAL_WORKER": msgspec.json.encode(spec).decode()}
         try:

@@ -1,0 +1,217 @@
+"""The zygote process: a template that has imported a runtime and forks children from it.
+
+``python -m corral._zygote MODULE...`` imports each ``MODULE`` (the harness worker's runtime:
+trio, pyzmq, msgspec, corral's bus), says :class:`Ready` and then forks a child per
+:class:`Fork` request. A forked child shares every page the zygote had (the interpreter, the
+imported modules) until it writes to it, so a worker costs what it does, not a whole
+interpreter, and starts without importing anything.
+
+**What a fork must not inherit.** A forked process gets one thread and a copy of every lock,
+context and buffer of its parent: a zmq context (its I/O threads do not exist in the copy,
+so sends are silently lost), a trio run, a thread mid-lock. So the zygote never creates any
+of them: it imports and waits in one blocking loop (:mod:`selectors`) on two sockets and
+the pidfds of its children, and it refuses to fork (the owner then execs) if it ever finds
+a second thread in itself. Each child makes its own zmq context after the fork, as an
+exec'd process does.
+
+**What a child is.** The same process an exec would have made: the leader of its own session
+and process group (what a kill of its group reaches), in the requested directory, with the
+requested environment in ``os.environ`` and — since ``/proc/PID/environ`` shows the memory
+that held the environment a process was exec'd with — the same entries there too: the zygote
+is exec'd with a reserve of blank environment (:data:`RESERVE_ENV`) that each child
+overwrites with its own. Variables to be handed over hidden reach ``os.environ`` only (no
+memfd: nothing else can read a forked child's memory). Its parent-death signal is cleared by
+the fork; a harness worker ties itself to the host as an exec'd one does
+(:mod:`corral._lifeline`). The zygote itself dies with its owner (``PR_SET_PDEATHSIG``): its
+children then live on, reparented to the host.
+
+**Exits.** The zygote reaps its children (a pidfd each) and reports each exit
+(:class:`Died`) on the reports socket: the owner, which cannot wait for a process that is
+not its child, learns the return code from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import logging
+import os
+import selectors
+import socket
+import sys
+import traceback
+
+from .. import logs
+from .._lifeline import die_with_parent
+from .._proctitle import set_title
+from ._messages import (
+    MAX_DATAGRAM,
+    Born,
+    Died,
+    Fork,
+    Ready,
+    Refused,
+    decode_request,
+    encode,
+)
+
+log = logging.getLogger("corral.zygote")
+
+#: In the zygote's environ: how its owner set it up (JSON: the two socket fds, the owner's pid).
+SETUP_ENV = "CORRAL_ZYGOTE"
+#: In the zygote's environ: blank room each child overwrites with its own environment.
+RESERVE_ENV = "CORRAL_ZYGOTE_RESERVE"
+#: How much room (bytes): a worker's environment is a few kB.
+RESERVE_BYTES = 64 * 1024
+
+
+class Template:
+    """The zygote's state: its sockets, the selector, the pidfds of its live children."""
+
+    def __init__(self, requests: socket.socket, reports: socket.socket) -> None:
+        self.requests = requests
+        self.reports = reports
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(requests, selectors.EVENT_READ)
+        #: pidfd → pid of each child not yet reaped.
+        self.children: dict[int, int] = {}
+
+    def serve(self) -> None:
+        """Fork on request and report exits, until the owner closes the requests socket."""
+        while True:
+            for key, _ in self.selector.select():
+                if key.fileobj is self.requests:
+                    data = self.requests.recv(MAX_DATAGRAM)
+                    if not data:
+                        return
+                    try:
+                        answer = self._fork(decode_request(data))
+                    except OSError as exc:  # no fork (EAGAIN, ENOMEM): the owner execs
+                        answer = Refused(reason=f"fork failed: {exc}")
+                    self.requests.send(encode(answer))
+                else:
+                    self._reap(key.fd)
+
+    def _fork(self, request: Fork) -> Born | Refused:
+        if len(os.listdir("/proc/self/task")) > 1:
+            return Refused(reason="the zygote has more than one thread")
+        if len(environ_block(request.shown)) > _block_size():
+            return Refused(reason="the environment does not fit the zygote's reserve")
+        pid = os.fork()
+        if pid == 0:
+            self._become_child(request)
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = pid
+        self.selector.register(pidfd, selectors.EVENT_READ)
+        return Born(pid=pid)
+
+    def _reap(self, pidfd: int) -> None:
+        pid = self.children.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        self.reports.send(encode(Died(pid=pid, code=os.waitstatus_to_exitcode(status))))
+
+    def _become_child(self, request: Fork) -> None:
+        """In the forked child: drop the zygote's resources, become what an exec would have
+        made, run ``entry``'s ``main()`` and exit (never returns)."""
+        code = 1
+        try:
+            self.selector.close()
+            self.requests.close()
+            self.reports.close()
+            for pidfd in self.children:
+                os.close(pidfd)
+            os.setsid()
+            if request.cwd is not None:
+                os.chdir(request.cwd)
+            # Through os.environ, so that the C environment is replaced too (every entry
+            # freshly allocated, none left pointing into the block rewritten next).
+            os.environ.clear()
+            os.environ.update({**request.shown, **request.hidden})
+            show_environ(request.shown)
+            importlib.import_module(request.entry).main()
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc.code)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+
+def environ_block(env: dict[str, str]) -> bytes:
+    """``env`` as an environ block holds it: ``NAME=value`` entries, each NUL-terminated."""
+    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+
+
+def _block_bounds() -> tuple[int, int]:
+    """Where this process's environ block is in its memory: (start, end), from stat(5)."""
+    with open("/proc/self/stat", "rb") as file:
+        fields = file.read().rsplit(b")", 1)[1].split()
+    # After the command name, env_start and env_end are fields 50 and 51 of stat(5).
+    return int(fields[47]), int(fields[48])
+
+
+def _block_size() -> int:
+    start, end = _block_bounds()
+    return end - start
+
+
+def show_environ(env: dict[str, str]) -> None:
+    """Overwrite this process's environ block with ``env`` and blank the rest of it, so that
+    ``/proc/PID/environ`` shows ``env`` (followed by NULs, which readers skip as empty
+    entries). The block is the zygote's, inherited: its entries are no secret of anyone's,
+    and :data:`RESERVE_ENV` made it large enough.
+
+    Raises:
+        ValueError: ``env`` does not fit the block.
+    """
+    start, end = _block_bounds()
+    data = environ_block(env)
+    if len(data) > end - start:
+        raise ValueError("the environment does not fit the environ block")
+    ctypes.memmove(start, data, len(data))
+    ctypes.memset(start + len(data), 0, end - start - len(data))
+
+
+def _exit_code(code: object) -> int:
+    """The process exit code of ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def main() -> None:
+    """Entry point of the zygote: ``python -m corral._zygote MODULE...``."""
+    setup = json.loads(os.environ.pop(SETUP_ENV))
+    os.environ.pop(RESERVE_ENV, None)
+    die_with_parent(int(setup["owner"]))
+    requests = socket.socket(fileno=int(setup["requests"]))
+    reports = socket.socket(fileno=int(setup["reports"]))
+    set_title("corral: zygote")
+    logs.setup("zygote")
+    for module in sys.argv[1:]:
+        try:
+            importlib.import_module(module)
+        except Exception:  # its children import it themselves, and fail as an exec would
+            log.exception("the zygote could not preload %s", module)
+    # What the zygote holds stays out of its children's collections: a collection writes to
+    # every object it visits, and the pages it writes to are copied, no longer shared.
+    gc.freeze()
+    template = Template(requests, reports)
+    try:
+        reports.send(encode(Ready(pid=os.getpid())))
+        template.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the owner closed its end (it stops, or stopped while this one imported)

@@ -1,0 +1,279 @@
+"""The zygote (issue #20): workers forked from a pre-imported template process, real processes.
+
+The first tests drive :class:`corral._zygote.Zygote` directly, with a child module of their
+own (``_zygote_child``); the others a host's harness actor, whose workers it forks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from corral._child_env import HIDDEN_ENV, base_env, hide
+from corral._zygote import Forked, Zygote
+from corral._zygote._client import UNKNOWN_EXIT
+from corral._zygote._template import RESERVE_ENV, SETUP_ENV
+from corral.actors._process import spawn
+from corral.harnesses.protocol import OutputTextDelta
+from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, wait_until
+from tests.integration._dispatch import fake_dispatch, scripted
+
+CHILD = "tests.integration._zygote_child"
+HOST_ACTORS = frozenset({"harness"})
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def _report(path: Path) -> dict[str, Any]:
+    wait_until(path.exists, 15, f"the child's report {path.name}")
+    return json.loads(path.read_text())
+
+
+class Execs:
+    """The exec spawn, counting what it was asked to start."""
+
+    def __init__(self) -> None:
+        self.argvs: list[list[str]] = []
+
+    def __call__(self, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        self.argvs.append(argv)
+        return spawn(argv, **kw)
+
+
+def _child_env(out: Path, **more: str) -> dict[str, str]:
+    return {**base_env(), "CHILD_OUT": str(out), **more}
+
+
+async def test_a_forked_child_is_what_an_exec_makes_and_its_status_is_reported(
+    tmp_path: Path,
+) -> None:
+    """Its own session, the requested directory and environment — in ``os.environ`` and in
+    ``/proc/PID/environ`` alike, hidden variables in the first only — one thread, and its
+    return code (an exit, a kill -9) told by the zygote, whose child it is."""
+    execs = Execs()
+    zygote = Zygote((CHILD,), {**base_env(), "ZYGOTE_ONLY": "of-the-zygote"}, fallback=execs)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(30)
+        assert zygote.pid is not None
+        shown = _child_env(tmp_path / "exit.json", CHILD_EXIT="3")
+        proc = zygote.spawn([sys.executable, "-m", CHILD], env=shown, cwd=tmp_path)
+        assert isinstance(proc, Forked)
+        assert await proc.wait() == 3 and proc.poll() == 3
+        report = _report(tmp_path / "exit.json")
+        assert report["ppid"] == zygote.pid, "forked by the zygote"
+        assert report["sid"] == report["pgid"] == report["pid"], "its own session and group"
+        assert report["cwd"] == str(tmp_path) and report["threads"] == 1
+        assert report["environ"] == shown
+
+        out = tmp_path / "held.json"
+        env = hide(_child_env(out, CHILD_HOLD="1"), {"CHILD_API_KEY": "s3cret-key"})
+        held = zygote.spawn([sys.executable, "-m", CHILD], env=env)
+        assert isinstance(held, Forked)
+        seen = _report(out)["environ"]
+        assert seen["CHILD_API_KEY"] == "s3cret-key", "a hidden variable reaches os.environ"
+        assert HIDDEN_ENV not in seen and "ZYGOTE_ONLY" not in seen
+        block = _environ(held.pid)
+        assert block == {k: v for k, v in env.items() if k not in ("CHILD_API_KEY", HIDDEN_ENV)}
+        assert "s3cret-key" not in Path(f"/proc/{held.pid}/environ").read_text()
+        zygote_block = _environ(zygote.pid)
+        assert SETUP_ENV in zygote_block and RESERVE_ENV in zygote_block
+        assert not any(k in block for k in (SETUP_ENV, RESERVE_ENV, "ZYGOTE_ONLY"))
+        assert held.poll() is None
+        os.kill(held.pid, signal.SIGKILL)
+        assert await held.wait() == -signal.SIGKILL
+        assert zygote.statistics()["forked"] == 2 and execs.argvs == []
+        nursery.cancel_scope.cancel()
+    assert zygote.proc is not None and zygote.proc.poll() is not None, "stopped with its owner"
+
+
+async def test_what_the_zygote_did_not_preload_is_execd(tmp_path: Path) -> None:
+    execs = Execs()
+    zygote = Zygote((CHILD,), base_env(), fallback=execs)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(30)
+        argv = [sys.executable, "-m", "tests.integration._zygote_child", "an-argument"]
+        proc = zygote.spawn(argv, env=_child_env(tmp_path / "c.json"))
+        assert isinstance(proc, subprocess.Popen) and execs.argvs == [argv]
+        assert await trio.to_thread.run_sync(proc.wait) == 0
+        assert _report(tmp_path / "c.json")["ppid"] == os.getpid()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_killed_zygote_leaves_its_children_and_the_spawn_execs_until_the_next_is_ready(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the zygote: its child lives on (its exit then seen through a pidfd, the
+    status unknown); a spawn meanwhile is exec'd; a new zygote takes over."""
+    execs = Execs()
+    zygote = Zygote((CHILD,), base_env(), fallback=execs)
+    argv = [sys.executable, "-m", CHILD]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(30)
+        first = zygote.pid
+        assert first is not None
+        orphan = zygote.spawn(argv, env=_child_env(tmp_path / "o.json", CHILD_HOLD="1"))
+        assert isinstance(orphan, Forked)
+        _report(tmp_path / "o.json")
+        pidfd = os.pidfd_open(first)
+        os.kill(first, signal.SIGKILL)
+        # Dead before the spawn, which comes before this task yields (and its owner sees it).
+        assert select.select([pidfd], [], [], 15)[0]
+        os.close(pidfd)
+        fallback = zygote.spawn(argv, env=_child_env(tmp_path / "f.json"))
+        assert isinstance(fallback, subprocess.Popen) and execs.argvs == [argv]
+        assert await trio.to_thread.run_sync(fallback.wait) == 0
+        assert await zygote.ready(30)
+        assert zygote.pid not in (None, first)
+        assert orphan.poll() is None, "the zygote's death is not its child's"
+        os.kill(orphan.pid, signal.SIGKILL)
+        assert await orphan.wait() == UNKNOWN_EXIT
+        again = zygote.spawn(argv, env=_child_env(tmp_path / "a.json"))
+        assert isinstance(again, Forked) and await again.wait() == 0
+        assert _report(tmp_path / "a.json")["ppid"] == zygote.pid
+        assert zygote.statistics()["zygote_starts"] == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_owner_that_stops_before_the_zygote_is_ready_leaves_no_traceback(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A host stopped as it starts: the zygote finds its owner gone when it would say it is
+    ready, and exits quietly (its stderr is the host's log)."""
+    zygote = Zygote((CHILD,), base_env(), fallback=Execs())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        nursery.cancel_scope.cancel()
+    assert zygote.proc is not None and zygote.proc.returncode in (0, -signal.SIGKILL)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+# --- in a host -----------------------------------------------------------------------------
+
+ENV_HARNESS = (
+    '[actors.harness.options.harnesses]\nenvdump = "tests.integration._env_harness:EnvDump"\n'
+)
+
+
+def _state(host: HostProcess) -> dict[str, Any]:
+    return host.ask("inspect", actor="harness")["state"]
+
+
+def _worker_pid(host: HostProcess, session_id: str) -> int:
+    (pid,) = [w["pid"] for w in _state(host)["workers"] if w["session_id"] == session_id]
+    return int(pid)
+
+
+async def test_d13_d15_a_forked_worker_has_its_key_and_none_of_the_hosts_secrets(
+    host_factory,
+) -> None:
+    """H-09 for a forked worker: its ``os.environ`` holds the spawn environment (the model,
+    the one key its spec asks for) and nothing else of the host's; its environ block shows
+    the spawn environment without the key; the zygote holds no secret at all (nothing of the
+    host's reaches a client: D-13..D-15)."""
+    secrets = {"CORRAL_TEST_SECRET_TOKEN": "tok-do-not-leak", "OTHER_SECRET": "other-do-not-leak"}
+    host = host_factory(FAST_LIVENESS + ENV_HARNESS).start(
+        env={**secrets, "ENVDUMP_KEY": "key-for-the-worker"}
+    )
+    spec = {
+        "name": "env",
+        "executor": {
+            "harness": "envdump",
+            "model": "spec-model",
+            "auth": {"type": "api_key", "api_key": "$ENVDUMP_KEY"},
+        },
+    }
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-env", spec)
+        end = await d.terminal(turn)
+        assert end.__struct_config__.tag == "response.completed", end
+        text = "".join(e.delta for e in d.of_turn(turn) if isinstance(e, OutputTextDelta))
+    environ = json.loads(text)
+    zygote = _state(host)["zygote"]
+    worker = _worker_pid(host, "s-env")
+    assert _ppid(worker) == zygote["pid"] and zygote["forked"] == 1
+    assert environ["HARNESS_ENVDUMP_API_KEY"] == "key-for-the-worker"
+    assert environ["HARNESS_ENVDUMP_MODEL"] == "spec-model"
+    block = _environ(worker)
+    assert block["HARNESS_ENVDUMP_MODEL"] == "spec-model"
+    for place in (json.dumps(environ), json.dumps(block), json.dumps(_environ(zygote["pid"]))):
+        for name, value in secrets.items():
+            assert name not in place and value not in place
+    assert "key-for-the-worker" not in json.dumps(block)
+    assert "key-for-the-worker" not in json.dumps(_environ(zygote["pid"]))
+    host.stop()
+
+
+@pytest.mark.chaos
+async def test_kill_9_of_a_forked_worker_mid_turn_ends_it_harness_crashed(
+    host: HostProcess,
+) -> None:
+    long = scripted({"text": "x", "repeat": 3000, "delay_ms": 5})
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-kill", long)
+        await d.wait_type("response.output_text.delta", turn_id=turn)
+        worker = _worker_pid(host, "s-kill")
+        assert _ppid(worker) == _state(host)["zygote"]["pid"]
+        os.kill(worker, signal.SIGKILL)
+        end = await d.terminal(turn)
+    assert end.error["code"] == "harness_crashed"
+    assert "killed by signal 9" in end.error["message"], "its status, from the zygote"
+
+
+@pytest.mark.chaos
+async def test_kill_9_of_the_zygote_keeps_its_workers_and_workers_still_start(
+    host: HostProcess,
+) -> None:
+    """A worker the dead zygote forked serves on and still ends ``harness_crashed`` when
+    killed; a new session's worker starts (exec'd, or forked from the next zygote)."""
+    long = scripted({"text": "x", "repeat": 3000, "delay_ms": 5})
+    async with fake_dispatch(host.endpoint) as d:
+        first = await d.start_turn("s-old", scripted({"text": "one"}))
+        await d.terminal(first)
+        old = _worker_pid(host, "s-old")
+        zygote = _state(host)["zygote"]
+        started = zygote["zygote_starts"]
+        os.kill(zygote["pid"], signal.SIGKILL)
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: _state(host)["zygote"]["zygote_starts"] > started, 30, "the next zygote"
+            )
+        )
+        new = await d.start_turn("s-new", scripted({"text": "two"}))
+        assert (await d.terminal(new)).__struct_config__.tag == "response.completed"
+        turn = await d.start_turn("s-old", long)
+        await d.wait_type("response.output_text.delta", turn_id=turn)
+        assert _worker_pid(host, "s-old") == old, "the same worker serves its session"
+        os.kill(old, signal.SIGKILL)
+        end = await d.terminal(turn)
+    assert end.error["code"] == "harness_crashed"
+    assert process_gone(old, None)
+
+
+async def test_without_a_zygote_workers_are_execd_by_the_harness_actor(host_factory) -> None:
+    host = host_factory(FAST_LIVENESS + "[actors.harness.options]\nzygote = false\n").start()
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-exec", scripted({"text": "x"}))
+        assert (await d.terminal(turn)).__struct_config__.tag == "response.completed"
+    state = _state(host)
+    assert state["zygote"] is None
+    assert _ppid(_worker_pid(host, "s-exec")) == host.actor("harness")["pid"]
+    host.stop()
