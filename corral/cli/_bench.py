@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..bench._progress import shown_on
+from ._errors import CliError
 from ._output import emit_json, json_option
 
 BENCHMARKS = {
@@ -110,9 +111,7 @@ def bench_command(
         with shown_on(Console(stderr=True)):
             result = module.run(params)
     except NotRunnable as exc:  # a missing CLI: the reason, not a traceback
-        if as_json:
-            emit_json({"benchmark": name, "error": {"code": "not_runnable", "message": str(exc)}})
-        raise click.ClickException(str(exc)) from exc
+        raise CliError(str(exc), code="not_runnable", document={"benchmark": name}) from exc
     failed = result.get("ok") is False
     if as_json:
         emit_json(result)

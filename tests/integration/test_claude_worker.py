@@ -195,7 +195,7 @@ async def _bash_turn(
             tool = asked.params["tool"]
             assert (tool["name"], tool["arguments"]["command"]) == ("Bash", "echo hi > out.txt")
             assert not (workdir / "out.txt").exists()
-            rows = host.ask("elicitations")["elicitations"]
+            rows = await trio.to_thread.run_sync(host.elicitations, asked.elicitation_id)
             mine = [r["state"] for r in rows if r["elicitation_id"] == asked.elicitation_id]
             assert mine == ["parked"]
             verdict = Approval(

@@ -83,7 +83,7 @@ async def test_e01_elicitation_parked_then_accepted(host: HostProcess) -> None:
     async with fake_dispatch(host.endpoint) as d:
         turn = await d.start_turn("s-el", spec)
         req = await d.wait_type("response.elicitation_request")
-        rows = host.ask("elicitations")["elicitations"]
+        rows = await trio.to_thread.run_sync(host.elicitations, req.elicitation_id)
         assert [(r["elicitation_id"], r["state"], r["session_id"], r["turn_id"]) for r in rows] == [
             (req.elicitation_id, "parked", "s-el", turn)
         ]
