@@ -31,7 +31,7 @@ import os
 import signal
 import subprocess
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +320,26 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+@contextlib.contextmanager
+def unwrapped() -> Iterator[None]:
+    """Give back the first failure a nursery wrapped in an exception group as itself: a
+    :class:`TurnFailed` for the worker to report, a :class:`CliError` to map (the codex and
+    pi kinds run a turn beside their CLI's reader). Cancellation alone stays as it is
+    (trio's scopes take it out of the group)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        failures = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+        if failures and isinstance(failures[0], Exception):
+            raise failures[0] from group
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc

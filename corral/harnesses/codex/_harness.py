@@ -20,17 +20,16 @@ turn ``harness_crashed`` at once; the next turn starts another and resumes the t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
 import trio
 
 from ... import clis
-from .._cli_process import CliError, open_cli
+from .._cli_process import CliError, open_cli, unwrapped
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, cli_env, prepare, save_thread, saved_thread
 from ._input import TurnInput, turn_input
@@ -143,7 +142,7 @@ class CodexHarness:
         scope, gone = trio.CancelScope(), trio.Event()
         try:
             # Cancelled (:meth:`_end`), the block ends the CLI and its group before ``gone``.
-            with scope, _unwrapped():
+            with scope, unwrapped():
                 async with (
                     open_cli(argv, env=env, cwd=launch.workdir) as cli,
                     trio.open_nursery() as nursery,
@@ -227,7 +226,7 @@ class CodexHarness:
         }
         # A new session's CLI starts while the model call's policy question is out (the
         # CLI's start is most of a first turn's wait); a DENY leaves it for the next turn.
-        with _unwrapped():
+        with unwrapped():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(turn.check_llm_request, question)
                 running = await self._app_server(turn, launch)
@@ -337,7 +336,7 @@ class CodexHarness:
             started = result_as(answer, TurnStarted, "turn/start")
             relay.codex_turn = relay.codex_turn or started.turn.id
 
-        with _unwrapped():
+        with unwrapped():
             async with trio.open_nursery() as nursery:
                 relay.outstanding = True
                 # Relayed from the start: Codex may say something before it answers.
@@ -378,7 +377,7 @@ class CodexHarness:
 
         with trio.move_on_after(INTERRUPT_GRACE_S):
             try:
-                with _unwrapped():
+                with unwrapped():
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(drain)
                         await known.wait()
@@ -407,25 +406,3 @@ async def _read(server: AppServer) -> None:
         await server.read()
     except CliError as exc:
         log.warning("the codex app-server ended: %s", exc)
-
-
-@contextlib.contextmanager
-def _unwrapped() -> Iterator[None]:
-    """Give back the first failure a nursery wrapped in an exception group as itself: a
-    :class:`TurnFailed` for the worker to report, a :class:`CliError` to map. Cancellation
-    alone stays as it is (trio's scopes take it out of the group)."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        failures = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
-        if failures and isinstance(failures[0], Exception):
-            raise failures[0] from group
-        raise
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc

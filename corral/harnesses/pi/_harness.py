@@ -17,18 +17,17 @@ if it never answered: it could not start); the next turn starts another.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from ... import clis
-from .._cli_process import CliError, open_cli
+from .._cli_process import CliError, open_cli, unwrapped
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, argv, cli_env, prepare
 from ._input import TurnInput, prompt_text, runner_tools, turn_input
@@ -83,7 +82,7 @@ class PiHarness:
         """Run the CLI until cancelled (its exit is seen by the turn reading it)."""
         gone = trio.Event()
         try:
-            with trio.CancelScope() as scope, _unwrapped():
+            with trio.CancelScope() as scope, unwrapped():
                 async with (
                     open_cli(
                         argv(launch), env=cli_env(launch, self.environ), cwd=launch.workdir
@@ -111,7 +110,7 @@ class PiHarness:
         if running is None:
             try:
                 await trio.to_thread.run_sync(prepare, launch)
-                with _unwrapped():
+                with unwrapped():
                     running = await turn.services.start(self._hold, launch)
             except (OSError, CliError) as exc:
                 why = f"the pi CLI could not start: {exc}"
@@ -161,7 +160,7 @@ class PiHarness:
         }
         # A new session's CLI starts while the model call's policy question is out (the
         # start is most of a first turn's wait); a DENY leaves it for the next turn.
-        with _unwrapped():
+        with unwrapped():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(turn.check_llm_request, question)
                 running = await self._cli(turn, launch)
@@ -200,7 +199,7 @@ class PiHarness:
 
         with rpc.listen() as events:
             try:
-                with _unwrapped():
+                with unwrapped():
                     async with trio.open_nursery() as nursery:
                         relay.outstanding = True
                         nursery.start_soon(start)
@@ -248,7 +247,7 @@ class PiHarness:
 
         with trio.move_on_after(INTERRUPT_GRACE_S):
             try:
-                with _unwrapped():
+                with unwrapped():
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(drain)
                         # The abort first: a question dismissed before it would let pi go
@@ -273,25 +272,3 @@ async def _read(rpc: PiRpc) -> None:
         await rpc.read()
     except CliError as exc:
         log.warning("the pi CLI ended: %s", exc)
-
-
-@contextlib.contextmanager
-def _unwrapped() -> Iterator[None]:
-    """Give back the first failure a nursery wrapped in an exception group as itself: a
-    :class:`TurnFailed` for the worker to report, a :class:`CliError` to map. Cancellation
-    alone stays as it is (trio's scopes take it out of the group)."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        failures = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
-        if failures and isinstance(failures[0], Exception):
-            raise failures[0] from group
-        raise
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
