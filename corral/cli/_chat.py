@@ -336,8 +336,9 @@ def _check_session_options(session_id: str | None, agent: str | None) -> None:
 @_session_options
 @click.option(
     "--approve/--decline",
-    default=False,
-    help="Accept, or decline (the default), every approval the turn asks for.",
+    default=None,
+    help="Accept, or decline, every approval the turn asks for, its sub-agents' too. Neither: "
+    "the turn's own are declined and a sub-agent's are left for whoever watches them.",
 )
 @click.option(
     "--timeout",
@@ -353,7 +354,7 @@ def send_command(
     text: str,
     session_id: str | None,
     agent: str | None,
-    approve: bool,
+    approve: bool | None,
     timeout: float,
     state_dir: Path | None,
     url: str | None,
@@ -381,7 +382,16 @@ def send_command(
         # A session that runs a turn runs this message as its own turn after that one (§E.3).
         turn = TurnFollower(str(session["id"]), busy=session.get("status") == "running")
 
-        async def decide(event: StreamEvent) -> str:
+        async def decide(event: StreamEvent) -> str | None:
+            # A sub-agent's approval, mirrored onto this stream, belongs to the child's own
+            # turn, which may outlive this one: only an explicit flag answers it; by default
+            # it is left for whoever watches it (`corral chat`, `corral elicitations resolve`).
+            params = event.data.get("params")
+            target = params.get("target_session_id") if isinstance(params, dict) else None
+            if approve is None and isinstance(target, str) and target != turn.session_id:
+                if not as_json:
+                    view.note(f"left for its own session: sub-agent {target} asks for approval")
+                return None
             action = "accept" if approve else "decline"
             if not as_json:
                 view.note("accepted (--approve)" if approve else "declined (--decline)")

@@ -103,6 +103,7 @@ class CliProcess:
             try:
                 await self._stdin.send_all(line.encode())
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                await self._settle()
                 raise self._exited("stopped reading its input") from exc
 
     async def receive(self) -> dict[str, Any]:
@@ -192,8 +193,8 @@ class CliProcess:
         return self.proc.returncode
 
     async def _settle(self) -> None:
-        """After stdout ends: give the CLI a moment to exit and its stderr to be read to the
-        end, so its exit code and its last words can be told (a CLI that dies at once ends
+        """After stdout or stdin ends: give the CLI a moment to exit and its stderr to be read
+        to the end, so its exit code and its last words can be told (a CLI that dies at once ends
         both pipes before the stderr reader has run)."""
         with trio.move_on_after(1.0):
             await self.wait()
