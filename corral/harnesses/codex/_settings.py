@@ -12,10 +12,9 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from .._cli_settings import cli_settings
 from .._worker import TurnContext, TurnFailed
-from ..spawn_env import env_prefix
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: No word from the CLI for this long, with no approval pending, ends the turn (Codex itself
@@ -41,47 +40,25 @@ def resolve_settings(turn: TurnContext, environ: Mapping[str, str]) -> Settings:
         TurnFailed: ``config_error`` naming what is missing or wrong, or
             ``missing_credentials`` for OpenAI itself without a key.
     """
-    start = turn.start
-    executor: dict[str, Any] = turn.spec.get("executor") or {}
-    given = executor.get("auth")
-    auth: dict[str, Any] = given if isinstance(given, dict) else {}
-    prefix = env_prefix(start.harness_override or start.harness or "codex")
-    model = (
-        start.model_override
-        or executor.get("model")
-        or turn.spec.get("model")
-        or environ.get(prefix + "MODEL")
+    common = cli_settings(
+        turn,
+        environ,
+        kind="codex",
+        default_base_url=DEFAULT_BASE_URL,
+        default_idle_timeout_s=DEFAULT_IDLE_TIMEOUT_S,
     )
-    if not isinstance(model, str) or not model:
-        raise TurnFailed("config_error", f"no model: set executor.model or {prefix}MODEL")
-    base_url = str(
-        auth.get("base_url")
-        or executor.get("base_url")
-        or environ.get(prefix + "BASE_URL")
-        or DEFAULT_BASE_URL
-    ).rstrip("/")
-    parsed = urllib.parse.urlsplit(base_url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise TurnFailed("config_error", f"base_url must be an http(s) URL, got {base_url!r}")
-    literal = auth.get("api_key")
-    api_key = environ.get(prefix + "API_KEY") or (
-        literal if isinstance(literal, str) and literal and not literal.startswith("$") else None
-    )
-    if api_key is None and base_url == DEFAULT_BASE_URL:
+    if common.api_key is None and common.base_url == DEFAULT_BASE_URL:
         raise TurnFailed(
             "missing_credentials",
-            f"no API key for {DEFAULT_BASE_URL}: set executor.auth.api_key or {prefix}API_KEY",
+            f"no API key for {DEFAULT_BASE_URL}: set executor.auth.api_key or "
+            f"{common.prefix}API_KEY",
         )
-    idle = executor.get("idle_timeout_s", DEFAULT_IDLE_TIMEOUT_S)
-    if isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0:
-        raise TurnFailed("config_error", f"idle_timeout_s must be a number >= 0, got {idle!r}")
-    instructions = turn.message.get("instructions") or turn.spec.get("prompt")
     return Settings(
-        model=model,
-        base_url=base_url,
-        api_key=api_key,
-        instructions=str(instructions) if instructions else None,
-        idle_timeout_s=float(idle),
+        model=common.model,
+        base_url=common.base_url,
+        api_key=common.api_key,
+        instructions=common.instructions,
+        idle_timeout_s=common.idle_timeout_s,
     )
 
 
