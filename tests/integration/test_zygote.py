@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ from tests.integration._dispatch import fake_dispatch, scripted
 
 CHILD = "tests.integration._zygote_child"
 HOST_ACTORS = frozenset({"harness"})
+#: The zygote is off by default (corral/actors/harness/_options.py says why).
+ZYGOTE_ON = "[actors.harness.options]\nzygote = true\n"
+
+
+@pytest.fixture
+def host(host_factory: Callable[..., HostProcess]) -> Iterator[HostProcess]:
+    """A host whose harness actor forks its workers from a zygote."""
+    h = host_factory(FAST_LIVENESS + ZYGOTE_ON).start()
+    yield h
+    if h.proc is not None and h.proc.poll() is None:
+        h.stop()
 
 
 def _ppid(pid: int) -> int:
@@ -190,7 +202,7 @@ async def test_d13_d15_a_forked_worker_has_its_key_and_none_of_the_hosts_secrets
     the spawn environment without the key; the zygote holds no secret at all (nothing of the
     host's reaches a client: D-13..D-15)."""
     secrets = {"CORRAL_TEST_SECRET_TOKEN": "tok-do-not-leak", "OTHER_SECRET": "other-do-not-leak"}
-    host = host_factory(FAST_LIVENESS + ENV_HARNESS).start(
+    host = host_factory(FAST_LIVENESS + ZYGOTE_ON + ENV_HARNESS).start(
         env={**secrets, "ENVDUMP_KEY": "key-for-the-worker"}
     )
     spec = {
