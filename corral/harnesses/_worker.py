@@ -45,6 +45,7 @@ from .._proctitle import WORKER_TITLE_PREFIX, set_title
 from ..bus import Incoming, Message, Outbox, Peer, open_peer
 from ..config import BusSettings, LivenessSettings
 from ._held import HeldEvents
+from ._llm_request import LlmRequestData
 from ._observe import Observer
 from .protocol import (
     HARNESS_ACTOR,
@@ -388,7 +389,7 @@ class TurnContext:
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             await self.emit(ResponseHeartbeat(server_time=now, last_event_seq=self._seq))
 
-    async def check_llm_request(self, data: dict[str, Any]) -> None:
+    async def check_llm_request(self, data: LlmRequestData) -> None:
         """Ask policy whether the turn may call the model (``PHASE_LLM_REQUEST``, §F.4).
 
         A kind calls it once per turn, before its first model call: a server-side spend or
@@ -404,7 +405,7 @@ class TurnContext:
         Raises:
             TurnFailed: ``policy_denied`` or ``policy_unavailable``.
         """
-        verdict = await self.policy(LLM_REQUEST, data)
+        verdict = await self.policy(LLM_REQUEST, dict(data))
         action = verdict.action.upper().removeprefix("POLICY_ACTION_")
         reason = verdict.reason
         if verdict.failed:

@@ -11,6 +11,7 @@ import trio
 
 from ... import clis
 from ..._jsonlines import JsonObject
+from .._llm_request import LlmRequestData, llm_request
 from .._worker import TurnContext, TurnFailed
 from ._relay import Relay
 from ._session import ClaudeSession, collapsed, deadline, load_state, resumable, start
@@ -169,12 +170,12 @@ def _content(history: list[dict[str, Any]], seed: bool) -> list[dict[str, Any]]:
     return [*blocks, *last["images"]] or [{"type": "text", "text": ""}]
 
 
-def _llm_request_data(settings: Settings, history: list[dict[str, Any]]) -> dict[str, Any]:
+def _llm_request_data(settings: Settings, history: list[dict[str, Any]]) -> LlmRequestData:
     """The ``PHASE_LLM_REQUEST`` data (PROTOCOL_0_19 §F.4) of the turn's first model call."""
-    return {
-        "model": settings.model or "",
-        "messages_count": len(history),
-        "tools_count": len(settings.tools),
-        "system_prompt_preview": (settings.instructions or "")[:200],
-        "last_user_message": history[-1]["text"][:500],
-    }
+    return llm_request(
+        model=settings.model or "",
+        messages=len(history),
+        tools=len(settings.tools),
+        instructions=settings.instructions,
+        last_user_message=history[-1]["text"],
+    )

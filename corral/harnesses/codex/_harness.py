@@ -30,6 +30,7 @@ import trio
 
 from ... import clis
 from .._cli_process import CliError, open_cli, unwrapped
+from .._llm_request import llm_request
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, cli_env, prepare, save_thread, saved_thread
 from ._input import TurnInput, turn_input
@@ -217,13 +218,13 @@ class CodexHarness:
             base_url=settings.base_url,
             api_key=settings.api_key,
         )
-        question = {
-            "model": settings.model,
-            "messages_count": len(given.history) + 1,
-            "tools_count": len(given.tools),
-            "system_prompt_preview": (settings.instructions or "")[:200],
-            "last_user_message": given.text[:500],
-        }
+        question = llm_request(
+            model=settings.model,
+            messages=len(given.history) + 1,
+            tools=len(given.tools),
+            instructions=settings.instructions,
+            last_user_message=given.text,
+        )
         # A new session's CLI starts while the model call's policy question is out (the
         # CLI's start is most of a first turn's wait); a DENY leaves it for the next turn.
         with unwrapped():

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
 
 from ..._jsonlines import JsonObject
+from .._llm_request import LlmRequestData, llm_request
 from .._worker import TurnFailed
 from ..spawn_env import env_prefix
 from ._conversations import _history
@@ -57,23 +58,13 @@ class OpenAIHarness:
                 f"{env_prefix(settings.harness)}API_KEY",
             )
         # Before the turn watchdog starts: the server may hold this until a person answers.
-        await turn.check_llm_request(dict(llm_request_data(settings, turn.message, turn.spec)))
+        await turn.check_llm_request(llm_request_data(settings, turn.message, turn.spec))
         limit = settings.turn_timeout_s or math.inf
         with trio.move_on_after(limit) as watchdog:
             async with httpx.AsyncClient(timeout=None) as client:
                 await _AgentLoop(settings, client, turn).run()
         if watchdog.cancelled_caught:
             raise TurnFailed("timeout", f"the turn took longer than {limit:g}s (turn_timeout_s)")
-
-
-class LlmRequestData(TypedDict):
-    """The ``PHASE_LLM_REQUEST`` data of a turn."""
-
-    model: str
-    messages_count: int
-    tools_count: int
-    system_prompt_preview: str
-    last_user_message: str
 
 
 def llm_request_data(
@@ -97,10 +88,10 @@ def llm_request_data(
                     if isinstance(p, dict) and p.get("type") in ("input_text", "text")
                 )
             break
-    return {
-        "model": settings.model,
-        "messages_count": len(history),
-        "tools_count": sum(1 for t in message.get("tools") or [] if isinstance(t, dict)),
-        "system_prompt_preview": str(instructions)[:200],
-        "last_user_message": last_user[:500],
-    }
+    return llm_request(
+        model=settings.model,
+        messages=len(history),
+        tools=sum(1 for t in message.get("tools") or [] if isinstance(t, dict)),
+        instructions=str(instructions),
+        last_user_message=last_user,
+    )

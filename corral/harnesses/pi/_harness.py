@@ -28,6 +28,7 @@ import trio
 
 from ... import clis
 from .._cli_process import CliError, open_cli, unwrapped
+from .._llm_request import llm_request
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, argv, cli_env, prepare
 from ._input import TurnInput, prompt_text, runner_tools, turn_input
@@ -151,13 +152,13 @@ class PiHarness:
             api_key=settings.api_key,
             tools=runner_tools(turn.message),
         )
-        question = {
-            "model": settings.model,
-            "messages_count": len(given.history) + 1,
-            "tools_count": len(launch.tools),
-            "system_prompt_preview": (settings.instructions or "")[:200],
-            "last_user_message": given.text[:500],
-        }
+        question = llm_request(
+            model=settings.model,
+            messages=len(given.history) + 1,
+            tools=len(launch.tools),
+            instructions=settings.instructions,
+            last_user_message=given.text,
+        )
         # A new session's CLI starts while the model call's policy question is out (the
         # start is most of a first turn's wait); a DENY leaves it for the next turn.
         with unwrapped():
