@@ -19,6 +19,7 @@ import trio
 
 from corral import __version__
 from corral.actors._process import start_time
+from corral.actors.tools.messages import ToolExec, ToolExecResult
 from corral.routes import HttpRequest
 from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, shared_or_fresh, wait_until
 from tests.fake_openai import FakeOpenAI, Reply, responses_events
@@ -214,6 +215,10 @@ async def restarted(host: HostProcess, name: str, before: dict[str, Any]) -> Non
     await trio.to_thread.run_sync(host.restarted, name, before)
 
 
+def _tools_state(host: HostProcess) -> dict[str, Any]:
+    return host.ask("inspect", actor="tools")["state"]
+
+
 def _held(host: HostProcess, actor: str) -> int:
     """How many of ``actor``'s in-flight messages it holds (``corral mailboxes``)."""
     (row,) = [m for m in host.ask("mailboxes")["mailboxes"] if m["actor"] == actor]
@@ -357,6 +362,44 @@ async def test_an_approval_for_a_prompt_whose_park_died_waits_for_the_call_to_pa
     assert "Traceback" not in host.log()
 
 
+async def test_a_call_asked_again_while_it_runs_is_answered_with_its_one_run(
+    thost, tmp_path
+) -> None:
+    """A caller that restarted asks the tools actor for a call again while it still runs
+    (the policy actor re-acting on an approval it held): each copy is answered with the
+    one run's result, and the command runs once."""
+    runs, go = tmp_path / "runs", tmp_path / "go"
+    command = f"echo run >> {runs}; while [ ! -e {go} ]; do sleep 0.05; done; echo ran"
+    call = ToolExec(
+        session_id="s-joined",
+        call_id=f"call_joined_{tmp_path.name}",
+        name="sys_os_shell",
+        arguments=json.dumps({"command": command}),
+    )
+    joined = _tools_state(thost)["joined"]
+    replies: list[ToolExecResult] = []
+    async with fake_gateway(thost.endpoint) as gw:
+
+        async def ask() -> None:
+            reply = await gw.peer.call("tools", call, durable=True, timeout=30)
+            replies.append(reply)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await trio.to_thread.run_sync(lambda: wait_until(runs.exists, 20, "the run"))
+            nursery.start_soon(ask)
+            await trio.to_thread.run_sync(
+                lambda: wait_until(
+                    lambda: _tools_state(thost)["joined"] == joined + 1, 10, "the copy joined"
+                )
+            )
+            go.touch()
+    first, second = replies
+    assert first == second
+    assert first.status == "completed" and "ran" in first.output
+    assert runs.read_text() == "run\n"
+
+
 @pytest.mark.chaos
 async def test_an_approved_call_outlives_its_policy_actors_restarts_while_it_runs(
     host_factory, server, tmp_path
@@ -365,7 +408,12 @@ async def test_an_approved_call_outlives_its_policy_actors_restarts_while_it_run
     twice. The approval and the call wait on other processes, so a restart is not a failed
     attempt of them: with ``max_attempts = 1`` the broker used to dead-letter the approval at
     the first restart and the turn waited on its park for good (the ``--kind policy`` storm:
-    3 hung turns). The command runs once and the turn ends."""
+    3 hung turns). The command runs once and the turn ends.
+
+    Each incarnation asks the tools actor for the call again while it still runs; each
+    copy must get the run's result. Only the first copy used to be answered, so the turn
+    hung whenever the command outlived the last restart's copy (a CI failure): here it
+    always does."""
     host = _thost(host_factory, server, "[bus]\nmax_attempts = 1\n")
     server.policy = phase_policy(PHASE_TOOL_CALL="POLICY_ACTION_ASK")
     command = "echo run >> runs; touch started; while [ ! -e go ]; do sleep 0.05; done; echo ran"
@@ -378,7 +426,7 @@ async def test_an_approved_call_outlives_its_policy_actors_restarts_while_it_run
         await trio.to_thread.run_sync(
             lambda: wait_until((tmp_path / "started").exists, 30, "the command started")
         )
-        for _ in range(2):
+        for restart in (1, 2):
             # Killed once each incarnation holds the approval again (a kill before that is
             # one attempt of it, as for any message in hand).
             await trio.to_thread.run_sync(
@@ -387,11 +435,17 @@ async def test_an_approved_call_outlives_its_policy_actors_restarts_while_it_run
             before = host.actor("policy")
             os.kill(before["pid"], signal.SIGKILL)
             await restarted(host, "policy", before)
+            await trio.to_thread.run_sync(
+                lambda n=restart: wait_until(  # type: ignore[misc]
+                    lambda: _tools_state(host)["joined"] == n, 10, "the call asked again"
+                )
+            )
         (tmp_path / "go").touch()
         assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
         (output,) = outputs(gw, sid)
     assert "ran" in output
     assert (tmp_path / "runs").read_text() == "run\n"
+    assert _tools_state(host)["calls"] == 1
     assert "dead letter" not in host.log()
 
 

@@ -28,7 +28,8 @@ when the spec declares ``terminals:``).
 Crash safety. Each call is written to the call log (:mod:`corral.tools.calls`) before it runs
 and with its result after; the result is answered only once it is written. A redelivered call
 is answered from the log, and one that a crash cut off mid-run ends with an error result
-instead of running twice. Inbox items (async results) are durable in
+instead of running twice. A copy that comes while the call still runs (its caller restarted
+and asked again) joins the run and is answered with its result, as the first. Inbox items (async results) are durable in
 :class:`~corral.tools.inbox.Inbox`; background calls a crash cut off are reported to the inbox
 as failed when the next incarnation starts.
 
@@ -164,7 +165,16 @@ class ToolsActor(Actor):
         )
         self.http_jobs = trio.CapacityLimiter(MAX_HTTP_JOBS)
         self.scopes: dict[str, trio.CancelScope] = {}
-        self.stats = {"calls": 0, "failed": 0, "timed_out": 0, "cut_off": 0, "replayed": 0}
+        #: Further copies of a running call, answered when it ends (see :meth:`execute`).
+        self.joined: dict[str, list[Deferred]] = {}
+        self.stats = {
+            "calls": 0,
+            "failed": 0,
+            "timed_out": 0,
+            "cut_off": 0,
+            "replayed": 0,
+            "joined": 0,
+        }
 
     async def setup(self) -> None:
         assert self.nursery is not None
@@ -194,19 +204,26 @@ class ToolsActor(Actor):
             return ToolExecResult(
                 call_id=msg.call_id, output=record.output or "", status=_status(record.status)
             )
-        if record is not None or msg.call_id in self.scopes:
-            if msg.call_id in self.scopes:
-                return None  # the same call, already running here, answers when it ends
+        if msg.call_id in self.scopes:
+            # Asked again while it runs: its caller restarted (the policy actor re-acts on
+            # an approval it held) and waits on this copy, not the first. Every copy is
+            # answered with the one run's result.
+            self.stats["joined"] += 1
+            self.joined.setdefault(msg.call_id, []).append(self.defer(incoming))
+            return None
+        if record is not None:
             self.stats["cut_off"] += 1
             output = _error(CUT_OFF)
             await self.calls.done(msg.call_id, output, "failed")
             return ToolExecResult(call_id=msg.call_id, output=output, status="failed")
         deferred = self.defer(incoming)
+        # Registered here, not in the task: a copy handled next must find it running.
+        scope = self.scopes[msg.call_id] = trio.CancelScope()
         assert self.nursery is not None
-        self.nursery.start_soon(self._execute, msg, deferred)
+        self.nursery.start_soon(self._execute, msg, deferred, scope)
         return None
 
-    async def _execute(self, msg: ToolExec, deferred: Deferred) -> None:
+    async def _execute(self, msg: ToolExec, deferred: Deferred, scope: trio.CancelScope) -> None:
         self.stats["calls"] += 1
         if msg.spec:
             # The file routes resolve the session's root from it (a request carries no spec).
@@ -219,13 +236,11 @@ class ToolsActor(Actor):
         timeout = msg.timeout_s or self.options.timeout_s
         status: ToolStatus = "completed"
         output: str | None = None
-        with trio.CancelScope() as scope:
-            self.scopes[msg.call_id] = scope
+        with scope:
             # The shell tool has its own deadline (and reports ``timed_out``); this one is
             # the backstop for every tool, a little later.
             with trio.move_on_after(timeout + 5) as deadline:
                 output, status = await self._run(ctx, msg.name, msg.arguments)
-        self.scopes.pop(msg.call_id, None)
         if output is None:
             if deadline.cancelled_caught:
                 self.stats["timed_out"] += 1
@@ -236,10 +251,13 @@ class ToolsActor(Actor):
         if status != "completed":
             self.stats["failed"] += 1
         await self.calls.done(msg.call_id, output, status)
-        await self.peer.reply(
-            deferred.incoming, ToolExecResult(call_id=msg.call_id, output=output, status=status)
-        )
-        deferred.ack()
+        # Running until its result is on record: a copy that came meanwhile joins this run
+        # rather than finding it started and not running (cut off).
+        self.scopes.pop(msg.call_id, None)
+        result = ToolExecResult(call_id=msg.call_id, output=output, status=status)
+        for waiting in (deferred, *self.joined.pop(msg.call_id, ())):
+            await self.peer.reply(waiting.incoming, result)
+            waiting.ack()
 
     async def _run(self, ctx: ToolContext, name: str, arguments: str) -> tuple[str, ToolStatus]:
         try:
