@@ -29,9 +29,9 @@ Crash safety. Each call is written to the call log (:mod:`corral.tools.calls`) b
 and with its result after; the result is answered only once it is written. A redelivered call
 is answered from the log, and one that a crash cut off mid-run ends with an error result
 instead of running twice. A copy that comes while the call still runs (its caller restarted
-and asked again) joins the run and is answered with its result, as the first. Inbox items (async results) are durable in
-:class:`~corral.tools.inbox.Inbox`; background calls a crash cut off are reported to the inbox
-as failed when the next incarnation starts.
+and asked again) joins the run and is answered with its result, as the first. Inbox items
+(async results) are durable in :class:`~corral.tools.inbox.Inbox`; background calls a crash
+cut off are reported to the inbox as failed when the next incarnation starts.
 
 Session events a tool causes (terminal resources, ``session.changed_files.invalidated``) go to
 dispatch as durable :class:`~corral.actors.dispatch.messages.PublishEvents`, before the
