@@ -8,12 +8,18 @@ Roles:
                                   B at a time per task
     echo ENDPOINT                 peer ``bench-echo`` answers every request
     paced ENDPOINT N MS           peer ``bench-tx`` sends N stream messages, one every MS ms
+    raw-router ENDPOINT           raw blocking pyzmq ROUTER that forwards ``[to, payload]``
+                                  from a peer to ``to`` as ``[from, payload]`` (the round
+                                  trip's baseline broker)
+    raw-echo ENDPOINT             raw blocking pyzmq DEALER ``raw-echo`` that sends every
+                                  ``[from, payload]`` back to ``from``
 Each role prints ``ready`` when connected and runs until it is done or its stdin closes.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -36,6 +42,39 @@ def push(endpoint: str, n: int, size: int) -> None:
     for _ in range(n):
         sock.send(frame)
     sock.close()
+    ctx.term()
+
+
+def _serve_raw(sock: zmq.Socket, handle: Callable[[list[bytes]], list[bytes]]) -> None:
+    """Answer every message on ``sock`` with ``handle``'s frames until stdin closes."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sys.stdin, zmq.POLLIN)
+    print("ready", flush=True)
+    while True:
+        for what, _ in poller.poll():
+            if what is sock:
+                sock.send_multipart(handle(sock.recv_multipart()))
+            elif not sys.stdin.readline():
+                return
+
+
+def raw_router(endpoint: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    _serve_raw(sock, lambda frames: [frames[1], frames[0], *frames[2:]])
+    sock.close(0)
+    ctx.term()
+
+
+def raw_echo(endpoint: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"raw-echo")
+    sock.connect(endpoint)
+    _serve_raw(sock, lambda frames: frames)
+    sock.close(0)
     ctx.term()
 
 
@@ -125,6 +164,10 @@ def main(argv: list[str]) -> None:
         trio.run(paced, endpoint, int(rest[0]), float(rest[1]))
     elif role == "echo":
         trio.run(echo, endpoint)
+    elif role == "raw-router":
+        raw_router(endpoint)
+    elif role == "raw-echo":
+        raw_echo(endpoint)
     else:
         raise SystemExit(f"unknown role {role!r}")
 
