@@ -97,12 +97,19 @@ def raw_round_trips(endpoint: str, n: int, start: Callable[..., Any]) -> list[fl
     sock.connect(endpoint)
     payload = b"x" * _message_size()
     try:
-        for _ in range(200):  # also waits for the echo's connection
+        # The router drops what it cannot route yet: ask until the echo has connected.
+        deadline = time.monotonic() + 30
+        while True:
             sock.send_multipart([b"raw-echo", payload])
             try:
                 sock.recv_multipart()
+                break
             except zmq.Again:
-                continue
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the raw echo never answered") from None
+        for _ in range(200):
+            sock.send_multipart([b"raw-echo", payload])
+            sock.recv_multipart()
         times = []
         for _ in range(n):
             t = time.perf_counter()
