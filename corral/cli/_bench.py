@@ -20,6 +20,7 @@ BENCHMARKS = {
     "harness": "corral.bench.harness",
     "turn": "corral.bench.turn",
     "relay": "corral.bench.relay",
+    "scale": "corral.bench.scale",
     "subagents": "corral.bench.subagents",
     "tools": "corral.bench.tools",
     "up": "corral.bench.up",
