@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
@@ -55,7 +55,7 @@ class Sizes:
 
     #: Known sessions at each step.
     steps: tuple[int, ...]
-    #: At most this many sessions of a step stream at once.
+    #: At most this many sessions of a step stream at once (``--sessions``).
     active: int
     #: Each active session's paced turn: deltas and their spacing.
     paced_deltas: int
@@ -106,6 +106,8 @@ class HostState:
     #: Per actor: its process's trio tasks and open files.
     tasks: dict[str, int] = field(default_factory=dict)
     open_files: dict[str, int] = field(default_factory=dict)
+    #: Per actor: its process's PSS in MB (where a known session's memory goes).
+    pss_mb_of: dict[str, float] = field(default_factory=dict)
     #: Per actor, what its snapshot counts per session: dispatch's sessions, the gateway's
     #: open streams, the harness actor's workers.
     held: dict[str, int] = field(default_factory=dict)
@@ -135,10 +137,15 @@ def host_state(inst: Instance) -> HostState:
         snapshot = request(inst.control_path, "inspect", actor=name)["state"]
         state.tasks[name] = snapshot["tasks"]
         state.open_files[name] = snapshot["open_files"]
+        state.pss_mb_of[name] = round(memory_mb([actor["pid"]])[0], 2)
         if name == "dispatch":
             state.held["dispatch sessions"] = snapshot["sessions"]
         elif name == "gateway":
             state.held["gateway streams"] = snapshot["streams"]
+        elif name == "journal":
+            # Both bounded (``max_open_runs``, ``max_tracked_runs``), not per known session.
+            state.held["journal open runs"] = snapshot["open_runs"]
+            state.held["journal tracked runs"] = snapshot["tracked_runs"]
         elif name == "harness":
             state.live_workers = sum(1 for w in snapshot["workers"] if w.get("pid"))
             state.held["harness workers"] = len(snapshot["workers"])
@@ -287,6 +294,7 @@ def _state_json(state: HostState) -> dict[str, Any]:
         "live_workers": state.live_workers,
         "tasks": state.tasks,
         "open_files": state.open_files,
+        "pss_mb": state.pss_mb_of,
         "held": state.held,
     }
 
@@ -294,6 +302,8 @@ def _state_json(state: HostState) -> dict[str, Any]:
 def run(params: Mapping[str, object]) -> Document:
     """Run the scale benchmark and return the result document of docs/contract.md."""
     sizes = Sizes.quick() if params.get("quick") else Sizes.full()
+    if params.get("sessions"):
+        sizes = replace(sizes, active=int(str(params["sessions"])))
     steps = trio.run(measure, sizes)
     first = steps[0]
     return {
