@@ -13,8 +13,9 @@ grows in steps (10, 100, 1,000 known sessions; ``--quick``: 3, 10, 30). At each 
   session), with its processes and every actor's trio tasks and open files (``inspect``);
 * up to 100 of them (``--quick``: 5) become **active**: a turn of one delta wakes their
   workers, then at once a paced turn streams K deltas D ms apart in each: the aggregate
-  deltas/s (every paced delta over first to last arrival) and the p50/p99 latency of a delta
-  from its worker's send to its arrival here; the tree is measured again right after, its
+  deltas/s (every paced delta over first to last arrival), the p50/p99 latency of a delta
+  from its worker's send to its arrival here, and the CPU the host's tree used meanwhile (in
+  cores: a 2-core machine is saturated near 2); the tree is measured again right after, its
   workers still alive.
 
 What an idle session should cost is its durable state and a few dict entries, no task, no
@@ -42,7 +43,7 @@ from ..instance import Instance
 from ._common import Document, Figure, figure, host_pid, percentile, quiet
 from ._progress import step
 from ._tunnel_peer import PeerError
-from .memory import memory_mb, process_tree
+from .memory import cpu_s, memory_mb, process_tree
 from .relay import WARM_DELTAS, WARM_TURN, Relay, bind_all, relay_host, run_turn
 
 #: The step's turn of one delta (a new session's first, an active one's wake).
@@ -122,6 +123,8 @@ class Step:
     idle: HostState
     busy: HostState
     rate: float
+    #: The host tree's CPU while the paced turns ran, in cores (CPU-s per second).
+    cores: float
     #: Paced delta latencies, seconds, sorted.
     latencies: list[float]
 
@@ -150,6 +153,10 @@ def host_state(inst: Instance) -> HostState:
             state.live_workers = sum(1 for w in snapshot["workers"] if w.get("pid"))
             state.held["harness workers"] = len(snapshot["workers"])
     return state
+
+
+def _tree_cpu_s(inst: Instance) -> float:
+    return cpu_s(process_tree(host_pid(inst)))
 
 
 def _live_workers(inst: Instance) -> int:
@@ -216,10 +223,14 @@ async def measure_step(relay: Relay, known: list[str], target: int, sizes: Sizes
     with step(f"{target} known sessions: {len(active)} active"):
         await run_turn(peer, active, WARM_DELTAS, 120 + 2 * len(active))
         pace = sizes.paced_deltas * sizes.paced_delay_ms / 1000
+        cpu, start = await trio.to_thread.run_sync(_tree_cpu_s, inst), time.monotonic()
         paced = await run_turn(peer, active, sizes.paced_deltas, 120 + pace)
+        cores = (await trio.to_thread.run_sync(_tree_cpu_s, inst) - cpu) / (
+            time.monotonic() - start
+        )
         busy = await trio.to_thread.run_sync(host_state, inst)
         await _tapped(relay, paced)
-    return Step(target, len(active), idle, busy, _rate(paced), latencies(relay, paced))
+    return Step(target, len(active), idle, busy, _rate(paced), cores, latencies(relay, paced))
 
 
 async def measure(sizes: Sizes) -> list[Step]:
@@ -247,6 +258,7 @@ def _figures(steps: list[Step]) -> list[Figure]:
             (f"host processes, {busy}", s.busy.processes, "processes"),
             (f"host trio tasks, {busy}", sum(s.busy.tasks.values()), "tasks"),
             (f"deltas/s, {busy}", s.rate, "msgs/s"),
+            (f"host tree CPU during the paced turns, {busy}", s.cores, "cores"),
             (f"paced delta latency p50, {busy}", percentile(s.latencies, 0.5) * ms, "ms"),
             (f"paced delta latency p99, {busy}", percentile(s.latencies, 0.99) * ms, "ms"),
         ]

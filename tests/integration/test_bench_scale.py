@@ -81,6 +81,7 @@ def test_bench_scale_quick_json_and_idle_sessions_hold_no_task() -> None:
             f"host tree PSS, {known} sessions idle",
             f"host tree PSS per known session, {known} sessions idle",
             f"deltas/s, {busy}",
+            f"host tree CPU during the paced turns, {busy}",
             f"paced delta latency p50, {busy}",
             f"paced delta latency p99, {busy}",
         ):
