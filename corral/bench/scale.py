@@ -46,7 +46,8 @@ from ._tunnel_peer import PeerError
 from .memory import cpu_s, memory_mb, process_tree
 from .relay import WARM_DELTAS, WARM_TURN, Relay, bind_all, relay_host, run_turn
 
-#: The step's turn of one delta (a new session's first, an active one's wake).
+#: One turn's deltas by session: (arrival, turn id, sequence number) each, as
+#: :func:`~corral.bench.relay.run_turn` returns them.
 TurnDeltas = dict[str, list[tuple[float, str, int]]]
 
 
@@ -122,6 +123,7 @@ class Step:
     active: int
     idle: HostState
     busy: HostState
+    #: Paced deltas/s, every active session together.
     rate: float
     #: The host tree's CPU while the paced turns ran, in cores (CPU-s per second).
     cores: float
@@ -160,6 +162,7 @@ def _tree_cpu_s(inst: Instance) -> float:
 
 
 def _live_workers(inst: Instance) -> int:
+    """The harness actor's workers with a process (a lighter ask than :func:`host_state`)."""
     workers = request(inst.control_path, "inspect", actor="harness")["state"]["workers"]
     return sum(1 for w in workers if w.get("pid"))
 
