@@ -25,6 +25,7 @@ in flight.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -84,6 +85,17 @@ def every(seconds: float) -> Callable[[Periodic], Periodic]:
         return fn
 
     return mark
+
+
+def task_count() -> int:
+    """The trio tasks of this process, its root task included."""
+    root = trio.lowlevel.current_root_task()
+    count, stack = 0, [root] if root is not None else []
+    while stack:
+        task = stack.pop()
+        count += 1
+        stack += [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+    return count
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +223,15 @@ class Actor:
 
     def snapshot(self) -> dict[str, Any]:
         """State for inspection (``corral status``, tests). Must be JSON-friendly."""
-        return {"handled": self.handled, **self._ledger.snapshot(), "queues": len(self._queues)}
+        return {
+            "handled": self.handled,
+            **self._ledger.snapshot(),
+            "queues": len(self._queues),
+            # What the process holds whatever the actor's own fields say: an idle session
+            # should add to neither (issue #20, docs/benchmarks.md "scale").
+            "tasks": task_count(),
+            "open_files": len(os.listdir("/proc/self/fd")),
+        }
 
     async def serve(self) -> None:
         """Handle messages until the inbox closes, a Stop arrives, or the task is cancelled."""

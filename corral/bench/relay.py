@@ -137,8 +137,9 @@ def _toml(value: Any) -> str:
     return json.dumps(value)
 
 
-def host_config(server_url: str, turns: Turns, *, tap: bool = False) -> str:
-    """``corral.toml`` of a benchmark host: one runner for ``server_url``, a scripted agent."""
+def host_config(server_url: str, turns: Turns, *, tap: bool = False, extra: str = "") -> str:
+    """``corral.toml`` of a benchmark host: one runner for ``server_url``, a scripted agent;
+    ``extra`` is appended (more tables)."""
     subscribers = ["gateway", TAP] if tap else ["gateway"]
     return (
         "[server]\nenabled = false\n\n"
@@ -147,7 +148,7 @@ def host_config(server_url: str, turns: Turns, *, tap: bool = False) -> str:
         'harness = "scripted"\n'
         f"script = {_toml({'turns': turns})}\n\n"
         "[[actors.gateway.options.runners]]\n"
-        f"server = {_toml(server_url)}\nid = {_toml(RUNNER_ID)}\n"
+        f"server = {_toml(server_url)}\nid = {_toml(RUNNER_ID)}\n{extra}"
     )
 
 
@@ -163,13 +164,14 @@ class Relay:
 
 
 @asynccontextmanager
-async def relay_host(turns: Turns, *, tap: bool = False) -> AsyncIterator[Relay]:
-    """A tunnel peer, a host whose runner is connected to it, and (with ``tap``) the tap."""
+async def relay_host(turns: Turns, *, tap: bool = False, extra: str = "") -> AsyncIterator[Relay]:
+    """A tunnel peer, a host whose runner is connected to it, and (with ``tap``) the tap;
+    ``extra`` is more of the host's config (see :func:`host_config`)."""
     peer = TunnelPeer(RUNNER_ID)
     with lone_errors():
         async with trio.open_nursery() as nursery:
             await peer.start(nursery)
-            host = running_host(host_config(peer.url, turns, tap=tap))
+            host = running_host(host_config(peer.url, turns, tap=tap, extra=extra))
             inst: Instance = await trio.to_thread.run_sync(host.__enter__)
             try:
                 relay = Relay(peer, inst, {})

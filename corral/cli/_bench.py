@@ -20,6 +20,7 @@ BENCHMARKS = {
     "harness": "corral.bench.harness",
     "turn": "corral.bench.turn",
     "relay": "corral.bench.relay",
+    "scale": "corral.bench.scale",
     "subagents": "corral.bench.subagents",
     "tools": "corral.bench.tools",
     "up": "corral.bench.up",
@@ -49,7 +50,11 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
 @click.command("bench")
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.option("--quick", is_flag=True, help="Smaller workloads (smoke runs, CI).")
-@click.option("--sessions", type=click.IntRange(min=1), help="chaos: sessions at once.")
+@click.option(
+    "--sessions",
+    type=click.IntRange(min=1),
+    help="chaos: sessions at once. scale: sessions active at each step (100; quick 5).",
+)
 @click.option("--turns", type=click.IntRange(min=1), help="chaos: turns per session.")
 @click.option(
     "--mode",
@@ -97,6 +102,8 @@ def bench_command(
         raise click.UsageError(f"--kind {kind} is not one of {name}'s kinds")
     if name == "harness":
         params["kind"] = kind
+    if name == "scale":
+        params["sessions"] = sessions
     if name == "chaos":
         params |= {
             "sessions": sessions,

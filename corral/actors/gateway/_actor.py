@@ -283,6 +283,10 @@ class GatewayActor(Actor):
             "tunnels": [t.status() for t in self.tunnels],
             "harnesses": self.harnesses,
             "streams": len(self._streams),
+            # Sessions any stream state is kept for: those with a stream open, no more.
+            "stream_sessions": len(
+                self._open.keys() | self._stream_locks.keys() | self._changed.keys()
+            ),
             "pending_events": self.buffer.pending_count(),
             "unsent_events": self.buffer.unsent_count(),
             "buffer": dict(self.buffer.stats),
@@ -574,6 +578,10 @@ class GatewayActor(Actor):
             self._open[session_id].discard(me)
             if not self._open[session_id]:
                 del self._open[session_id]
+                # With no stream of the session open nothing holds or waits on its lock or
+                # its change event: a session whose streams ended leaves no entry (issue #20).
+                self._stream_locks.pop(session_id, None)
+                self._changed.pop(session_id, None)
             if self._streams.get(session_id) is me:
                 del self._streams[session_id]
 
