@@ -42,7 +42,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,9 @@ from ._omnigent import (
     stop_group,
     venv_path,
 )
+from ._omnigent_tap import TunnelTap
 from ._progress import step
-from ._tunnel_peer import PeerError
+from ._tunnel_peer import PeerError, lone_errors
 from .memory import memory_mb, process_tree
 
 AGENT = "bench-relay"
@@ -142,8 +143,9 @@ def agent_yaml(llm_url: str) -> str:
 
 # --- the runners -------------------------------------------------------------------------------
 
-#: A runner's start: (server URL, token, a fresh directory) → its tree's root pid while it runs.
-Start = Callable[[str, str, Path], contextlib.AbstractContextManager[int]]
+#: A runner's start: (the server's URL, the URL the runner is given as its server's, token, a
+#: fresh directory) → its tree's root pid, once the server has it online, while it runs.
+Start = Callable[[str, str, str, Path], contextlib.AbstractContextManager[int]]
 
 
 @dataclass(frozen=True)
@@ -165,13 +167,13 @@ def wait_online(server_url: str, token: str, exited: Callable[[], str | None]) -
 
 
 @contextlib.contextmanager
-def corral_runner(server_url: str, token: str, root: Path) -> Iterator[int]:
-    """A ``corral up`` host whose one runner serves ``server_url``."""
+def corral_runner(server_url: str, runner_url: str, token: str, root: Path) -> Iterator[int]:
+    """A ``corral up`` host with one runner, for the server at ``runner_url``."""
     (root / "workspace").mkdir()
     config = (
         f"workspace = {json.dumps(str(root / 'workspace'))}\n"
         "[server]\nenabled = false\n\n"
-        f"[[runners]]\nserver = {json.dumps(server_url)}\ntoken = {json.dumps(token)}\n"
+        f"[[runners]]\nserver = {json.dumps(runner_url)}\ntoken = {json.dumps(token)}\n"
     )
     with running_host(config) as inst:
         wait_online(server_url, token, lambda: None)
@@ -182,7 +184,7 @@ def command_runner(argv: list[str]) -> Start:
     """``argv`` run as omnigent runs its runner (its environment: :func:`runner_env`)."""
 
     @contextlib.contextmanager
-    def start(server_url: str, token: str, root: Path) -> Iterator[int]:
+    def start(server_url: str, runner_url: str, token: str, root: Path) -> Iterator[int]:
         workspace, home = root / "workspace", root / "home"
         workspace.mkdir()
         home.mkdir()
@@ -190,7 +192,7 @@ def command_runner(argv: list[str]) -> Start:
             proc = subprocess.Popen(
                 argv,
                 cwd=workspace,
-                env=runner_env(server_url, token, workspace, home),
+                env=runner_env(runner_url, token, workspace, home),
                 stdout=out,
                 stderr=out,
                 start_new_session=True,
@@ -229,129 +231,72 @@ def contenders(against: str, venv: Path) -> list[Contender]:
 # --- the client --------------------------------------------------------------------------------
 
 
-@dataclass
-class ClientStream:
-    """``GET /v1/sessions/{id}/stream`` as a client reads it: each delta's arrival
-    (``time.perf_counter()`` of the chunk it came in), and the turns' ending statuses."""
-
-    session_id: str
-    deltas: list[float] = field(default_factory=list)
-    ends: list[tuple[str, Any]] = field(default_factory=list)
-    opened: trio.Event = field(default_factory=trio.Event)
-    closed: str | None = None
-    changed: trio.Event = field(default_factory=trio.Event)
-
-    async def run(self, http: httpx.AsyncClient) -> None:
-        path = f"/v1/sessions/{self.session_id}/stream"
-        try:
-            async with http.stream("GET", path, timeout=httpx.Timeout(None)) as response:
-                if response.status_code != 200:
-                    self.closed = f"{path} answered {response.status_code}"
-                    return
-                tail = b""
-                async for chunk in response.aiter_raw():
-                    arrival = time.perf_counter()
-                    lines = (tail + chunk).split(b"\n")
-                    tail = lines.pop()
-                    for line in lines:
-                        self._line(line, arrival)
-                    self.opened.set()
-                    self.changed.set()
-            self.closed = f"{path} ended"
-        except httpx.HTTPError as exc:
-            self.closed = f"{path} failed: {exc!r}"
-        finally:
-            self.opened.set()
-            self.changed.set()
-
-    def _line(self, line: bytes, arrival: float) -> None:
-        if not line.startswith(b"data:"):
-            return
-        if DELTA in line:  # the hot path: no parsing
-            self.deltas.append(arrival)
-        elif b'"session.status"' in line:
-            event = json.loads(line[5:])
-            if event.get("status") in ("idle", "failed"):
-                self.ends.append((event["status"], event.get("error")))
-
-    async def wait_ends(self, count: int, timeout: float) -> None:
-        with trio.move_on_after(timeout):
-            while len(self.ends) < count and self.closed is None:
-                self.changed = trio.Event()
-                await self.changed.wait()
-        if len(self.ends) < count:
-            raise PeerError(
-                f"session {self.session_id}: {len(self.ends)} of {count} turns ended within "
-                f"{timeout:g}s ({len(self.deltas)} deltas so far; {self.closed or 'open'})"
-            )
-        failed = [error for status, error in self.ends if status == "failed"]
-        if failed:
-            raise PeerError(f"session {self.session_id}: a turn failed: {failed[0]}")
-
-
 class Client:
-    """The server's client API, for sessions on one runner."""
+    """The server's client API (REST), for sessions on one runner; their deltas are timed
+    where they reach the server, by ``tap``."""
 
-    def __init__(self, http: httpx.AsyncClient, nursery: trio.Nursery, agent_id: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, tap: TunnelTap, agent_id: str) -> None:
         self.http = http
-        self.nursery = nursery
+        self.tap = tap
         self.agent_id = agent_id
 
-    async def session(self, runner_id: str) -> ClientStream:
-        """A new session bound to ``runner_id``, its client stream open."""
+    async def session(self, runner_id: str) -> str:
+        """A new session bound to ``runner_id`` (the runner has started it)."""
         r = await self.http.post("/v1/sessions", json={"agent_id": self.agent_id})
         if r.status_code != 201:
             raise PeerError(f"POST /v1/sessions: {r.status_code} {r.text[:300]}")
-        sid = r.json()["id"]
+        sid = str(r.json()["id"])
         r = await self.http.patch(f"/v1/sessions/{sid}", json={"runner_id": runner_id}, timeout=120)
         if r.status_code != 200:
             raise PeerError(f"binding {sid} to {runner_id}: {r.status_code} {r.text[:300]}")
-        stream = ClientStream(sid)
-        self.nursery.start_soon(stream.run, self.http)
-        # The stream is a live tail: the server relays once this viewer got its first frame.
-        with trio.fail_after(60):
-            await stream.opened.wait()
-        if stream.closed:
-            raise PeerError(stream.closed)
-        return stream
+        return sid
 
-    async def turn(self, stream: ClientStream, expected: int, timeout: float) -> list[float]:
-        """Post a message; once the turn ended, the post's time and then every delta's
-        arrival (``expected`` of them, else PeerError)."""
-        first, ends = len(stream.deltas), len(stream.ends)
+    async def turn(self, sid: str, turn: int, expected: int, timeout: float) -> list[float]:
+        """Post the session's ``turn``-th message (from 1); once the turn is over, the post's
+        time and then each of its deltas' arrival at the server (``expected`` of them, else
+        PeerError)."""
+        first = len(self.tap.deltas)
         message = {"role": "user", "content": [{"type": "input_text", "text": "go"}]}
         posted = time.perf_counter()
         r = await self.http.post(
-            f"/v1/sessions/{stream.session_id}/events",
-            json={"type": "message", "data": message},
-            timeout=60,
+            f"/v1/sessions/{sid}/events", json={"type": "message", "data": message}, timeout=60
         )
         if r.status_code != 202:
             raise PeerError(f"POST .../events: {r.status_code} {r.text[:300]}")
-        await stream.wait_ends(ends + 1, timeout)
-        deltas = stream.deltas[first:]
+        if not await self.tap.wait_deltas(first + expected, timeout):
+            got = len(self.tap.deltas) - first
+            raise PeerError(f"session {sid}: {got} of {expected} deltas within {timeout:g}s")
+        await self._over(sid, 2 * turn, timeout)
+        deltas = self.tap.deltas[first:]
         if len(deltas) != expected:
-            raise PeerError(
-                f"session {stream.session_id}: {len(deltas)} of {expected} deltas arrived"
-            )
+            raise PeerError(f"session {sid}: {len(deltas)} deltas, {expected} expected")
         return [posted, *deltas]
+
+    async def _over(self, sid: str, items: int, timeout: float) -> None:
+        """Until the session is idle with ``items`` items saved (a user message and an
+        assistant one per turn): the next message starts a turn of its own."""
+        with trio.move_on_after(timeout):
+            while True:
+                session = (await self.http.get(f"/v1/sessions/{sid}")).json()
+                if session.get("status") == "failed":
+                    raise PeerError(f"session {sid}: the turn failed: {session}")
+                if session.get("status") == "idle":
+                    r = await self.http.get(f"/v1/sessions/{sid}/items", params={"limit": 100})
+                    if len(r.json()["data"]) >= items:
+                        return
+                await trio.sleep(0.05)  # polling the server: nothing to wait on
+        raise PeerError(f"session {sid}: not idle with {items} items within {timeout:g}s")
 
 
 @contextlib.asynccontextmanager
-async def open_client(server_url: str) -> AsyncIterator[Client]:
-    async with (
-        httpx.AsyncClient(base_url=server_url, timeout=30) as http,
-        trio.open_nursery() as nursery,
-    ):
+async def open_client(server_url: str, tap: TunnelTap) -> AsyncIterator[Client]:
+    async with httpx.AsyncClient(base_url=server_url, timeout=30) as http:
         r = await http.get("/v1/agents", params={"limit": 100})
         r.raise_for_status()
         ids = [a["id"] for a in r.json()["data"] if a["name"] == AGENT]
         if len(ids) != 1:
             raise PeerError(f"the server has {len(ids)} agents named {AGENT}")
-        try:
-            yield Client(http, nursery, ids[0])
-        finally:
-            nursery.cancel_scope.cancel()
+        yield Client(http, tap, ids[0])
 
 
 # --- a round -----------------------------------------------------------------------------------
@@ -368,29 +313,29 @@ class Round:
 
 
 async def measure_round(
-    contender: Contender, server_url: str, sizes: AgainstSizes, workdir: Path
+    contender: Contender, server_url: str, tap: TunnelTap, sizes: AgainstSizes, workdir: Path
 ) -> Round:
     """One runner, started afresh: its cold sessions, its memory, its warm turns."""
     token = f"bench-{uuid.uuid4().hex}"
     runner_id = runner_id_for(token)
     timeout = 60 + sizes.deltas / 200
-    start = contender.start(server_url, token, workdir)
+    start = contender.start(server_url, tap.url, token, workdir)
     root = await trio.to_thread.run_sync(start.__enter__)
     try:
-        async with open_client(server_url) as client:
+        async with open_client(server_url, tap) as client:
             cold: list[float] = []
-            streams = []
+            sessions = []
             for i in range(sizes.cold_sessions):
-                stream = await client.session(runner_id)
-                posted, first, *_ = await client.turn(stream, sizes.deltas, timeout)
+                sid = await client.session(runner_id)
+                posted, first, *_ = await client.turn(sid, 1, sizes.deltas, timeout)
                 cold.append(first - posted)
-                streams.append(stream)
+                sessions.append(sid)
                 if i == 0:
                     await quiet(root)
                     pss, rss = memory_mb(process_tree(root))
             rates = []
-            for _ in range(sizes.warm_turns):
-                _, *deltas = await client.turn(streams[0], sizes.deltas, timeout)
+            for turn in range(2, 2 + sizes.warm_turns):
+                _, *deltas = await client.turn(sessions[0], turn, sizes.deltas, timeout)
                 rates.append((len(deltas) - 1) / max(deltas[-1] - deltas[0], 1e-9))
     finally:
         with trio.CancelScope(shield=True):
@@ -420,14 +365,17 @@ async def measure(against: str, sizes: AgainstSizes, venv: Path) -> Document:
             server = OmnigentServer(venv, root / "server", [agent])
             with step("starting the omnigent server"):
                 await trio.to_thread.run_sync(server.start)
+            tap = TunnelTap(server.port)
+            await tap.start(nursery)
             try:
                 with step("rounds, the runners alternating", total=sizes.rounds) as progress:
                     for n in range(sizes.rounds):
-                        # Alternate who goes first: neither always meets a warmer machine.
-                        for contender in runners if n % 2 == 0 else runners[::-1]:
+                        # Alternate who goes first: neither always meets a warmer machine. The
+                        # other runner first, so that a command that cannot run fails early.
+                        for contender in runners[::-1] if n % 2 == 0 else runners:
                             workdir = root / f"round{n}-{runners.index(contender)}"
                             workdir.mkdir()
-                            result = await measure_round(contender, server.url, sizes, workdir)
+                            result = await measure_round(contender, server.url, tap, sizes, workdir)
                             rounds[contender.name].append(result)
                         progress.advance()
             finally:
@@ -506,8 +454,9 @@ def document(
     }
 
 
-def run(against: str, quick: bool) -> Document:
+def run(against: str, *, quick: bool) -> Document:
     """Run ``--against`` (NotRunnable without the omnigent venv)."""
     venv = venv_path()
     sizes = AgainstSizes.quick() if quick else AgainstSizes.full()
-    return trio.run(measure, against, sizes, venv)
+    with lone_errors():
+        return trio.run(measure, against, sizes, venv)

@@ -73,6 +73,17 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
     metavar="SECONDS",
     help="chaos: a turn not ended after this long counts as hung, its session stops (120).",
 )
+@click.option(
+    "--against",
+    metavar="CMD",
+    is_flag=False,
+    flag_value="omnigent",
+    help=(
+        "relay: run another runner command through the same omnigent server beside corral "
+        "and print the ratios; alone or 'omnigent': omnigent's own runner (needs the "
+        "omnigent venv, see docs/benchmarks.md)."
+    ),
+)
 @json_option
 def bench_command(
     name: str,
@@ -83,6 +94,7 @@ def bench_command(
     kind: str | None,
     seed: int | None,
     turn_timeout_s: float | None,
+    against: str | None,
     as_json: bool,
 ) -> None:
     """Run a benchmark and print its figures against its baseline.
@@ -97,6 +109,10 @@ def bench_command(
         raise click.UsageError(f"--kind {kind} is not one of {name}'s kinds")
     if name == "harness":
         params["kind"] = kind
+    if against is not None:
+        if name != "relay":
+            raise click.UsageError("--against is an option of relay only")
+        params["against"] = against
     if name == "chaos":
         params |= {
             "sessions": sessions,
