@@ -5,29 +5,34 @@ venv, see :mod:`._omnigent`), whose one agent, ``bench-relay``, runs on the ``op
 harness with a fake model provider in this process (:class:`~._fake_provider.FakeProvider`)
 that answers every call at once with one message of N text deltas. The other runner needs the
 server's whole REST API (it fetches the agent, posts items, asks policies), so nothing lighter
-than the real server is a fair ground for both; the deltas cross the same server and reach the
-same client either way.
+than the real server is a fair ground for both. Each runner is given as its server a proxy in
+this process, :class:`~._omnigent_tap.TunnelTap`, which passes everything on to the server and
+stamps each delta as it reaches the server's door (why there, and not on the server's client
+stream: see that module).
 
 Each round starts each runner afresh, with a new token (so a new runner id): corral as a
 ``corral up`` host with one ``[[runners]]`` table, the other as ``CMD`` (split like a shell
 line) in its own process group, its cwd an empty workspace, given exactly the environment
-omnigent's ``omnigent run --server`` gives its runner — ``RUNNER_SERVER_URL``,
+omnigent's ``omnigent run --server`` gives its runner — ``RUNNER_SERVER_URL`` (the proxy),
 ``OMNIGENT_RUNNER_ID``, ``OMNIGENT_RUNNER_TUNNEL_BINDING_TOKEN``, ``OMNIGENT_RUNNER_WORKSPACE`` —
 plus ``HOME``, ``OMNIGENT_CONFIG_HOME`` (a fresh directory), ``OMNIGENT_ANALYTICS=0`` and
 ``DISABLE_TELEMETRY=true``, and without any other ``OMNIGENT_*`` or ``CORRAL_*`` variable.
 Rounds alternate which runner goes first. In a round, through the server's client API as a
-user drives it (``POST /v1/sessions``, ``PATCH`` its runner, ``GET …/stream``, ``POST …/events``):
+user drives it (``POST /v1/sessions``, ``PATCH`` its runner, ``POST …/events``, then
+``GET /v1/sessions/{id}`` and ``…/items`` until the turn is over):
 
-* **cold first delta**: a new session's first message posted → its first delta on the client
-  stream (the runner's session start included); ``cold_sessions`` sessions one after another.
+* **cold first delta**: a new session's first message posted → its first delta at the server;
+  ``cold_sessions`` sessions one after another (the runner's session start included).
 * **memory**: right after the first session's turn, once the runner's process tree is quiet,
   PSS and RSS summed over that tree from ``/proc/PID/smaps_rollup`` (corral: the host, its
   actors, the session's worker).
 * **deltas/s**: ``warm_turns`` more turns of the first session; per turn, its deltas after the
-  first over the time from the first one's arrival on the client stream to the last one's.
+  first over the time from the first one's arrival to the last one's.
+* **CPU per delta**: over those warm turns, the CPU time the runner's tree and the server spent,
+  per delta: on two shared cores, a figure that depends less on what else runs than a rate.
 
-Every turn's deltas are checked: all N of them arrived before the turn's end. Each figure is the
-median over the rounds of each round's median.
+Every turn's deltas are checked: all N of them, and no more, arrived before the turn was over.
+Each figure is the median over the rounds of each round's median.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ from ._omnigent import (
 from ._omnigent_tap import TunnelTap
 from ._progress import step
 from ._tunnel_peer import PeerError, lone_errors
-from .memory import memory_mb, process_tree
+from .memory import cpu_s, memory_mb, process_tree
 
 AGENT = "bench-relay"
 #: ``--against`` with this name (or with no command) is omnigent's own runner.
@@ -310,15 +315,20 @@ class Round:
     rates: list[float]
     pss_mb: float
     rss_mb: float
+    #: CPU of the runner's tree and of the server per delta of the warm turns, µs.
+    cpu_us: float
+    server_cpu_us: float
 
 
 async def measure_round(
-    contender: Contender, server_url: str, tap: TunnelTap, sizes: AgainstSizes, workdir: Path
+    contender: Contender, server: OmnigentServer, tap: TunnelTap, sizes: AgainstSizes, workdir: Path
 ) -> Round:
     """One runner, started afresh: its cold sessions, its memory, its warm turns."""
     token = f"bench-{uuid.uuid4().hex}"
     runner_id = runner_id_for(token)
     timeout = 60 + sizes.deltas / 200
+    server_url = server.url
+    assert server.proc is not None  # started
     start = contender.start(server_url, tap.url, token, workdir)
     root = await trio.to_thread.run_sync(start.__enter__)
     try:
@@ -334,13 +344,26 @@ async def measure_round(
                     await quiet(root)
                     pss, rss = memory_mb(process_tree(root))
             rates = []
+            # Both share two cores, so the CPU each spends per delta is told too: it
+            # depends far less on what else runs than the rates do.
+            spent = cpu_s(process_tree(root)), cpu_s(process_tree(server.proc.pid))
             for turn in range(2, 2 + sizes.warm_turns):
                 _, *deltas = await client.turn(sessions[0], turn, sizes.deltas, timeout)
                 rates.append((len(deltas) - 1) / max(deltas[-1] - deltas[0], 1e-9))
+            per_delta = 1e6 / (sizes.deltas * sizes.warm_turns)
+            cpu_us = (cpu_s(process_tree(root)) - spent[0]) * per_delta
+            server_cpu_us = (cpu_s(process_tree(server.proc.pid)) - spent[1]) * per_delta
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(start.__exit__, None, None, None)
-    return Round(cold=cold, rates=rates, pss_mb=pss, rss_mb=rss)
+    return Round(
+        cold=cold,
+        rates=rates,
+        pss_mb=pss,
+        rss_mb=rss,
+        cpu_us=cpu_us,
+        server_cpu_us=server_cpu_us,
+    )
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -375,7 +398,7 @@ async def measure(against: str, sizes: AgainstSizes, venv: Path) -> Document:
                         for contender in runners[::-1] if n % 2 == 0 else runners:
                             workdir = root / f"round{n}-{runners.index(contender)}"
                             workdir.mkdir()
-                            result = await measure_round(contender, server.url, tap, sizes, workdir)
+                            result = await measure_round(contender, server, tap, sizes, workdir)
                             rounds[contender.name].append(result)
                         progress.advance()
             finally:
@@ -397,6 +420,8 @@ def document(
     cold = both(lambda r: r.cold)
     pss = both(lambda r: [r.pss_mb])
     rss = both(lambda r: [r.rss_mb])
+    cpu = both(lambda r: [r.cpu_us])
+    server_cpu = both(lambda r: [r.server_cpu_us])
     ms = 1000
     results = [
         figure("relay deltas/s, corral", rate[0], "msgs/s", rate[1]),
@@ -407,6 +432,10 @@ def document(
         figure(f"tree PSS with one session, {other}", pss[1], "MB", pss[1]),
         figure("tree RSS with one session, corral", rss[0], "MB", rss[1]),
         figure(f"tree RSS with one session, {other}", rss[1], "MB", rss[1]),
+        figure("runner tree CPU per delta, corral", cpu[0], "us", cpu[1]),
+        figure(f"runner tree CPU per delta, {other}", cpu[1], "us", cpu[1]),
+        figure("server CPU per delta, corral's", server_cpu[0], "us", server_cpu[1]),
+        figure(f"server CPU per delta, {other}'s", server_cpu[1], "us", server_cpu[1]),
     ]
     return {
         "benchmark": "relay",
@@ -436,6 +465,8 @@ def document(
                         "deltas_per_s": [round(x, 1) for x in r.rates],
                         "pss_mb": round(r.pss_mb, 1),
                         "rss_mb": round(r.rss_mb, 1),
+                        "cpu_us_per_delta": round(r.cpu_us, 1),
+                        "server_cpu_us_per_delta": round(r.server_cpu_us, 1),
                     }
                     for r in runs
                 ]
