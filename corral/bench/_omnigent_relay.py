@@ -387,7 +387,8 @@ async def measure(against: str, sizes: AgainstSizes, venv: Path) -> Document:
             (root / "server").mkdir()
             server = OmnigentServer(venv, root / "server", [agent])
             with step("starting the omnigent server"):
-                await trio.to_thread.run_sync(server.start)
+                # Generous: migrations run first, and the machine may be busy.
+                await trio.to_thread.run_sync(server.start, 180)
             tap = TunnelTap(server.port)
             await tap.start(nursery)
             try:
