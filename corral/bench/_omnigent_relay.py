@@ -155,6 +155,8 @@ Start = Callable[[str, str, str, Path], contextlib.AbstractContextManager[int]]
 
 @dataclass(frozen=True)
 class Contender:
+    """A runner measured: its name in the figures, and how it starts."""
+
     name: str
     start: Start
 

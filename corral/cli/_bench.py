@@ -146,6 +146,10 @@ def bench_command(
             r["name"], f"{r['value']:,.3f}", r["unit"], "-" if ratio is None else f"{ratio:.3f}"
         )
     console.print(table)
+    # relay --against: the targets, each as "corral is this many times better".
+    figures = result.get("figures", {})
+    for key, ratio in figures.get("ratios", {}).items():
+        console.print(f"{key}: {ratio:.2f}x (target {figures['targets'][key]})")
     if failed:
         for problem in result.get("figures", {}).get("problems", []):
             console.print(f"[red]{problem}[/red]")
