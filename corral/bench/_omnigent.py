@@ -153,13 +153,17 @@ class OmnigentServer:
             args, env=self.env(), stdout=out, stderr=out, start_new_session=True
         )
         deadline = time.monotonic() + timeout
-        while not self._ready():
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"omnigent server on {self.url} not ready in {timeout:g}s "
-                    f"({self.root / 'server.out'})"
-                )
-            time.sleep(0.1)  # polling the server: nothing to wait on
+        try:
+            while not self._ready():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"omnigent server on {self.url} not ready in {timeout:g}s "
+                        f"({self.root / 'server.out'})"
+                    )
+                time.sleep(0.1)  # polling the server: nothing to wait on
+        except BaseException:
+            self.stop()  # a server that never came up is not left running
+            raise
         return self
 
     def _ready(self) -> bool:
