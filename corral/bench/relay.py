@@ -59,6 +59,7 @@ from ..actors._control import request
 from ..actors.gateway.messages import Inbound, events_of
 from ..bus import open_peer
 from ..instance import Instance
+from . import _omnigent_relay
 from ._common import Document, figure, percentile, running_host
 from ._progress import step
 from ._tunnel_peer import (
@@ -465,7 +466,11 @@ async def measure(sizes: Sizes) -> Document:
 
 
 def run(params: Mapping[str, object]) -> Document:
-    """Run the relay benchmark and return the result document of docs/contract.md."""
+    """Run the relay benchmark and return the result document of docs/contract.md; with
+    ``against``, corral beside that runner on the real omnigent server
+    (:mod:`._omnigent_relay`)."""
+    if params.get("against") is not None:
+        return _omnigent_relay.run(str(params["against"]), quick=bool(params.get("quick")))
     sizes = Sizes.quick() if params.get("quick") else Sizes.full()
     with step("relaying turns through a tunnel"):
         return trio.run(measure, sizes)

@@ -78,6 +78,17 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
     metavar="SECONDS",
     help="chaos: a turn not ended after this long counts as hung, its session stops (120).",
 )
+@click.option(
+    "--against",
+    metavar="CMD",
+    is_flag=False,
+    flag_value="omnigent",
+    help=(
+        "relay: run another runner command through the same omnigent server beside corral "
+        "and print the ratios; alone or 'omnigent': omnigent's own runner (needs the "
+        "omnigent venv, see docs/benchmarks.md)."
+    ),
+)
 @json_option
 def bench_command(
     name: str,
@@ -88,6 +99,7 @@ def bench_command(
     kind: str | None,
     seed: int | None,
     turn_timeout_s: float | None,
+    against: str | None,
     as_json: bool,
 ) -> None:
     """Run a benchmark and print its figures against its baseline.
@@ -104,6 +116,10 @@ def bench_command(
         params["kind"] = kind
     if name == "scale":
         params["sessions"] = sessions
+    if against is not None:
+        if name != "relay":
+            raise click.UsageError("--against is an option of relay only")
+        params["against"] = against
     if name == "chaos":
         params |= {
             "sessions": sessions,
@@ -137,6 +153,10 @@ def bench_command(
             r["name"], f"{r['value']:,.3f}", r["unit"], "-" if ratio is None else f"{ratio:.3f}"
         )
     console.print(table)
+    # relay --against: the issue's targets, each as "corral is this many times better".
+    figures = result.get("figures", {})
+    for key, ratio in figures.get("ratios", {}).items():
+        console.print(f"{key}: {ratio:.2f}x (target {figures['targets'][key]})")
     if failed:
         for problem in result.get("figures", {}).get("problems", []):
             console.print(f"[red]{problem}[/red]")

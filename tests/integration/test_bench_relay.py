@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
-from corral.bench import relay
+from corral.bench import _omnigent, _omnigent_relay, relay
 from corral.bench._tunnel_peer import PeerError, SessionStream
+from tests.conftest import corral
 
 
 def _delta(seq: int, turn: str = "t1") -> str:
@@ -97,3 +99,41 @@ async def test_a_tiny_run_has_the_cli_result_shape() -> None:
     assert len(rates) == 2 and all(r["ratio_to_baseline"] > 0 for r in rates)
     assert doc["params"]["sessions"] == 2 and doc["params"]["cold_sessions"] == 2
     json.dumps(doc)  # the CLI prints it as JSON
+
+
+def test_against_without_omnigent_fails_with_a_typed_error(tmp_path: Path) -> None:
+    """No omnigent venv: ``--against`` says what is missing and how to install it."""
+    env = {"CORRAL_OMNIGENT_VENV": str(tmp_path / "no-venv")}
+    out = corral("bench", "relay", "--against", "--quick", "--json", env=env)
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["benchmark"] == "relay"
+    assert doc["error"]["code"] == "not_runnable"
+    assert "omnigent 0.19.1 is not installed" in doc["error"]["message"]
+    assert str(tmp_path / "no-venv") in doc["error"]["message"]
+    assert out.stderr.startswith("error: omnigent 0.19.1 is not installed")
+    # A command of its own needs the server all the same.
+    out = corral("bench", "relay", "--against", "my-runner --fast", env=env)
+    assert out.returncode == 1 and "not installed" in out.stderr and out.stdout == ""
+
+
+def test_against_is_an_option_of_relay_only() -> None:
+    out = corral("bench", "bus", "--against", "omnigent", "--json")
+    assert out.returncode == 2 and "--against is an option of relay only" in out.stderr
+
+
+def test_the_other_runner_gets_omnigents_runner_environment(tmp_path: Path) -> None:
+    """What CMD is started with: the four variables ``omnigent run --server`` sets, omnigent's
+    files under a HOME of its own, and none of the caller's OMNIGENT_/CORRAL_ settings."""
+    env = _omnigent.runner_env("http://127.0.0.1:9", "tok", tmp_path / "ws", tmp_path / "home")
+    assert env["RUNNER_SERVER_URL"] == "http://127.0.0.1:9"
+    assert env["OMNIGENT_RUNNER_ID"] == _omnigent.runner_id_for("tok")
+    assert env["OMNIGENT_RUNNER_ID"].startswith("runner_token_")
+    assert env["OMNIGENT_RUNNER_TUNNEL_BINDING_TOKEN"] == "tok"
+    assert env["OMNIGENT_RUNNER_WORKSPACE"] == str(tmp_path / "ws")
+    assert env["HOME"] == str(tmp_path / "home")
+    assert env["OMNIGENT_CONFIG_HOME"] == str(tmp_path / "home" / ".omnigent")
+    assert not [k for k in env if k.startswith("CORRAL_")]
+    names = [c.name for c in _omnigent_relay.contenders("", tmp_path)]
+    assert names == ["corral", "omnigent 0.19.1 runner"]
+    assert [c.name for c in _omnigent_relay.contenders("./run.sh -v", tmp_path)][1] == "./run.sh -v"

@@ -20,13 +20,9 @@ says about corral in its log:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -38,23 +34,17 @@ from typing import Any
 import httpx
 import trio
 
-from tests.conftest import wait_until
+from corral.bench import _omnigent
+
+# Re-exported: the suite's modules take the whole stack from here.
+from corral.bench._omnigent import free_port as free_port
+from corral.bench._omnigent import runner_id_for as runner_id_for
+from corral.bench._omnigent import runner_online as runner_online
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 #: The user agent of the test's own client: its 4xx answers are the test's business.
 CLIENT_UA = "corral-interop-client/1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def runner_id_for(token: str) -> str:
-    """The id the server binds to a tunnel token (PROTOCOL_0_19.md §A.1)."""
-    return "runner_token_" + hashlib.sha256(f"omnigent-runner:{token}".encode()).hexdigest()[:32]
 
 
 class FakeLLM:
@@ -82,88 +72,19 @@ class FakeLLM:
         self.proc.wait(10)
 
 
-class OmnigentServer:
-    """``omnigent server`` on loopback with sqlite, every agent of ``agents/`` loaded."""
+class OmnigentServer(_omnigent.OmnigentServer):
+    """``omnigent server`` with every agent of ``agents/`` loaded, their ``${LLM}`` the fake
+    LLM's URL, the policies of ``policies/`` importable."""
 
     def __init__(self, venv: Path, root: Path, llm: FakeLLM) -> None:
-        self.venv = venv
-        self.root = root
-        self.home = root / "home"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.agents_dir = root / "agents"
-        self._copy_agents(llm.url)
-        self.proc: subprocess.Popen | None = None
-        self._out: Any = None
-
-    def _copy_agents(self, llm_url: str) -> None:
         shutil.copytree(HERE / "agents", self.agents_dir)
         for path in self.agents_dir.rglob("*.yaml"):
-            path.write_text(path.read_text().replace("${LLM}", llm_url))
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMNIGENT_", "CORRAL_"))}
-        env.update(
-            HOME=str(self.home),
-            OMNIGENT_CONFIG_HOME=str(self.home / ".omnigent"),
-            OMNIGENT_ANALYTICS="0",
-            DISABLE_TELEMETRY="true",
-            PYTHONPATH=str(HERE / "policies"),
-        )
-        return env
-
-    def start(self) -> OmnigentServer:
-        self.home.mkdir(parents=True, exist_ok=True)
-        agents = sorted(p for p in self.agents_dir.glob("*.yaml")) + [
+            path.write_text(path.read_text().replace("${LLM}", llm.url))
+        agents = sorted(self.agents_dir.glob("*.yaml")) + [
             p for p in sorted(self.agents_dir.iterdir()) if p.is_dir()
         ]
-        args = [
-            str(self.venv / "bin" / "omnigent"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--database-uri",
-            f"sqlite:///{self.root / 'omni.db'}",
-            "--artifact-location",
-            str(self.root / "artifacts"),
-            "--no-open",
-        ]
-        for agent in agents:
-            args += ["--agent", str(agent)]
-        self._out = open(self.root / "server.out", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            args, env=self.env(), stdout=self._out, stderr=self._out, start_new_session=True
-        )
-        wait_until(self._ready, 90, f"omnigent server on {self.url} ({self.root / 'server.out'})")
-        return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            out = (self.root / "server.out").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"omnigent server exited {self.proc.returncode}:\n{out}")
-        try:
-            return httpx.get(f"{self.url}/api/version", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def log_text(self) -> str:
-        logs = sorted((self.home / ".omnigent" / "logs" / "server").glob("server-*.log"))
-        return "".join(p.read_text(errors="replace") for p in logs)
+        super().__init__(venv, root, agents, env={"PYTHONPATH": str(HERE / "policies")})
 
 
 @dataclass
@@ -402,11 +323,3 @@ def corral_config(server_url: str, token: str, workspace: Path, extra: str = "")
 
 def new_token() -> str:
     return f"interop-{uuid.uuid4().hex}"
-
-
-def runner_online(server_url: str, runner_id: str) -> bool:
-    try:
-        r = httpx.get(f"{server_url}/v1/runners/{runner_id}/status", timeout=2)
-    except httpx.HTTPError:
-        return False
-    return r.status_code == 200 and bool(r.json().get("online"))

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from corral.actors._control import request
+from corral.bench._omnigent import isolated_env
 from corral.instance import Instance
 from tests.conftest import processes_of, wait_until
 
@@ -43,13 +44,7 @@ def server(omnigent_venv: Path, tmp_path: Path) -> Iterator[str]:
         {"0.0.0.0": "127.0.0.1", "8000": str(port)}.get(a, a.replace("/data", str(data)))
         for a in _entrypoint(DEPLOY / "omnigent.Containerfile")
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMNIGENT_", "CORRAL_"))}
-    env.update(
-        HOME=str(data),
-        OMNIGENT_CONFIG_HOME=str(data / ".omnigent"),
-        OMNIGENT_ANALYTICS="0",
-        DISABLE_TELEMETRY="true",
-    )
+    env = isolated_env(data)
     out = open(tmp_path / "server.out", "ab")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [str(omnigent_venv / "bin" / args[0]), *args[1:]],

@@ -1,0 +1,55 @@
+"""``corral bench relay --against CMD``: corral beside another runner on the real omnigent
+server, in one run (#20)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral.bench._omnigent import runner_command
+from tests.conftest import corral
+
+
+@pytest.mark.interop
+@pytest.mark.timeout(600)
+def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> None:
+    against = shlex.join(runner_command(omnigent_venv))
+    env = {"CORRAL_OMNIGENT_VENV": str(omnigent_venv)}
+    out = corral("bench", "relay", "--against", against, "--quick", "--json", env=env, timeout=540)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert doc["benchmark"] == "relay"
+    assert doc["baseline"] == {
+        "name": f"relay deltas/s, {against}",
+        "value": doc["baseline"]["value"],
+        "unit": "msgs/s",
+    }
+    rows = {r["name"]: r for r in doc["results"]}
+    for quantity in ("relay deltas/s", "cold session: message to first delta"):
+        for runner in ("corral", against):
+            assert f"{quantity}, {runner}" in rows
+    for row in doc["results"]:
+        assert math.isfinite(row["value"]) and row["value"] > 0, row
+        assert math.isfinite(row["ratio_to_baseline"]) and row["ratio_to_baseline"] > 0, row
+    ratios = doc["figures"]["ratios"]
+    assert set(ratios) == {"deltas_per_s", "cold_first_delta_speedup", "tree_pss"}
+    assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in ratios.values())
+    rounds = doc["figures"]["rounds"]
+    assert set(rounds) == {"corral", against} and all(len(r) == 1 for r in rounds.values())
+    assert doc["params"]["against"] == against and doc["params"]["deltas_per_turn"] == 300
+
+
+@pytest.mark.interop
+@pytest.mark.timeout(300)
+def test_a_runner_that_exits_fails_the_run_with_its_output(omnigent_venv: Path) -> None:
+    script = "import sys; print('runner gave up'); sys.exit(3)"
+    against = shlex.join([sys.executable, "-c", script])
+    env = {"CORRAL_OMNIGENT_VENV": str(omnigent_venv)}
+    out = corral("bench", "relay", "--against", against, "--quick", "--json", env=env, timeout=240)
+    assert out.returncode == 1
+    assert f"{against} exited 3" in out.stderr and "runner gave up" in out.stderr
