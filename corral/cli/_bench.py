@@ -37,6 +37,7 @@ CHAOS_KINDS = [
     "worker",
     "control-plane",
     "tunnel",
+    "zygote",
     "none",
 ]
 
@@ -73,6 +74,12 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
     metavar="SECONDS",
     help="chaos: a turn not ended after this long counts as hung, its session stops (120).",
 )
+@click.option(
+    "--zygote",
+    is_flag=True,
+    default=None,
+    help="chaos: fork the harness workers from a zygote (off by default), and kill it too.",
+)
 @json_option
 def bench_command(
     name: str,
@@ -83,6 +90,7 @@ def bench_command(
     kind: str | None,
     seed: int | None,
     turn_timeout_s: float | None,
+    zygote: bool | None,
     as_json: bool,
 ) -> None:
     """Run a benchmark and print its figures against its baseline.
@@ -105,6 +113,7 @@ def bench_command(
             "kind": kind,
             "seed": seed,
             "turn_timeout_s": turn_timeout_s,
+            "zygote": zygote,
         }
     try:
         # Bars on stderr while someone watches a terminal; the figures are the output.

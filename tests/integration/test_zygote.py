@@ -115,6 +115,25 @@ async def test_a_forked_child_is_what_an_exec_makes_and_its_status_is_reported(
     assert zygote.proc is not None and zygote.proc.poll() is not None, "stopped with its owner"
 
 
+async def test_forked_children_number_their_bus_messages_apart(tmp_path: Path) -> None:
+    """Two children forked from one zygote, each as fresh as an exec'd one, give their
+    first bus messages different ids (the broker keeps one message per id: two workers that
+    numbered alike had one's parked elicitation taken for the other's, its turn hung)."""
+    zygote = Zygote((CHILD,), base_env(), fallback=Execs())
+    argv = [sys.executable, "-m", CHILD]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(30)
+        ids = []
+        for name in ("one", "two"):
+            child = zygote.spawn(argv, env=_child_env(tmp_path / f"{name}.json"))
+            assert isinstance(child, Forked) and await child.wait() == 0
+            ids.append(_report(tmp_path / f"{name}.json")["message_id"])
+        nursery.cancel_scope.cancel()
+    first, second = (i.rsplit("-", 1)[0] for i in ids)
+    assert first != second, f"forked children share their ids' prefix: {ids}"
+
+
 async def test_what_the_zygote_did_not_preload_is_execd(tmp_path: Path) -> None:
     execs = Execs()
     zygote = Zygote((CHILD,), base_env(), fallback=execs)
