@@ -27,6 +27,7 @@ import trio
 
 from ..._exceptions import BusError
 from ..._proctitle import WORKER_TITLE_PREFIX
+from ..._zygote import FORKED_TITLE_PREFIX
 from ...harnesses.protocol import Holdings, Inventory, worker_address
 from .._children import ChildSupervisor
 from .._process import kill_group, start_time, sweep_except
@@ -38,6 +39,9 @@ log = logging.getLogger("corral.actors.harness")
 #: The module a harness worker runs (``python -m``), by which the host's children are told
 #: until the worker sets its process title (``WORKER_TITLE_PREFIX``).
 WORKER_MODULE = "corral.harnesses._worker"
+#: How a worker's title begins: its own, or the one a zygote gives a worker it forked until
+#: the worker sets its own.
+_WORKER_TITLES = (WORKER_TITLE_PREFIX.encode(), f"{FORKED_TITLE_PREFIX}{WORKER_MODULE}".encode())
 
 
 def host_record() -> dict[str, Any]:
@@ -110,10 +114,9 @@ def _unrecorded_workers(host_pid: int, recorded: set[int]) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        # A worker that has set its title shows that instead of its command line.
-        if cmdline.startswith(WORKER_TITLE_PREFIX.encode()) or (
-            WORKER_MODULE.encode() in cmdline.split(b"\0")
-        ):
+        # A worker that has set its title shows that instead of its command line; one forked
+        # from a zygote, the title the zygote gave it until then.
+        if cmdline.startswith(_WORKER_TITLES) or WORKER_MODULE.encode() in cmdline.split(b"\0"):
             found.append(pid)
     return found
 
