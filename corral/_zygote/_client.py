@@ -285,6 +285,13 @@ class Zygote:
                     if child is not None:
                         child.died(report.code)
 
+    def _orphan_children(self) -> None:
+        """No zygote will report an exit of a child it forked: each is watched through its
+        pidfd from now on."""
+        for child in self._children.values():
+            child.orphaned()
+        self._children.clear()
+
     def _lost(self) -> bool:
         """The zygote is gone: orphan its children, reap it; whether to give up on it."""
         was_ready = self._ready.is_set()
@@ -292,9 +299,7 @@ class Zygote:
         if self._requests is not None:
             self._requests.close()
             self._requests = None
-        for child in self._children.values():
-            child.orphaned()
-        self._children.clear()
+        self._orphan_children()
         code = None
         if self.proc is not None:
             self._kill()
@@ -313,10 +318,14 @@ class Zygote:
                 self.proc.kill()
 
     async def _stop(self) -> None:
-        """Close the requests socket (the zygote then exits) and reap it."""
+        """Close the requests socket (the zygote then exits) and reap it. Its children live
+        on (they are stopped by their owner's supervisor, after this): their exits are seen
+        through their pidfds, since no report of the zygote is read any more."""
+        self._ready = trio.Event()
         if self._requests is not None:
             self._requests.close()
             self._requests = None
+        self._orphan_children()
         proc = self.proc
         if proc is None:
             return

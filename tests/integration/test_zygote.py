@@ -282,6 +282,26 @@ async def test_a_killed_zygote_leaves_its_children_and_the_spawn_execs_until_the
         nursery.cancel_scope.cancel()
 
 
+async def test_a_child_of_a_stopped_zygote_is_still_seen_to_exit(tmp_path: Path) -> None:
+    """The owner stops its zygote (the harness actor stops) before its supervisor stops the
+    children: a child's exit is still seen, through its pidfd (was: it waited for a report
+    no zygote would send, and the actor's stop hung on its first worker)."""
+    zygote = Zygote((CHILD,), base_env(), fallback=Execs())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(30)
+        env = _child_env(tmp_path / "h.json", CHILD_HOLD="1")
+        child = zygote.spawn([sys.executable, "-m", CHILD], env=env)
+        assert isinstance(child, Forked)
+        _report(tmp_path / "h.json")
+        nursery.cancel_scope.cancel()
+    assert zygote.proc is not None and zygote.proc.poll() is not None
+    assert child.poll() is None, "the zygote's stop is not its child's"
+    os.kill(child.pid, signal.SIGTERM)
+    with trio.fail_after(15):
+        assert await child.wait() == UNKNOWN_EXIT
+
+
 async def test_an_owner_that_stops_before_the_zygote_is_ready_leaves_no_traceback(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
