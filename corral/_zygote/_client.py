@@ -151,7 +151,8 @@ class Zygote:
     @property
     def pid(self) -> int | None:
         """The zygote's pid while it takes requests."""
-        return self.proc.pid if self.proc is not None and self._ready.is_set() else None
+        taking = self._requests is not None and self._ready.is_set()
+        return self.proc.pid if self.proc is not None and taking else None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep a zygote running until cancelled (then stop it), or until it is given up
@@ -207,6 +208,9 @@ class Zygote:
         except (OSError, msgspec.DecodeError) as exc:
             os.close(go)
             log.warning("the zygote did not answer (%s): killed, the child exec'd", exc)
+            # Asked no more: a late answer to this request must not be taken for the next.
+            self._requests = None
+            requests.close()
             self._kill()
             return self._exec(argv, env, cwd)
         if not isinstance(answer, Born):

@@ -206,6 +206,10 @@ async def test_a_zygote_that_does_not_answer_holds_a_spawn_less_than_a_liveness_
         assert isinstance(proc, subprocess.Popen) and execs.argvs == [argv]
         assert execs.at[0] - asked < 3.0, "the owner's thread was held past its liveness"
         assert execs.at[0] - asked >= ANSWER_TIMEOUT_S
+        assert zygote.pid is None, "a zygote that did not answer is asked nothing more"
+        again = zygote.spawn(argv, env=_child_env(tmp_path / "a.json"))
+        assert isinstance(again, subprocess.Popen) and len(execs.argvs) == 2
+        assert await trio.to_thread.run_sync(again.wait) == 0
         assert await trio.to_thread.run_sync(proc.wait) == 0
         assert await trio.to_thread.run_sync(_gone, first, 15), "the wedged zygote is killed"
         assert await zygote.ready(30) and zygote.pid not in (None, first)
