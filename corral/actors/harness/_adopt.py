@@ -2,12 +2,14 @@
 
 A worker dies with the host, not with the harness actor (:mod:`corral._lifeline`): when the
 actor is killed, its workers are reparented to the host (a child subreaper) and go on with
-their turns. Its next incarnation finds them by their pid files, each recording the host it
-belongs to (pid and start time) and the worker's session and harness: the workers of this
-very host are adopted (:meth:`~corral.actors._children.ChildSupervisor.adopt`), anything
-else — the leftovers of an earlier host, e.g. a worker that was stopped when its host died
-and so could not see it go — is killed, and so is a worker of this host with no pid file (its
-actor died between the spawn and the file's write). Each adopted worker is then asked what it holds
+their turns — exec'd ones, and those forked from its zygote, which dies with the actor. Its
+next incarnation finds them by their pid files, each recording the host it belongs to (pid
+and start time) and the worker's session and harness: the workers of this very host are
+adopted (:meth:`~corral.actors._children.ChildSupervisor.adopt`), anything else — the
+leftovers of an earlier host, e.g. a worker that was stopped when its host died and so could
+not see it go — is killed, and so is a worker of this host with no pid file (its actor died
+between the spawn and the file's write; told by its command line, or by the title its zygote
+gave it). Each adopted worker is then asked what it holds
 (:class:`~corral.harnesses.protocol.Inventory`): the turn it runs, the elicitations that
 turn waits on, the turn it last ended.
 """
