@@ -325,7 +325,6 @@ class Zygote:
         """Close the requests socket (the zygote then exits) and reap it. Its children live
         on (they are stopped by their owner's supervisor, after this): their exits are seen
         through their pidfds, since no report of the zygote is read any more."""
-        self._ready = trio.Event()
         if self._requests is not None:
             self._requests.close()
             self._requests = None
