@@ -141,7 +141,7 @@ async def test_forked_children_number_their_bus_messages_apart(tmp_path: Path) -
     argv = [sys.executable, "-m", CHILD]
     async with trio.open_nursery() as nursery:
         await nursery.start(zygote.run)
-        assert await zygote.ready(30)
+        assert await zygote.ready(60)
         ids = []
         for name in ("one", "two"):
             child = zygote.spawn(argv, env=_child_env(tmp_path / f"{name}.json"))
@@ -160,7 +160,7 @@ async def test_a_child_its_owner_did_not_take_runs_nothing(tmp_path: Path) -> No
     zygote = Zygote((CHILD,), base_env(), fallback=Execs())
     async with trio.open_nursery() as nursery:
         await nursery.start(zygote.run)
-        assert await zygote.ready(30)
+        assert await zygote.ready(60)
         requests = zygote._requests
         assert requests is not None
         go_read, go = os.pipe()
@@ -197,7 +197,7 @@ async def test_a_zygote_that_does_not_answer_holds_a_spawn_less_than_a_liveness_
     argv = [sys.executable, "-m", CHILD]
     async with trio.open_nursery() as nursery:
         await nursery.start(zygote.run)
-        assert await zygote.ready(30)
+        assert await zygote.ready(60)
         first = zygote.pid
         assert first is not None
         os.kill(first, signal.SIGSTOP)
@@ -212,7 +212,7 @@ async def test_a_zygote_that_does_not_answer_holds_a_spawn_less_than_a_liveness_
         assert await trio.to_thread.run_sync(again.wait) == 0
         assert await trio.to_thread.run_sync(proc.wait) == 0
         assert await trio.to_thread.run_sync(_gone, first, 15), "the wedged zygote is killed"
-        assert await zygote.ready(30) and zygote.pid not in (None, first)
+        assert await zygote.ready(60) and zygote.pid not in (None, first)
         nursery.cancel_scope.cancel()
 
 
@@ -293,7 +293,7 @@ async def test_a_child_of_a_stopped_zygote_is_still_seen_to_exit(tmp_path: Path)
     zygote = Zygote((CHILD,), base_env(), fallback=Execs())
     async with trio.open_nursery() as nursery:
         await nursery.start(zygote.run)
-        assert await zygote.ready(30)
+        assert await zygote.ready(60)
         env = _child_env(tmp_path / "h.json", CHILD_HOLD="1")
         child = zygote.spawn([sys.executable, "-m", CHILD], env=env)
         assert isinstance(child, Forked)
