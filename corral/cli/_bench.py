@@ -66,6 +66,12 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
         "to measure against its CLI run by hand."
     ),
 )
+@click.option(
+    "--zygote",
+    is_flag=True,
+    default=None,
+    help="chaos: fork the harness workers from a zygote (off by default), and kill it too.",
+)
 @click.option("--seed", type=int, help="chaos: the killer's random seed.")
 @click.option(
     "--turn-timeout",
@@ -73,12 +79,6 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
     type=click.FloatRange(min=0, min_open=True),
     metavar="SECONDS",
     help="chaos: a turn not ended after this long counts as hung, its session stops (120).",
-)
-@click.option(
-    "--zygote",
-    is_flag=True,
-    default=None,
-    help="chaos: fork the harness workers from a zygote (off by default), and kill it too.",
 )
 @json_option
 def bench_command(
@@ -88,9 +88,9 @@ def bench_command(
     turns: int | None,
     mode: str | None,
     kind: str | None,
+    zygote: bool | None,
     seed: int | None,
     turn_timeout_s: float | None,
-    zygote: bool | None,
     as_json: bool,
 ) -> None:
     """Run a benchmark and print its figures against its baseline.
