@@ -9,3 +9,4 @@ when it can and execs when it cannot.
 
 from ._client import Forked as Forked
 from ._client import Zygote as Zygote
+from ._template import FORKED_TITLE_PREFIX as FORKED_TITLE_PREFIX

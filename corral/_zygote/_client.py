@@ -53,8 +53,10 @@ UNKNOWN_EXIT = 1 << 16
 #: The zygote is given up on (every child exec'd) after more deaths than this in PERIOD_S.
 INTENSITY = 3
 PERIOD_S = 60.0
-#: How long a fork request may take before the zygote counts as wedged (it is killed).
-ANSWER_TIMEOUT_S = 5.0
+#: How long a fork request may take before the zygote counts as wedged (it is killed, the
+#: child exec'd). The owner's trio thread waits that long, so it stays well inside the 3 s
+#: in which the host counts a silent actor dead (a fork takes about a millisecond).
+ANSWER_TIMEOUT_S = 1.0
 
 #: The exec spawn: ``spawn(argv, env=..., cwd=...)``.
 Spawn = Callable[..., Any]
@@ -149,7 +151,8 @@ class Zygote:
     @property
     def pid(self) -> int | None:
         """The zygote's pid while it takes requests."""
-        return self.proc.pid if self.proc is not None and self._ready.is_set() else None
+        taking = self._requests is not None and self._ready.is_set()
+        return self.proc.pid if self.proc is not None and taking else None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep a zygote running until cancelled (then stop it), or until it is given up
@@ -183,7 +186,9 @@ class Zygote:
         a :class:`Forked`, or what the fallback returns.
 
         Blocks the calling thread until the zygote answers (a fork takes about a
-        millisecond); one that does not within :data:`ANSWER_TIMEOUT_S` is killed.
+        millisecond); one that does not within :data:`ANSWER_TIMEOUT_S` is killed. The
+        forked child runs only once it is taken here (its go pipe, :mod:`._template`): one
+        forked after this gave up on the answer exits without running.
         """
         entry = _entry_of(argv)
         requests = self._requests
@@ -193,19 +198,32 @@ class Zygote:
         request = Fork(
             entry=entry, shown=shown, hidden=hidden, cwd=None if cwd is None else str(cwd)
         )
+        go_read, go = os.pipe()
         try:
-            requests.send(encode(request))
+            try:
+                socket.send_fds(requests, [encode(request)], [go_read])
+            finally:
+                os.close(go_read)
             answer = decode_answer(requests.recv(MAX_DATAGRAM))
         except (OSError, msgspec.DecodeError) as exc:
+            os.close(go)
             log.warning("the zygote did not answer (%s): killed, the child exec'd", exc)
+            # Asked no more: a late answer to this request must not be taken for the next.
+            self._requests = None
+            requests.close()
             self._kill()
             return self._exec(argv, env, cwd)
         if not isinstance(answer, Born):
+            os.close(go)
             log.warning("the zygote refused to fork (%s): the child is exec'd", answer.reason)
             return self._exec(argv, env, cwd)
         child = Forked(answer.pid)
         self._children[answer.pid] = child
         self.stats["forked"] += 1
+        # A child dead already has no reader left: its exit is reported as any other.
+        with contextlib.suppress(BrokenPipeError):
+            os.write(go, b"\1")
+        os.close(go)
         return child
 
     def statistics(self) -> dict[str, Any]:
@@ -271,6 +289,13 @@ class Zygote:
                     if child is not None:
                         child.died(report.code)
 
+    def _orphan_children(self) -> None:
+        """No zygote will report an exit of a child it forked: each is watched through its
+        pidfd from now on."""
+        for child in self._children.values():
+            child.orphaned()
+        self._children.clear()
+
     def _lost(self) -> bool:
         """The zygote is gone: orphan its children, reap it; whether to give up on it."""
         was_ready = self._ready.is_set()
@@ -278,9 +303,7 @@ class Zygote:
         if self._requests is not None:
             self._requests.close()
             self._requests = None
-        for child in self._children.values():
-            child.orphaned()
-        self._children.clear()
+        self._orphan_children()
         code = None
         if self.proc is not None:
             self._kill()
@@ -299,10 +322,13 @@ class Zygote:
                 self.proc.kill()
 
     async def _stop(self) -> None:
-        """Close the requests socket (the zygote then exits) and reap it."""
+        """Close the requests socket (the zygote then exits) and reap it. Its children live
+        on (they are stopped by their owner's supervisor, after this): their exits are seen
+        through their pidfds, since no report of the zygote is read any more."""
         if self._requests is not None:
             self._requests.close()
             self._requests = None
+        self._orphan_children()
         proc = self.proc
         if proc is None:
             return

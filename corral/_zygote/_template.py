@@ -25,6 +25,15 @@ the fork; a harness worker ties itself to the host as an exec'd one does
 (:mod:`corral._lifeline`). The zygote itself dies with its owner (``PR_SET_PDEATHSIG``): its
 children then live on, reparented to the host.
 
+**A child runs once its owner has taken it.** Each request comes with the read end of a
+pipe (``SCM_RIGHTS``) whose write end the owner keeps: the child, titled
+:data:`FORKED_TITLE_PREFIX` and its entry at once, waits for a byte on it before it becomes
+anything, and exits (:data:`EXIT_NOT_TAKEN`) at its end instead — the owner gave up on the
+answer (and exec'd the process instead), or died before it knew the child. So no fork the
+owner does not hold ever runs beside the one it does, and a child whose owner died between
+the fork and its pid file is told by its title (the harness actor's next incarnation kills
+it, as an exec'd worker with no pid file).
+
 **Exits.** The zygote reaps its children (a pidfd each) and reports each exit
 (:class:`Died`) on the reports socket: the owner, which cannot wait for a process that is
 not its child, learns the return code from it.
@@ -66,6 +75,10 @@ SETUP_ENV = "CORRAL_ZYGOTE"
 RESERVE_ENV = "CORRAL_ZYGOTE_RESERVE"
 #: How much room (bytes): a worker's environment is a few kB.
 RESERVE_BYTES = 64 * 1024
+#: How a forked child's title begins until its entry sets its own: then its entry module.
+FORKED_TITLE_PREFIX = "corral: forked "
+#: Exit code of a forked child its owner did not take (it ran nothing).
+EXIT_NOT_TAKEN = 75
 
 
 class Template:
@@ -84,25 +97,32 @@ class Template:
         while True:
             for key, _ in self.selector.select():
                 if key.fileobj is self.requests:
-                    data = self.requests.recv(MAX_DATAGRAM)
+                    data, fds, _, _ = socket.recv_fds(self.requests, MAX_DATAGRAM, 1)
                     if not data:
                         return
                     try:
-                        answer = self._fork(decode_request(data))
+                        answer = self._fork(decode_request(data), fds[0] if fds else None)
                     except OSError as exc:  # no fork (EAGAIN, ENOMEM): the owner execs
                         answer = Refused(reason=f"fork failed: {exc}")
+                    finally:
+                        for fd in fds:
+                            os.close(fd)
                     self.requests.send(encode(answer))
                 else:
                     self._reap(key.fd)
 
-    def _fork(self, request: Fork) -> Born | Refused:
+    def _fork(self, request: Fork, go: int | None) -> Born | Refused:
+        """Fork ``request``'s child, which waits on ``go`` (the read end of its owner's
+        pipe) before it runs."""
+        if go is None:
+            return Refused(reason="the request came without its go pipe")
         if len(os.listdir("/proc/self/task")) > 1:
             return Refused(reason="the zygote has more than one thread")
         if len(environ_block(request.shown)) > _block_size():
             return Refused(reason="the environment does not fit the zygote's reserve")
         pid = os.fork()
         if pid == 0:
-            self._become_child(request)
+            self._become_child(request, go)
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = pid
         self.selector.register(pidfd, selectors.EVENT_READ)
@@ -115,9 +135,10 @@ class Template:
         _, status = os.waitpid(pid, 0)
         self.reports.send(encode(Died(pid=pid, code=os.waitstatus_to_exitcode(status))))
 
-    def _become_child(self, request: Fork) -> None:
-        """In the forked child: drop the zygote's resources, become what an exec would have
-        made, run ``entry``'s ``main()`` and exit (never returns)."""
+    def _become_child(self, request: Fork, go: int) -> None:
+        """In the forked child: drop the zygote's resources, wait until the owner has taken
+        this child (``go``), become what an exec would have made, run ``entry``'s
+        ``main()`` and exit (never returns)."""
         code = 1
         try:
             self.selector.close()
@@ -125,6 +146,11 @@ class Template:
             self.reports.close()
             for pidfd in self.children:
                 os.close(pidfd)
+            set_title(f"{FORKED_TITLE_PREFIX}{request.entry}")
+            taken = os.read(go, 1)
+            os.close(go)
+            if not taken:
+                os._exit(EXIT_NOT_TAKEN)
             os.setsid()
             if request.cwd is not None:
                 os.chdir(request.cwd)

@@ -4,7 +4,8 @@ Two shapes, one per chaos mode:
 
 * **kill** — the host runs its embedded control plane, as ``corral up`` does by default; the
   killer's targets are the actors, the harness workers and the control plane, all restarted
-  by the host (workers on their session's next turn).
+  by the host (workers on their session's next turn), and the harness actor's zygote when
+  its workers are forked from one (restarted by the harness actor).
 * **tunnel** — the control plane runs as a process of this driver (``python -m corral.server``
   on its own state dir) and the host reaches it through :class:`DropProxy`, a TCP relay here,
   as a ``[[runners]]`` server: dropping the proxy's connections cuts the tunnel (and the
@@ -43,6 +44,8 @@ AGENT = "chaos"
 WORKER = "worker"
 CONTROL_PLANE = "control-plane"
 TUNNEL = "tunnel"
+#: The harness actor's zygote (``--zygote``): what forks its workers.
+ZYGOTE = "zygote"
 #: ``--kind none``: kill nothing (the control run of a workload).
 NOTHING = "none"
 #: Characters of one delta token: ``kkk.jj|`` (turn, index).
@@ -90,7 +93,11 @@ def _agent_yaml(turns: list[list[JsonObject]]) -> str:
 
 
 def config_text(
-    root: Path, *, runner: tuple[str, str] | None = None, port: int | None = None
+    root: Path,
+    *,
+    runner: tuple[str, str] | None = None,
+    port: int | None = None,
+    zygote: bool = False,
 ) -> str:
     """``corral.toml`` of a chaos host (and of its control plane: the ``[server]`` part).
 
@@ -99,6 +106,7 @@ def config_text(
     once, with no drain (what the run left hanging is the checks' to find, not to wait
     for); the policy asks
     for every shell call, so each turn parks two approvals: the policy's and the script's.
+    ``zygote``: the harness actor forks its workers from a zygote (off by default).
     """
     text = (
         f"[server]\nagents_dirs = [{json.dumps(str(root / 'agents'))}]\n"
@@ -106,6 +114,7 @@ def config_text(
         + '[[server.policies]]\ntool = "sys_os_shell"\naction = "ask"\nmessage = "chaos: run it?"\n'
         "[supervisor]\nintensity = 1000\nperiod_s = 10.0\ndrain_timeout_s = 0\n"
         "[actors.harness.options]\nworker_intensity = 1000\n"
+        f"zygote = {json.dumps(zygote)}\n"
         f"[actors.tools.options]\nos_env_root = {json.dumps(str(root / 'envs'))}\n"
         "[actors.gateway.options]\nbackoff_base_s = 0.05\nbackoff_cap_s = 0.5\n"
     )
@@ -229,7 +238,12 @@ class ChaosHost:
         return [e for e in listed if e.get("state") == "parked"]
 
     def targets(self, kind: str) -> list[int]:
-        """Live pids of one kind: an actor's name, :data:`WORKER` or :data:`CONTROL_PLANE`."""
+        """Live pids of one kind: an actor's name, :data:`WORKER`, :data:`CONTROL_PLANE` or
+        :data:`ZYGOTE`."""
+        if kind == ZYGOTE:
+            state = request(self.inst.control_path, "inspect", timeout=10, actor="harness")
+            pid = (state["state"].get("zygote") or {}).get("pid")
+            return [pid] if pid else []
         status = self.status()
         if kind == WORKER:
             return [w["pid"] for w in status["workers"] if w.get("pid")]
@@ -334,8 +348,11 @@ def _root() -> Iterator[Path]:
 
 
 @contextlib.asynccontextmanager
-async def chaos_host(turns: list[list[JsonObject]], *, tunnel: bool) -> AsyncIterator[ChaosHost]:
-    """A chaos host for ``turns`` (the agent's script), up and connected.
+async def chaos_host(
+    turns: list[list[JsonObject]], *, tunnel: bool, zygote: bool = False
+) -> AsyncIterator[ChaosHost]:
+    """A chaos host for ``turns`` (the agent's script), up and connected; ``zygote``: its
+    harness workers are forked from a zygote.
 
     Its log (and the control plane's) is ``<root>/host.log``; set ``CORRAL_CHAOS_KEEP=1`` to
     keep the root directory after the run.
@@ -353,7 +370,7 @@ async def chaos_host(turns: list[list[JsonObject]], *, tunnel: bool) -> AsyncIte
             if tunnel:
                 plane_dir = root / "plane"
                 port = _free_port()
-                config.write_text(config_text(root, port=port))
+                config.write_text(config_text(root, port=port, zygote=zygote))
                 plane = _spawn(
                     [
                         sys.executable,
@@ -372,9 +389,9 @@ async def chaos_host(turns: list[list[JsonObject]], *, tunnel: bool) -> AsyncIte
                 proxy = DropProxy(port)
                 await nursery.start(proxy.serve)
                 runner = (f"http://127.0.0.1:{proxy.port}", str(info["runner_token"]))
-                config.write_text(config_text(root, runner=runner, port=port))
+                config.write_text(config_text(root, runner=runner, port=port, zygote=zygote))
             else:
-                config.write_text(config_text(root))
+                config.write_text(config_text(root, zygote=zygote))
             argv = [sys.executable, "-m", "corral", "up", "--state-dir", str(state)]
             proc = _spawn([*argv, "--config", str(config)], log_path)
             host = ChaosHost(root, Instance(state), proc, plane_dir, proxy, plane, log_path)

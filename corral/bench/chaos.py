@@ -5,7 +5,8 @@ user would: post a message, follow the session's stream, accept every approval (
 parks two: the policy's ask for its shell call and the script's own elicitation), wait for
 the turn's end, post the next. Meanwhile a killer, every ``interval`` seconds (1-2 s by
 default, drawn from ``seed``), picks a kind of process and ``kill -9`` s one of its live pids
-— an actor, a harness worker, the control plane — or, in the ``tunnel`` mode, cuts every
+— an actor, a harness worker, the control plane, the harness actor's zygote when the workers
+are forked from one (``zygote``) — or, in the ``tunnel`` mode, cuts every
 connection of the tunnel's proxy (:mod:`corral.bench._chaos_host`). ``kind`` narrows the
 killer to one kind: the targeted modes (``dispatch``, ``gateway``) at short turns reproduce
 what random kills hit only now and then.
@@ -46,6 +47,7 @@ from ._chaos_host import (
     NOTHING,
     TUNNEL,
     WORKER,
+    ZYGOTE,
     ChaosHost,
     chaos_host,
     processes_under,
@@ -77,12 +79,15 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True):
     delay_ms: int = 40
     #: A turn that has not ended after this long counts as hung (its session stops there).
     turn_timeout_s: float = 120.0
+    #: The harness actor forks its workers from a zygote (``kind = "any"`` then kills the
+    #: zygote too).
+    zygote: bool = False
 
     def kinds(self) -> list[str]:
         if self.mode == "tunnel":
             return [TUNNEL]
         if self.kind == "any":
-            return [*ACTORS, WORKER, CONTROL_PLANE]
+            return [*ACTORS, WORKER, CONTROL_PLANE, *([ZYGOTE] if self.zygote else [])]
         return [] if self.kind == NOTHING else [self.kind]
 
 
@@ -92,6 +97,7 @@ class ChaosFigures(msgspec.Struct, frozen=True, kw_only=True):
     mode: str
     kind: str
     seed: int
+    zygote: bool
     sessions: int
     turns_per_session: int
     #: Messages posted (each one a turn to end exactly once).
@@ -189,7 +195,7 @@ async def run_chaos(options: ChaosOptions) -> ChaosFigures:
     runs: list[SessionRun] = []
     kills: list[Kill] = []
     tally = Tally()
-    async with chaos_host(turns, tunnel=options.mode == "tunnel") as host:
+    async with chaos_host(turns, tunnel=options.mode == "tunnel", zygote=options.zygote) as host:
         client = PlaneClient(host.locate, token=host.client_token())
         try:
             async with trio.open_nursery() as streams:
@@ -493,6 +499,7 @@ def _figures(
         mode=options.mode,
         kind=options.kind,
         seed=options.seed,
+        zygote=options.zygote,
         sessions=options.sessions,
         turns_per_session=options.turns,
         turns=tally.messages,
@@ -542,11 +549,13 @@ def options_of(params: Mapping[str, object]) -> ChaosOptions:
     base = ChaosOptions(sessions=4, turns=3) if params.get("quick") else ChaosOptions()
     given = {
         key: params[key]
-        for key in ("sessions", "turns", "mode", "kind", "seed", "turn_timeout_s")
+        for key in ("sessions", "turns", "mode", "kind", "seed", "turn_timeout_s", "zygote")
         if params.get(key) is not None
     }
     if given.get("kind") == TUNNEL:
         given["mode"] = "tunnel"
+    if given.get("kind") == ZYGOTE:
+        given["zygote"] = True
     return msgspec.convert({**msgspec.to_builtins(base), **given}, ChaosOptions)
 
 
@@ -599,6 +608,7 @@ def result_document(figures: ChaosFigures) -> Document:
             "mode": figures.mode,
             "kind": figures.kind,
             "seed": figures.seed,
+            "zygote": figures.zygote,
             "python": sys.version.split()[0],
         },
         "figures": msgspec.to_builtins(figures),

@@ -240,12 +240,31 @@ ActorControl = InspectRequest | Stop | DrainRequest
 
 # --- ids and clocks --------------------------------------------------------------------------
 
-_prefix = f"{os.getpid():x}-{os.urandom(3).hex()}"
+
+def _fresh_prefix() -> str:
+    return f"{os.getpid():x}-{os.urandom(3).hex()}"
+
+
+_prefix = _fresh_prefix()
 _counter = count(1)
 
 
+def _after_fork() -> None:
+    """A forked process's ids start afresh: a worker forked from the zygote
+    (:mod:`corral._zygote`) would otherwise number its messages as every sibling forked
+    from the same zygote does, and the broker takes one id for one message (a second
+    worker's parked elicitation, acked as the first's, was never answered: #20)."""
+    global _prefix, _counter
+    _prefix = _fresh_prefix()
+    _counter = count(1)
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def new_id() -> str:
-    """A message id unique across processes and restarts (pid, random, counter)."""
+    """A message id unique across processes and restarts (pid, random, counter), forked
+    processes too."""
     return f"{_prefix}-{next(_counter):x}"
 
 

@@ -38,6 +38,7 @@ CHAOS_KINDS = [
     "worker",
     "control-plane",
     "tunnel",
+    "zygote",
     "none",
 ]
 
@@ -70,6 +71,12 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
         "to measure against its CLI run by hand."
     ),
 )
+@click.option(
+    "--zygote",
+    is_flag=True,
+    default=None,
+    help="chaos: fork the harness workers from a zygote (off by default), and kill it too.",
+)
 @click.option("--seed", type=int, help="chaos: the killer's random seed.")
 @click.option(
     "--turn-timeout",
@@ -97,6 +104,7 @@ def bench_command(
     turns: int | None,
     mode: str | None,
     kind: str | None,
+    zygote: bool | None,
     seed: int | None,
     turn_timeout_s: float | None,
     against: str | None,
@@ -128,6 +136,7 @@ def bench_command(
             "kind": kind,
             "seed": seed,
             "turn_timeout_s": turn_timeout_s,
+            "zygote": zygote,
         }
     try:
         # Bars on stderr while someone watches a terminal; the figures are the output.

@@ -1,5 +1,8 @@
 """A child for the zygote's tests: ``main()`` writes what it is to the file ``CHILD_OUT``
-names (JSON), then exits with ``CHILD_EXIT``, or with ``CHILD_HOLD`` set waits for a signal."""
+names (JSON), then exits with ``CHILD_EXIT``, or with ``CHILD_HOLD`` set waits for a signal.
+
+It imports the bus's message ids at module level, as a worker's runtime does: the zygote
+that preloads it has numbered nothing yet, and each forked child numbers its own."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from corral.bus._messages import new_id
 
 
 def main() -> None:
@@ -20,6 +25,7 @@ def main() -> None:
         "cwd": os.getcwd(),
         "environ": dict(os.environ),
         "threads": len(os.listdir("/proc/self/task")),
+        "message_id": new_id(),
     }
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(report))

@@ -10,8 +10,10 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +22,13 @@ import pytest
 import trio
 
 from corral._child_env import HIDDEN_ENV, base_env, hide
-from corral._zygote import Forked, Zygote
-from corral._zygote._client import UNKNOWN_EXIT
+from corral._zygote import FORKED_TITLE_PREFIX, Forked, Zygote
+from corral._zygote._client import ANSWER_TIMEOUT_S, UNKNOWN_EXIT
+from corral._zygote._messages import MAX_DATAGRAM, Born, Fork, decode_answer, encode
 from corral._zygote._template import RESERVE_ENV, SETUP_ENV
 from corral.actors._process import spawn
-from corral.harnesses.protocol import OutputTextDelta
+from corral.actors.harness._adopt import WORKER_MODULE, _unrecorded_workers
+from corral.harnesses.protocol import Approval, InputAccepted, OutputTextDelta
 from tests.conftest import FAST_LIVENESS, HostProcess, process_gone, wait_until
 from tests.integration._dispatch import fake_dispatch, scripted
 
@@ -58,14 +62,28 @@ def _report(path: Path) -> dict[str, Any]:
 
 
 class Execs:
-    """The exec spawn, counting what it was asked to start."""
+    """The exec spawn, counting what it was asked to start (and when)."""
 
     def __init__(self) -> None:
         self.argvs: list[list[str]] = []
+        self.at: list[float] = []
 
     def __call__(self, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         self.argvs.append(argv)
+        self.at.append(time.monotonic())
         return spawn(argv, **kw)
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` exits (or is gone) within ``timeout`` seconds."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], timeout)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _child_env(out: Path, **more: str) -> dict[str, str]:
@@ -113,6 +131,109 @@ async def test_a_forked_child_is_what_an_exec_makes_and_its_status_is_reported(
         assert zygote.statistics()["forked"] == 2 and execs.argvs == []
         nursery.cancel_scope.cancel()
     assert zygote.proc is not None and zygote.proc.poll() is not None, "stopped with its owner"
+
+
+async def test_forked_children_number_their_bus_messages_apart(tmp_path: Path) -> None:
+    """Two children forked from one zygote, each as fresh as an exec'd one, give their
+    first bus messages different ids (the broker keeps one message per id: two workers that
+    numbered alike had one's parked elicitation taken for the other's, its turn hung)."""
+    zygote = Zygote((CHILD,), base_env(), fallback=Execs())
+    argv = [sys.executable, "-m", CHILD]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(60)
+        ids = []
+        for name in ("one", "two"):
+            child = zygote.spawn(argv, env=_child_env(tmp_path / f"{name}.json"))
+            assert isinstance(child, Forked) and await child.wait() == 0
+            ids.append(_report(tmp_path / f"{name}.json")["message_id"])
+        nursery.cancel_scope.cancel()
+    first, second = (i.rsplit("-", 1)[0] for i in ids)
+    assert first != second, f"forked children share their ids' prefix: {ids}"
+
+
+async def test_a_child_its_owner_did_not_take_runs_nothing(tmp_path: Path) -> None:
+    """The owner gave up on the answer (or died) before it took the child: the child, forked
+    all the same, exits at the end of its go pipe without running its entry — no second
+    worker of a session beside the one exec'd instead. Until it is taken its title names
+    what it will run (a dead harness actor's successor tells a worker by it)."""
+    zygote = Zygote((CHILD,), base_env(), fallback=Execs())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(60)
+        requests = zygote._requests
+        assert requests is not None
+        go_read, go = os.pipe()
+        request = Fork(entry=CHILD, shown=_child_env(tmp_path / "untaken.json"))
+        socket.send_fds(requests, [encode(request)], [go_read])
+        os.close(go_read)
+        answer = decode_answer(requests.recv(MAX_DATAGRAM))
+        assert isinstance(answer, Born)
+        title = f"{FORKED_TITLE_PREFIX}{CHILD}".encode()
+        await trio.to_thread.run_sync(
+            lambda: wait_until(
+                lambda: Path(f"/proc/{answer.pid}/cmdline").read_bytes().startswith(title),
+                15,
+                "the forked child's title",
+            )
+        )
+        os.close(go)
+        assert await trio.to_thread.run_sync(_gone, answer.pid, 15)
+        assert not (tmp_path / "untaken.json").exists(), "a child nobody took ran its entry"
+        taken = zygote.spawn([sys.executable, "-m", CHILD], env=_child_env(tmp_path / "t.json"))
+        assert isinstance(taken, Forked) and await taken.wait() == 0
+        assert _report(tmp_path / "t.json")["ppid"] == zygote.pid
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_zygote_that_does_not_answer_holds_a_spawn_less_than_a_liveness_window(
+    tmp_path: Path,
+) -> None:
+    """A stopped (wedged) zygote: the spawn waits ANSWER_TIMEOUT_S, well inside the 3 s in
+    which the host counts its silent owner dead (the spawn blocks the owner's trio thread),
+    then execs the child and kills the zygote; the next one takes over."""
+    execs = Execs()
+    zygote = Zygote((CHILD,), base_env(), fallback=execs)
+    argv = [sys.executable, "-m", CHILD]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(60)
+        first = zygote.pid
+        assert first is not None
+        os.kill(first, signal.SIGSTOP)
+        asked = time.monotonic()
+        proc = zygote.spawn(argv, env=_child_env(tmp_path / "e.json"))
+        assert isinstance(proc, subprocess.Popen) and execs.argvs == [argv]
+        assert execs.at[0] - asked < 3.0, "the owner's thread was held past its liveness"
+        assert execs.at[0] - asked >= ANSWER_TIMEOUT_S
+        assert zygote.pid is None, "a zygote that did not answer is asked nothing more"
+        again = zygote.spawn(argv, env=_child_env(tmp_path / "a.json"))
+        assert isinstance(again, subprocess.Popen) and len(execs.argvs) == 2
+        assert await trio.to_thread.run_sync(again.wait) == 0
+        assert await trio.to_thread.run_sync(proc.wait) == 0
+        assert await trio.to_thread.run_sync(_gone, first, 15), "the wedged zygote is killed"
+        assert await zygote.ready(60) and zygote.pid not in (None, first)
+        nursery.cancel_scope.cancel()
+
+
+def test_a_worker_a_zygote_forked_for_a_dead_harness_actor_is_found_unrecorded() -> None:
+    """A harness actor killed between a fork and the worker's pid file: its successor finds
+    the worker among the host's children by the title its zygote gave it, as it finds an
+    exec'd one by its command line, and kills it."""
+    title = f"{FORKED_TITLE_PREFIX}{WORKER_MODULE}"
+    code = f"import setproctitle, signal; setproctitle.setproctitle({title!r}); signal.pause()"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**base_env(), "SPT_NOENV": "1"})
+    try:
+        wait_until(
+            lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(title.encode()),
+            15,
+            "the stand-in worker's title",
+        )
+        assert proc.pid in _unrecorded_workers(os.getpid(), set())
+        assert proc.pid not in _unrecorded_workers(os.getpid(), {proc.pid})
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def test_what_the_zygote_did_not_preload_is_execd(tmp_path: Path) -> None:
@@ -163,6 +284,26 @@ async def test_a_killed_zygote_leaves_its_children_and_the_spawn_execs_until_the
         assert _report(tmp_path / "a.json")["ppid"] == zygote.pid
         assert zygote.statistics()["zygote_starts"] == 2
         nursery.cancel_scope.cancel()
+
+
+async def test_a_child_of_a_stopped_zygote_is_still_seen_to_exit(tmp_path: Path) -> None:
+    """The owner stops its zygote (the harness actor stops) before its supervisor stops the
+    children: a child's exit is still seen, through its pidfd (was: it waited for a report
+    no zygote would send, and the actor's stop hung on its first worker)."""
+    zygote = Zygote((CHILD,), base_env(), fallback=Execs())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zygote.run)
+        assert await zygote.ready(60)
+        env = _child_env(tmp_path / "h.json", CHILD_HOLD="1")
+        child = zygote.spawn([sys.executable, "-m", CHILD], env=env)
+        assert isinstance(child, Forked)
+        _report(tmp_path / "h.json")
+        nursery.cancel_scope.cancel()
+    assert zygote.proc is not None and zygote.proc.poll() is not None
+    assert child.poll() is None, "the zygote's stop is not its child's"
+    os.kill(child.pid, signal.SIGTERM)
+    with trio.fail_after(15):
+        assert await child.wait() == UNKNOWN_EXIT
 
 
 async def test_an_owner_that_stops_before_the_zygote_is_ready_leaves_no_traceback(
@@ -232,6 +373,35 @@ async def test_d13_d15_a_forked_worker_has_its_key_and_none_of_the_hosts_secrets
     assert "key-for-the-worker" not in json.dumps(block)
     assert "key-for-the-worker" not in json.dumps(_environ(zygote["pid"]))
     host.stop()
+
+
+async def test_e01_forked_workers_park_their_elicitations_apart_and_each_verdict_arrives(
+    host: HostProcess,
+) -> None:
+    """E-01 with workers forked from one zygote: each session's worker parks its own
+    elicitation (its own message id: the broker keeps one message per id) and each verdict
+    reaches it, so both turns complete."""
+    ask = scripted({"elicit": {"message": "Go on?"}}, {"text": "Done.", "on_decline": "No."})
+    sessions = [f"s-park-{n}" for n in range(4)]
+    async with fake_dispatch(host.endpoint) as d:
+        turns = [await d.start_turn(session, ask) for session in sessions]
+        requests = [
+            await d.wait_type("response.elicitation_request", turn_id=turn, timeout=30)
+            for turn in turns
+        ]
+        rows = await trio.to_thread.run_sync(host.elicitations, requests[-1].elicitation_id, 30)
+        parked = {r["elicitation_id"] for r in rows if r["state"] == "parked"}
+        assert parked == {r.elicitation_id for r in requests}
+        for session, req in zip(sessions, requests, strict=True):
+            reply = await d.send(
+                Approval(session_id=session, elicitation_id=req.elicitation_id, action="accept"),
+                durable=True,
+            )
+            assert reply == InputAccepted(status=204), (session, reply)
+        for turn in turns:
+            end = await d.terminal(turn, timeout=30)
+            assert end.__struct_config__.tag == "response.completed", end
+    assert _state(host)["zygote"]["forked"] == len(sessions)
 
 
 @pytest.mark.chaos

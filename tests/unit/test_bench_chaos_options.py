@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from corral.bench import chaos
+from corral.bench._chaos_host import config_text
 from corral.cli._bench import bench_command
 
 
@@ -43,3 +45,26 @@ def test_kind_none_is_the_control_run_that_kills_nothing(monkeypatch: pytest.Mon
     assert out.exit_code == 0, out.output
     assert seen[0].kind == "none" and seen[0].kinds() == []
     assert chaos.ChaosOptions().kinds()[-2:] == ["worker", "control-plane"]
+
+
+def test_zygote_flag_forks_the_workers_and_adds_the_zygote_to_the_kill_targets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--zygote`` (#20): the host forks its harness workers from a zygote and the killer
+    kills it too; off by default, as in the host; ``--kind zygote`` kills it alone."""
+    seen: list[chaos.ChaosOptions] = []
+
+    def run(params: dict[str, Any]) -> dict[str, Any]:
+        seen.append(chaos.options_of(params))
+        return {"ok": True, "baseline": {}, "results": []}
+
+    monkeypatch.setattr(chaos, "run", run)
+    for argv in (["--zygote"], [], ["--kind", "zygote"]):
+        out = CliRunner().invoke(bench_command, ["chaos", *argv, "--json"])
+        assert out.exit_code == 0, out.output
+    on, off, alone = seen
+    assert on.zygote and on.kinds()[-1] == "zygote"
+    assert not off.zygote and "zygote" not in off.kinds()
+    assert alone.zygote and alone.kinds() == ["zygote"]
+    assert "zygote = true\n" in config_text(Path("/r"), zygote=True)
+    assert "zygote = false\n" in config_text(Path("/r"))

@@ -2,12 +2,14 @@
 
 A worker dies with the host, not with the harness actor (:mod:`corral._lifeline`): when the
 actor is killed, its workers are reparented to the host (a child subreaper) and go on with
-their turns. Its next incarnation finds them by their pid files, each recording the host it
-belongs to (pid and start time) and the worker's session and harness: the workers of this
-very host are adopted (:meth:`~corral.actors._children.ChildSupervisor.adopt`), anything
-else — the leftovers of an earlier host, e.g. a worker that was stopped when its host died
-and so could not see it go — is killed, and so is a worker of this host with no pid file (its
-actor died between the spawn and the file's write). Each adopted worker is then asked what it holds
+their turns — exec'd ones, and those forked from its zygote, which dies with the actor. Its
+next incarnation finds them by their pid files, each recording the host it belongs to (pid
+and start time) and the worker's session and harness: the workers of this very host are
+adopted (:meth:`~corral.actors._children.ChildSupervisor.adopt`), anything else — the
+leftovers of an earlier host, e.g. a worker that was stopped when its host died and so could
+not see it go — is killed, and so is a worker of this host with no pid file (its actor died
+between the spawn and the file's write; told by its command line, or by the title its zygote
+gave it). Each adopted worker is then asked what it holds
 (:class:`~corral.harnesses.protocol.Inventory`): the turn it runs, the elicitations that
 turn waits on, the turn it last ended.
 """
@@ -27,6 +29,7 @@ import trio
 
 from ..._exceptions import BusError
 from ..._proctitle import WORKER_TITLE_PREFIX
+from ..._zygote import FORKED_TITLE_PREFIX
 from ...harnesses.protocol import Holdings, Inventory, worker_address
 from .._children import ChildSupervisor
 from .._process import kill_group, start_time, sweep_except
@@ -38,6 +41,9 @@ log = logging.getLogger("corral.actors.harness")
 #: The module a harness worker runs (``python -m``), by which the host's children are told
 #: until the worker sets its process title (``WORKER_TITLE_PREFIX``).
 WORKER_MODULE = "corral.harnesses._worker"
+#: How a worker's title begins: its own, or the one a zygote gives a worker it forked until
+#: the worker sets its own.
+_WORKER_TITLES = (WORKER_TITLE_PREFIX.encode(), f"{FORKED_TITLE_PREFIX}{WORKER_MODULE}".encode())
 
 
 def host_record() -> dict[str, Any]:
@@ -110,10 +116,9 @@ def _unrecorded_workers(host_pid: int, recorded: set[int]) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        # A worker that has set its title shows that instead of its command line.
-        if cmdline.startswith(WORKER_TITLE_PREFIX.encode()) or (
-            WORKER_MODULE.encode() in cmdline.split(b"\0")
-        ):
+        # A worker that has set its title shows that instead of its command line; one forked
+        # from a zygote, the title the zygote gave it until then.
+        if cmdline.startswith(_WORKER_TITLES) or WORKER_MODULE.encode() in cmdline.split(b"\0"):
             found.append(pid)
     return found
 
