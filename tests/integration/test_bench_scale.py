@@ -74,7 +74,11 @@ def test_bench_scale_quick_json_and_idle_sessions_hold_no_task() -> None:
     assert len(rows) == len(doc["results"]), "figure names are unique"
     for row in doc["results"]:
         assert set(row) == {"name", "value", "unit", "ratio_to_baseline"}
-        assert math.isfinite(row["value"]) and row["value"] >= 0, row
+        assert math.isfinite(row["value"]), row
+        # A difference between steps may fall below zero at the quick run's few sessions
+        # (one full run's 3 -> 10 was -0.29 MB: pages shared anew, a collection); the rest
+        # are amounts.
+        assert row["value"] >= 0 or row["name"].startswith("PSS per added"), row
     for known, active in ((3, 3), (10, 5), (30, 5)):
         busy = f"{known} sessions, {active} active"
         for name in (
