@@ -8,7 +8,8 @@ wait for the fd" therefore either lets two tasks wait on one fd (trio raises
 
 The rules this adapter follows:
 
-* every operation first tries with ``NOBLOCK``; it waits only when that raises ``Again``;
+* every operation first tries with ``NOBLOCK`` (a receive asks ``ZMQ_EVENTS`` instead of
+  trying); it waits only when that raises ``Again`` (or shows nothing to receive);
 * before waiting it re-reads ``ZMQ_EVENTS``, because the condition may already hold;
 * exactly one task waits on the fd; other waiters park on a :class:`trio.lowlevel.ParkingLot`;
 * after every successful send or recv — each of which may have consumed the edge — the
