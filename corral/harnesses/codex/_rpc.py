@@ -27,22 +27,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import msgspec
 import trio
 
 from .._cli_process import CliError, CliProcess
+from .._rpc_reader import RpcReader
 
 log = logging.getLogger("corral.harnesses.codex")
 
 #: How long a request may wait for its response: the app-server answers its requests
 #: at once (a turn's work is reported in notifications), so a silent one is stuck.
 REQUEST_TIMEOUT_S = 30.0
-#: Messages held for the turn while it handles one: a slow turn slows the CLI (its stdout
-#: fills), it never grows the worker's memory.
-LISTEN_BUFFER = 1024
 
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
@@ -347,17 +344,13 @@ def result_as(result: Any, kind: type[T], method: str) -> T:
 # --- the client -----------------------------------------------------------------------------
 
 
-class AppServer:
+class AppServer(RpcReader[int, _Message, Notification | ServerRequest]):
     """A running ``codex app-server``: requests out, and everything it says read by
     :meth:`read` (the task that owns the CLI runs it until the CLI ends)."""
 
     def __init__(self, cli: CliProcess) -> None:
-        self.cli = cli
+        super().__init__(cli)
         self._next_id = 0
-        self._waiting: dict[int, tuple[trio.Event, list[_Message]]] = {}
-        self._listener: trio.MemorySendChannel[Notification | ServerRequest] | None = None
-        #: Why the CLI can no longer be used (set once its output ended).
-        self.ended: CliError | None = None
 
     async def request(
         self, method: str, params: msgspec.Struct, *, timeout: float = REQUEST_TIMEOUT_S
@@ -401,37 +394,6 @@ class AppServer:
         """Answer a server request with a JSON-RPC error."""
         body = _ErrorBody(code, message)
         await self.cli.send(msgspec.to_builtins(_ErrorAnswer(request.id, body)))
-
-    @contextlib.contextmanager
-    def listen(self) -> Iterator[trio.MemoryReceiveChannel[Notification | ServerRequest]]:
-        """Receive the notifications and server requests that arrive from now on, until the
-        block ends; the channel ends when the CLI does."""
-        send, receive = trio.open_memory_channel[Notification | ServerRequest](LISTEN_BUFFER)
-        if self.ended is not None:
-            send.close()
-        else:
-            self._listener = send
-        try:
-            yield receive
-        finally:
-            if self._listener is send:
-                self._listener = None
-            send.close()
-            receive.close()
-
-    async def read(self) -> None:
-        """Read the CLI until its output ends (then :attr:`ended` says why and every waiter
-        is woken)."""
-        try:
-            while True:
-                await self._dispatch(await self.cli.receive())
-        except CliError as exc:
-            self.ended = exc
-            for done, _ in self._waiting.values():
-                done.set()
-            if self._listener is not None:
-                self._listener.close()
-            raise
 
     async def _dispatch(self, raw: dict[str, Any]) -> None:
         try:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import msgspec
 import trio
 
 from .._cli_process import CliError, CliProcess
+from .._rpc_reader import RpcReader
 
 log = logging.getLogger("corral.harnesses.pi")
 
@@ -31,8 +31,6 @@ log = logging.getLogger("corral.harnesses.pi")
 COMMAND_TIMEOUT_S = 60.0
 #: The extension UI requests that wait for an answer (the others are notices).
 DIALOGS = ("confirm", "select", "input", "editor")
-#: Events held for a listener that is busy (a turn relays as fast as pi writes).
-LISTEN_BUFFER = 1024
 
 
 class CommandFailed(Exception):
@@ -153,18 +151,14 @@ def event_as(event: dict[str, Any], kind: type[T]) -> T:
         raise ProtocolError(f"{what}: {exc}") from exc
 
 
-class PiRpc:
+class PiRpc(RpcReader[str, Response, dict[str, Any]]):
     """A running ``pi --mode rpc``."""
 
     def __init__(self, cli: CliProcess) -> None:
-        self.cli = cli
+        super().__init__(cli)
         self._next_id = 0
-        self._waiting: dict[str, tuple[trio.Event, list[Response]]] = {}
-        self._listener: trio.MemorySendChannel[dict[str, Any]] | None = None
         #: Whether pi has answered anything yet (it started).
         self.answered = False
-        #: Why the CLI can no longer be used (set once its output ended).
-        self.ended: CliError | None = None
 
     async def command(
         self,
@@ -204,37 +198,6 @@ class PiRpc:
     async def answer(self, request: UiRequest, **fields: Any) -> None:
         """Answer an extension's UI request (``confirmed``, ``value`` or ``cancelled``)."""
         await self.cli.send({"type": "extension_ui_response", "id": request.id, **fields})
-
-    @contextlib.contextmanager
-    def listen(self) -> Iterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
-        """Receive the events that arrive from now on, until the block ends; the channel
-        ends when the CLI does."""
-        send, receive = trio.open_memory_channel[dict[str, Any]](LISTEN_BUFFER)
-        if self.ended is not None:
-            send.close()
-        else:
-            self._listener = send
-        try:
-            yield receive
-        finally:
-            if self._listener is send:
-                self._listener = None
-            send.close()
-            receive.close()
-
-    async def read(self) -> None:
-        """Read the CLI until its output ends (then :attr:`ended` says why, and every waiter
-        is woken)."""
-        try:
-            while True:
-                await self._dispatch(await self.cli.receive())
-        except CliError as exc:
-            self.ended = exc
-            for done, _ in self._waiting.values():
-                done.set()
-            if self._listener is not None:
-                self._listener.close()
-            raise
 
     async def _dispatch(self, record: dict[str, Any]) -> None:
         if record.get("type") == "response":
