@@ -31,13 +31,15 @@ import os
 import signal
 import subprocess
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 from .._lifeline import group_alive, signal_group
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("corral.harnesses.cli")
 
@@ -321,6 +323,18 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+async def started_while_checked(
+    check: Callable[[], Awaitable[object]], start: Callable[[], Awaitable[_T]]
+) -> _T:
+    """What ``start()`` started, once ``check()`` passed too. A new session's CLI starts
+    while the model call's policy question is out (its start is most of a first turn's
+    wait); a DENY (``check`` raising) leaves it started for the next turn."""
+    with unwrapped():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(check)
+            return await start()
 
 
 @contextlib.contextmanager

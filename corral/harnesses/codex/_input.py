@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._turn_message import message_items
+
 _TEXT_PARTS = ("text", "input_text", "output_text")
 #: Media types of an attached file whose content is given to Codex as text.
 _TEXT_TYPES = ("application/json", "application/xml", "application/yaml", "application/x-yaml")
@@ -64,12 +66,7 @@ class TurnInput:
 
 def turn_input(message: Mapping[str, Any]) -> TurnInput:
     """Split the turn's ``message`` (see the module docstring)."""
-    content = message.get("content")
-    items = (
-        [{"type": "message", "role": "user", "content": content}]
-        if isinstance(content, str)
-        else [i for i in content or [] if isinstance(i, dict)]
-    )
+    items = message_items(message)
     last = next((n for n in range(len(items) - 1, -1, -1) if _is_message(items[n], "user")), None)
     tools = runner_tools(message)
     if last is None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..._jsonlines import JsonObject
+from .._turn_message import message_items
 
 if TYPE_CHECKING:
     from ._step import _Step, _ToolCall
@@ -38,14 +39,9 @@ def _history(message: Mapping[str, Any]) -> list[JsonObject]:
 
     A call the runner recorded twice (``in_progress``, then ``completed``) is kept once.
     """
-    content = message.get("content")
-    if isinstance(content, str):
-        return [{"type": "message", "role": "user", "content": content}]
     items: list[JsonObject] = []
     calls: set[str] = set()
-    for item in content or []:
-        if not isinstance(item, dict):
-            continue
+    for item in message_items(message):
         if item.get("type") == "function_call" and item.get("call_id"):
             if item["call_id"] in calls:
                 continue

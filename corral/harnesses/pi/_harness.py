@@ -22,12 +22,13 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
 
 from ... import clis
-from .._cli_process import CliError, open_cli, unwrapped
+from .._cli_process import CliError, open_cli, started_while_checked, unwrapped
 from .._llm_request import llm_request
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, argv, cli_env, prepare
@@ -159,12 +160,9 @@ class PiHarness:
             instructions=settings.instructions,
             last_user_message=given.text,
         )
-        # A new session's CLI starts while the model call's policy question is out (the
-        # start is most of a first turn's wait); a DENY leaves it for the next turn.
-        with unwrapped():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(turn.check_llm_request, question)
-                running = await self._cli(turn, launch)
+        running = await started_while_checked(
+            partial(turn.check_llm_request, question), partial(self._cli, turn, launch)
+        )
         try:
             await self._turn(running, settings, given, turn)
         except (CliError, CommandFailed, ProtocolError) as exc:

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._turn_message import message_items
+
 _TEXT_PARTS = ("text", "input_text", "output_text")
 SEED_HEAD = "The conversation so far (carried over; your own memory of it was lost):"
 SEED_TAIL = "The user's new message:"
@@ -35,12 +37,7 @@ class TurnInput:
 
 def turn_input(message: Mapping[str, Any]) -> TurnInput:
     """Split the turn's ``message`` (see the module docstring)."""
-    content = message.get("content")
-    items = (
-        [{"type": "message", "role": "user", "content": content}]
-        if isinstance(content, str)
-        else [i for i in content or [] if isinstance(i, dict)]
-    )
+    items = message_items(message)
     said = [
         (item["role"], item.get("content"))
         for item in items
