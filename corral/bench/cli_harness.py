@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -84,15 +85,16 @@ class CliBench:
     reply: Callable[[JsonObject], list[JsonObject]] = lambda line: []
 
 
-def _claude_spec(url: str) -> JsonObject:
+def _spec(harness: str, url: str) -> JsonObject:
+    """The benchmark's agent on ``harness``, its provider at ``url``."""
     auth = {"type": "api_key", "api_key": KEY, "base_url": url}
-    return {"name": "bench", "executor": {"harness": "claude-sdk", "model": MODEL, "auth": auth}}
+    return {"name": "bench", "executor": {"harness": harness, "model": MODEL, "auth": auth}}
 
 
 def _claude_by_hand(
     cli: str, url: str, home: Path, cwd: Path
 ) -> tuple[list[str], dict[str, str], list[JsonObject]]:
-    spec = _claude_spec(url)
+    spec = _spec("claude-sdk", url)
     settings = claude_settings(spec, {}, {}, {}, harness="claude-sdk", model_override=None)
     lines: list[JsonObject] = [
         {"type": "control_request", "request_id": "init", "request": {"subtype": "initialize"}},
@@ -115,11 +117,6 @@ def _claude_delta(line: JsonObject) -> bool:
     return line.get("type") == "stream_event" and (event.get("delta") or {}).get("type") == (
         "text_delta"
     )
-
-
-def _codex_spec(url: str) -> JsonObject:
-    auth = {"type": "api_key", "api_key": KEY, "base_url": f"{url}/v1"}
-    return {"name": "bench", "executor": {"harness": "codex", "model": MODEL, "auth": auth}}
 
 
 def _codex_by_hand(
@@ -152,11 +149,6 @@ def _codex_reply(line: JsonObject) -> list[JsonObject]:
     return [{"id": 3, "method": "turn/start", "params": msgspec.to_builtins(turn)}]
 
 
-def _pi_spec(url: str) -> JsonObject:
-    auth = {"type": "api_key", "api_key": KEY, "base_url": f"{url}/v1"}
-    return {"name": "bench", "executor": {"harness": "pi", "model": MODEL, "auth": auth}}
-
-
 def _pi_by_hand(
     cli: str, url: str, home: Path, cwd: Path
 ) -> tuple[list[str], dict[str, str], list[JsonObject]]:
@@ -186,7 +178,7 @@ KINDS: dict[str, CliBench] = {
     "claude-sdk": CliBench(
         command="claude",
         frames=lambda: anthropic_text(MODEL, ["Hel", "lo"]),
-        spec=_claude_spec,
+        spec=partial(_spec, "claude-sdk"),
         by_hand=_claude_by_hand,
         is_delta=_claude_delta,
         is_end=lambda line: line.get("type") == "result",
@@ -194,7 +186,7 @@ KINDS: dict[str, CliBench] = {
     "codex": CliBench(
         command="codex",
         frames=lambda: responses_text(MODEL, ["Hel", "lo"]),
-        spec=_codex_spec,
+        spec=lambda url: _spec("codex", f"{url}/v1"),
         by_hand=_codex_by_hand,
         is_delta=lambda line: line.get("method") == "item/agentMessage/delta",
         is_end=lambda line: line.get("method") == "turn/completed",
@@ -203,7 +195,7 @@ KINDS: dict[str, CliBench] = {
     "pi": CliBench(
         command="pi",
         frames=lambda: chat_text(MODEL, ["Hel", "lo"]),
-        spec=_pi_spec,
+        spec=lambda url: _spec("pi", f"{url}/v1"),
         by_hand=_pi_by_hand,
         is_delta=_pi_delta,
         is_end=lambda line: line.get("type") == "agent_settled",
