@@ -33,11 +33,12 @@ import subprocess
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from .._lifeline import group_alive, signal_group
+from ._worker import TurnFailed
 
 _T = TypeVar("_T")
 
@@ -335,6 +336,35 @@ async def started_while_checked(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(check)
             return await start()
+
+
+class _Relaying(Protocol):
+    #: Whether the CLI's run of this turn may still be going (asked, not yet settled).
+    outstanding: bool
+
+
+@contextlib.asynccontextmanager
+async def interrupted_on_exit(
+    relay: _Relaying,
+    *,
+    end: Callable[[], Awaitable[None]],
+    interrupt: Callable[[], Awaitable[None]],
+) -> AsyncIterator[None]:
+    """Relay a turn from a CLI that outlives it (codex, pi): a turn that leaves the CLI's run
+    going (cancelled, failed) interrupts it, shielded; one that timed out ends the CLI
+    instead, since a CLI that stopped talking will not take an interrupt either."""
+    try:
+        yield
+    except TurnFailed as exc:
+        if exc.code == "timeout":
+            relay.outstanding = False
+            with trio.CancelScope(shield=True):
+                await end()
+        raise
+    finally:
+        if relay.outstanding:
+            with trio.CancelScope(shield=True):
+                await interrupt()
 
 
 @contextlib.contextmanager

@@ -30,7 +30,13 @@ import msgspec
 import trio
 
 from ... import clis
-from .._cli_process import CliError, open_cli, started_while_checked, unwrapped
+from .._cli_process import (
+    CliError,
+    interrupted_on_exit,
+    open_cli,
+    started_while_checked,
+    unwrapped,
+)
 from .._llm_request import llm_request
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, cli_env, prepare, save_thread, saved_thread
@@ -298,18 +304,13 @@ class CodexHarness:
         params = TurnStartParams(thread_id=thread, input=given.parts, model=settings.model)
         with server.listen() as events:
             try:
-                ended = await self._relayed(relay, events, params)
-            except TurnFailed as exc:
-                if exc.code == "timeout":
-                    # A CLI that stopped talking will not take an interrupt either.
-                    relay.outstanding = False
-                    with trio.CancelScope(shield=True):
-                        await self._end(running)
-                raise
+                async with interrupted_on_exit(
+                    relay,
+                    end=partial(self._end, running),
+                    interrupt=partial(self._interrupt, running, relay, events),
+                ):
+                    ended = await self._relayed(relay, events, params)
             finally:
-                if relay.outstanding:
-                    with trio.CancelScope(shield=True):
-                        await self._interrupt(running, relay, events)
                 # What the thread has used so far is what the next turn's usage starts from.
                 running.usage = Usage(before=relay.usage.now or relay.usage.before)
         if ended.status == "failed":

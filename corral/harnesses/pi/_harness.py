@@ -28,7 +28,13 @@ from typing import Any
 import trio
 
 from ... import clis
-from .._cli_process import CliError, open_cli, started_while_checked, unwrapped
+from .._cli_process import (
+    CliError,
+    interrupted_on_exit,
+    open_cli,
+    started_while_checked,
+    unwrapped,
+)
 from .._llm_request import llm_request
 from .._worker import TurnContext, TurnFailed
 from ._home import Launch, argv, cli_env, prepare
@@ -197,24 +203,17 @@ class PiHarness:
             relay.took()
 
         with rpc.listen() as events:
-            try:
+            async with interrupted_on_exit(
+                relay,
+                end=partial(self._end, running),
+                interrupt=partial(self._interrupt, running, relay, events),
+            ):
                 with unwrapped():
                     async with trio.open_nursery() as nursery:
                         relay.outstanding = True
                         nursery.start_soon(start)
                         settled = await relay.run(events, nursery)
                         nursery.cancel_scope.cancel()
-            except TurnFailed as exc:
-                if exc.code == "timeout":
-                    # A CLI that stopped talking will not take an abort either.
-                    relay.outstanding = False
-                    with trio.CancelScope(shield=True):
-                        await self._end(running)
-                raise
-            finally:
-                if relay.outstanding:
-                    with trio.CancelScope(shield=True):
-                        await self._interrupt(running, relay, events)
         if relay.failure is not None:
             raise TurnFailed("provider_error", f"pi: {relay.failure}")
         if settled.aborted:
