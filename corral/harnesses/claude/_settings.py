@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from ... import clis
 from ..._child_env import base_env
+from .._turn_message import tool_rows
 from .._worker import TurnFailed
 from ..spawn_env import env_prefix
 
@@ -154,7 +155,7 @@ def resolve(
         instructions=str(instructions) if instructions else None,
         replace_system_prompt=system_prompt == "replace",
         permission_mode=str(mode),
-        tools=_tools(message.get("tools")),
+        tools=tool_rows(message.get("tools")),
         idle_timeout_s=tunables["idle_timeout_s"],
         turn_timeout_s=tunables["turn_timeout_s"],
         max_retries=int(tunables["max_retries"]),
@@ -174,21 +175,6 @@ def _base_url(raw: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TurnFailed("config_error", f"executor.auth.base_url is not an http(s) URL: {raw!r}")
     return url.removesuffix("/v1")
-
-
-def _tools(raw: Any) -> tuple[tuple[str, str, str], ...]:
-    """The turn message's function tools (chat or flat shape) as MCP tool rows."""
-    rows = []
-    for tool in raw or []:
-        if not isinstance(tool, dict):
-            continue
-        fn = mapping(tool.get("function")) or tool
-        name = fn.get("name")
-        if tool.get("type", "function") != "function" or not isinstance(name, str) or not name:
-            continue
-        schema = fn.get("parameters") or {"type": "object", "properties": {}}
-        rows.append((name, str(fn.get("description") or ""), json.dumps(schema, sort_keys=True)))
-    return tuple(rows)
 
 
 def argv(cli: str, settings: Settings, *, resume: str | None) -> list[str]:

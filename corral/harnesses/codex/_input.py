@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._turn_message import message_items
+from .._turn_message import function_tools, message_items
 
 _TEXT_PARTS = ("text", "input_text", "output_text")
 #: Media types of an attached file whose content is given to Codex as text.
@@ -31,25 +31,10 @@ _TEXT_TYPES = ("application/json", "application/xml", "application/yaml", "appli
 def runner_tools(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The runner's tools the turn's message offers (``tools``, chat or flat shape), as Codex
     dynamic tools: ``{type: "function", name, description, inputSchema}``."""
-    tools = []
-    for tool in message.get("tools") or []:
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            continue
-        nested = tool.get("function")
-        fn: dict[str, Any] = nested if isinstance(nested, dict) else tool
-        name = fn.get("name")
-        if isinstance(name, str) and name:
-            schema = fn.get("parameters") or {"type": "object", "properties": {}}
-            description = str(fn.get("description") or "")
-            tools.append(
-                {
-                    "type": "function",
-                    "name": name,
-                    "description": description,
-                    "inputSchema": schema,
-                }
-            )
-    return tools
+    return [
+        {"type": "function", "name": name, "description": description, "inputSchema": schema}
+        for name, description, schema in function_tools(message.get("tools"))
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,11 @@ tools of corral's extension (:func:`runner_tools`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._turn_message import message_items
+from .._turn_message import message_items, tool_rows
 
 _TEXT_PARTS = ("text", "input_text", "output_text")
 SEED_HEAD = "The conversation so far (carried over; your own memory of it was lost):"
@@ -53,18 +52,7 @@ def turn_input(message: Mapping[str, Any]) -> TurnInput:
 def runner_tools(message: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
     """The runner's tools the turn's message offers, as ``(name, description, parameters as
     JSON)``."""
-    tools = []
-    for tool in message.get("tools") or []:
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            continue
-        nested = tool.get("function")
-        fn: dict[str, Any] = nested if isinstance(nested, dict) else tool
-        name = fn.get("name")
-        if isinstance(name, str) and name:
-            schema = fn.get("parameters") or {"type": "object", "properties": {}}
-            text = json.dumps(schema, sort_keys=True)
-            tools.append((name, str(fn.get("description") or ""), text))
-    return tuple(tools)
+    return tool_rows(message.get("tools"))
 
 
 def prompt_text(given: TurnInput, *, seed: bool) -> str:
