@@ -504,7 +504,9 @@ async def test_h01_h02_turn_end_to_end_with_an_approval(host_factory, tunnels, s
 async def test_concurrent_requests_multiplex_with_streams_heartbeats_and_cancel(
     host_factory, tunnels, server
 ) -> None:
-    agent_id = server.add_agent(scripted_yaml("busy", '{text: "x ", repeat: 150, delay_ms: 4}'))
+    # The turn streams for ~1.8 s, so that the 120 requests are answered while it does (at
+    # 4 ms a delta a busy machine once answered them all after its last one).
+    agent_id = server.add_agent(scripted_yaml("busy", '{text: "x ", repeat: 150, delay_ms: 12}'))
     sid = server.add_session(agent_id)["id"]
     host = host_factory(
         host_config(tunnels, [{"id": "mux"}], server=server, gateway={"heartbeat_s": 0.3})
