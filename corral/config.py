@@ -80,6 +80,9 @@ class SupervisorSettings(_Section, frozen=True):
     #: ``TimeoutStopSec=`` and a pod's ``terminationGracePeriodSeconds`` must cover it plus
     #: the actors' shutdown timeouts (docs/deploy.md).
     drain_timeout_s: NonNegative = 30.0
+    #: Fork the actors from a zygote, a process that has imported them (:mod:`corral._zygote`):
+    #: they share its pages instead of an interpreter each. False: exec each.
+    zygote: bool = True
 
 
 class ActorSettings(_Section, frozen=True):

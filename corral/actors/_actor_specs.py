@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from .._child_env import NETWORK_VARS, actor_env, hide, spec_variables
+from .._lifeline import start_time
 from ..config import (
     BUILTIN_ACTORS,
     BUILTIN_OPTIONS,
@@ -39,6 +40,16 @@ from ._specs import ChildSpec
 log = logging.getLogger("corral.host")
 
 
+#: What an actor process runs first (``python -m ENTRY``).
+ENTRY = "corral.actors._entry"
+
+
+def actor_preload(config: Config) -> tuple[str, ...]:
+    """What the host's zygote imports: the actors' entry, then the module of each actor the
+    host runs (a forked actor then imports nothing of its own)."""
+    return (ENTRY, *sorted({target.partition(":")[0] for _, target, _ in actor_plan(config)}))
+
+
 @dataclass(frozen=True, slots=True)
 class ActorSpecs:
     """The specs of one host's actors: its ``corral.toml``, its state dir and the runners it
@@ -53,7 +64,7 @@ class ActorSpecs:
         role = role_of(name)
         return ChildSpec(
             name=name,
-            argv=[sys.executable, "-m", "corral.actors._entry"],
+            argv=[sys.executable, "-m", ENTRY],
             env=self._environ(name, target, settings),
             restart=settings.restart or role.restart,
             shutdown_timeout_s=settings.shutdown_timeout_s
@@ -105,6 +116,9 @@ class ActorSpecs:
             "bus": msgspec.to_builtins(self.config.bus),
             "liveness": msgspec.to_builtins(self.config.liveness),
             "parent_pid": os.getpid(),
+            # Tells the host from a process that reused its pid (an actor forked by the
+            # host's zygote watches the host through a pidfd: corral.actors._entry).
+            "parent_start": start_time(os.getpid()),
         }
 
 

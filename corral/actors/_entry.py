@@ -3,8 +3,12 @@
 The parent passes everything in the ``CORRAL_CHILD`` variable (JSON), handed over hidden
 (:mod:`corral._child_env`: the runner tokens in it must not show in the environ block): the
 actor's name and ``module:Class``, the bus endpoint, the state dir, the actor's options and
-the bus/liveness settings. The child arranges to die with its parent, connects to the bus
+the bus/liveness settings. The child arranges to die with the host, connects to the bus
 with its own zmq context, and serves until SIGTERM.
+
+An actor exec'd by the host asks the kernel for SIGKILL when its parent dies. One forked by
+the host's zygote (:mod:`corral._zygote`) has the zygote for its parent, whose death must not
+take the actor with it: it watches a pidfd on the host instead, as a harness worker does.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import trio
 
 from .. import logs
 from .._child_env import take_hidden_env
-from .._lifeline import die_with_parent
+from .._lifeline import die_with_host, die_with_parent, host_lifeline
 from .._proctitle import set_title
 from ..bus import open_peer
 from ..config import BusSettings, LivenessSettings
@@ -41,8 +45,9 @@ def load_target(target: str) -> type[Actor]:
     return cls
 
 
-async def serve_actor(cls: type[Actor], spec: dict[str, Any]) -> None:
-    """Connect to the bus and run the actor until SIGTERM/SIGINT or a Stop message."""
+async def serve_actor(cls: type[Actor], spec: dict[str, Any], lifeline: int | None = None) -> None:
+    """Connect to the bus and run the actor until SIGTERM/SIGINT or a Stop message
+    (``lifeline``: a pidfd on the host, whose exit ends this process at once)."""
     bus = msgspec.convert(spec["bus"], BusSettings)
     liveness = msgspec.convert(spec["liveness"], LivenessSettings)
     ctx = ActorContext(
@@ -54,6 +59,8 @@ async def serve_actor(cls: type[Actor], spec: dict[str, Any]) -> None:
         ) as peer:
             actor = cls(ctx, peer)
             async with trio.open_nursery() as nursery:
+                if lifeline is not None:
+                    nursery.start_soon(die_with_host, lifeline)
 
                 async def stop_on_signal() -> None:
                     async for signum in signals:
@@ -73,7 +80,7 @@ def main() -> None:
     """Entry point of a child actor process."""
     take_hidden_env()  # its spec and secrets come through a memfd, not its environ block
     spec = json.loads(os.environ.pop("CORRAL_CHILD"))
-    die_with_parent(int(spec["parent_pid"]))
+    lifeline = _tie_to_host(int(spec["parent_pid"]), spec.get("parent_start"))
     set_title(f"corral: {spec['name']}")
     logs.setup(spec["name"])
     try:
@@ -81,7 +88,16 @@ def main() -> None:
     except Exception:
         log.exception("cannot load actor %s", spec["target"])
         sys.exit(78)
-    trio.run(serve_actor, cls, spec)
+    trio.run(serve_actor, cls, spec, lifeline)
+
+
+def _tie_to_host(host_pid: int, host_start: int | None) -> int | None:
+    """Die with the host: by the kernel's parent-death signal when the host is the parent
+    (None), else through a pidfd on it (returned). Exits now if the host is gone."""
+    if os.getppid() == host_pid:
+        die_with_parent(host_pid)
+        return None
+    return host_lifeline(host_pid, host_start)
 
 
 if __name__ == "__main__":

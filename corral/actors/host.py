@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from .. import __version__
 from .._child_env import actor_env, blank_environ_block, non_dumpable
 from .._exceptions import ConfigError, CorralError, HostAlreadyRunning, RestartIntensityExceeded
 from .._lifeline import become_subreaper
+from .._zygote import Zygote
 from ..bus import Broker, DrainRequest, InspectRequest, open_peer
 from ..config import (
     BUILTIN,
@@ -48,7 +50,7 @@ from ..config import (
 )
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
-from ._actor_specs import ActorSpecs, check_actor_options
+from ._actor_specs import ActorSpecs, actor_preload, check_actor_options
 from ._changes import Changes
 from ._child_state import ChildState
 from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
@@ -56,7 +58,7 @@ from ._control import serve_control
 from ._control_plane import ControlPlaneUnavailable, EmbeddedControlPlane, wants_control_plane
 from ._metrics import ChildRow, HostMetrics, Sources, serve_metrics
 from ._notify import Notifier
-from ._process import alive, reap_orphans_on_sigchld, start_time, sweep
+from ._process import alive, reap_orphans_on_sigchld, spawn, start_time, sweep
 from ._specs import ChildSpec, Liveness, SupFlags
 
 log = logging.getLogger("corral.host")
@@ -64,6 +66,9 @@ log = logging.getLogger("corral.host")
 INPROC_ENDPOINT = "inproc://corral-broker"
 #: A starting actor gets at least this long to say hello before liveness applies.
 START_GRACE_S = 10.0
+#: How long the first actors' start waits for the zygote to import their modules (then
+#: those not forked are exec'd); it takes ~0.5 s, the time an exec'd actor spends alike.
+ZYGOTE_WAIT_S = 5.0
 #: How often a drain looks whether the broker has delivered what it holds.
 DELIVERY_POLL_S = 0.02
 
@@ -118,6 +123,8 @@ class Host:
         self.metrics: HostMetrics | None = None
         self.metrics_url: str | None = None
         self.broker: Broker | None = None
+        #: Where the actors are forked from (None: each is exec'd).
+        self.zygote: Zygote | None = None
         self.children: ChildSupervisor | None = None
         self._peer: Any = None
 
@@ -204,6 +211,8 @@ class Host:
         )
         live = settings.liveness
         window = live.interval_s * live.liveness
+        if settings.supervisor.zygote:
+            self.zygote = Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
         children = self.children = ChildSupervisor(
             SupFlags(
                 intensity=settings.supervisor.intensity,
@@ -216,12 +225,16 @@ class Host:
             ),
             run_dir=inst.children_dir,
             on_event=self._on_child_event,
+            spawn=spawn if self.zygote is None else self.zygote.spawn,
         )
         broker.on_hello = lambda name, _pid: children.mark_ready(name)
         broker.exit_reason = self._exit_reason
         broker.on_parked = self.changes.bump
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.run)
+            if self.zygote is not None:
+                # Started first, stopped last: the nursery's cancel, after every actor's stop.
+                await nursery.start(self.zygote.run)
             await nursery.start(children.run)
             await nursery.start(reap_orphans_on_sigchld, self._own_pids)
             nursery.start_soon(self.notifier.watchdog)
@@ -283,6 +296,10 @@ class Host:
             self._stop.set()
             return
         plan = actor_plan(self.config)
+        if self.zygote is not None:
+            # One import shared by every actor instead of one each; an actor spawned before
+            # the zygote is ready (or without one) is exec'd.
+            await self.zygote.ready(ZYGOTE_WAIT_S)
         # Every actor starts at once, so their imports overlap; the broker holds stream
         # messages to one that has not said hello yet (its Spawning event), so no actor depends on
         # the order.
@@ -486,8 +503,10 @@ class Host:
             await self.children.start_child(self._actor_spec(name, target, actor))
 
     def _own_pids(self) -> list[int]:
+        # Only the processes this one waits for by pid: a forked actor is the zygote's child,
+        # and the host's to reap only once its zygote has died (then it is reparented here).
         children = self.children.children.values() if self.children is not None else ()
-        return [c.proc.pid for c in children if c.proc is not None]
+        return [c.proc.pid for c in children if isinstance(c.proc, subprocess.Popen)]
 
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -545,6 +564,7 @@ class Host:
                 # What ``wait`` waits past: bumped on each change of the host's own rows.
                 "changes": self.changes.version,
                 "metrics": self.metrics_url,
+                "zygote": None if self.zygote is None else self.zygote.statistics(),
             },
             "actors": [c.statistics() for c in self.children.children.values() if c.spec.bus_peer],
             "server": self._server_status(),

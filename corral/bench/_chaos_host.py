@@ -97,7 +97,7 @@ def config_text(
     *,
     runner: tuple[str, str] | None = None,
     port: int | None = None,
-    zygote: bool = False,
+    zygote: bool = True,
 ) -> str:
     """``corral.toml`` of a chaos host (and of its control plane: the ``[server]`` part).
 
@@ -106,7 +106,7 @@ def config_text(
     once, with no drain (what the run left hanging is the checks' to find, not to wait
     for); the policy asks
     for every shell call, so each turn parks two approvals: the policy's and the script's.
-    ``zygote``: the harness actor forks its workers from a zygote (off by default).
+    ``zygote``: the harness actor forks its workers from a zygote (as by default).
     """
     text = (
         f"[server]\nagents_dirs = [{json.dumps(str(root / 'agents'))}]\n"
@@ -349,7 +349,7 @@ def _root() -> Iterator[Path]:
 
 @contextlib.asynccontextmanager
 async def chaos_host(
-    turns: list[list[JsonObject]], *, tunnel: bool, zygote: bool = False
+    turns: list[list[JsonObject]], *, tunnel: bool, zygote: bool = True
 ) -> AsyncIterator[ChaosHost]:
     """A chaos host for ``turns`` (the agent's script), up and connected; ``zygote``: its
     harness workers are forked from a zygote.

@@ -79,9 +79,9 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True):
     delay_ms: int = 40
     #: A turn that has not ended after this long counts as hung (its session stops there).
     turn_timeout_s: float = 120.0
-    #: The harness actor forks its workers from a zygote (``kind = "any"`` then kills the
-    #: zygote too).
-    zygote: bool = False
+    #: The harness actor forks its workers from a zygote, as by default (``kind = "any"``
+    #: then kills the zygote too); False: it execs each.
+    zygote: bool = True
 
     def kinds(self) -> list[str]:
         if self.mode == "tunnel":

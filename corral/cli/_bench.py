@@ -72,10 +72,12 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
     ),
 )
 @click.option(
-    "--zygote",
-    is_flag=True,
+    "--zygote/--no-zygote",
     default=None,
-    help="chaos: fork the harness workers from a zygote (off by default), and kill it too.",
+    help=(
+        "chaos: fork the harness workers from a zygote, as the host does by default, and "
+        "kill it too (--no-zygote: exec each worker)."
+    ),
 )
 @click.option("--seed", type=int, help="chaos: the killer's random seed.")
 @click.option(

@@ -44,14 +44,15 @@ def test_kind_none_is_the_control_run_that_kills_nothing(monkeypatch: pytest.Mon
     out = CliRunner().invoke(bench_command, ["chaos", "--kind", "none", "--json"])
     assert out.exit_code == 0, out.output
     assert seen[0].kind == "none" and seen[0].kinds() == []
-    assert chaos.ChaosOptions().kinds()[-2:] == ["worker", "control-plane"]
+    assert chaos.ChaosOptions().kinds()[-3:] == ["worker", "control-plane", "zygote"]
 
 
 def test_zygote_flag_forks_the_workers_and_adds_the_zygote_to_the_kill_targets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``--zygote`` (#20): the host forks its harness workers from a zygote and the killer
-    kills it too; off by default, as in the host; ``--kind zygote`` kills it alone."""
+    kills it too; on by default, as in the host; ``--no-zygote`` execs every worker (and
+    kills no zygote); ``--kind zygote`` kills it alone."""
     seen: list[chaos.ChaosOptions] = []
 
     def run(params: dict[str, Any]) -> dict[str, Any]:
@@ -59,12 +60,13 @@ def test_zygote_flag_forks_the_workers_and_adds_the_zygote_to_the_kill_targets(
         return {"ok": True, "baseline": {}, "results": []}
 
     monkeypatch.setattr(chaos, "run", run)
-    for argv in (["--zygote"], [], ["--kind", "zygote"]):
+    for argv in (["--zygote"], ["--no-zygote"], ["--kind", "zygote"], []):
         out = CliRunner().invoke(bench_command, ["chaos", *argv, "--json"])
         assert out.exit_code == 0, out.output
-    on, off, alone = seen
+    on, off, alone, default = seen
     assert on.zygote and on.kinds()[-1] == "zygote"
     assert not off.zygote and "zygote" not in off.kinds()
     assert alone.zygote and alone.kinds() == ["zygote"]
-    assert "zygote = true\n" in config_text(Path("/r"), zygote=True)
-    assert "zygote = false\n" in config_text(Path("/r"))
+    assert default == on
+    assert "zygote = true\n" in config_text(Path("/r"))
+    assert "zygote = false\n" in config_text(Path("/r"), zygote=False)

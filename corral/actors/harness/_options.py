@@ -16,10 +16,9 @@ class HarnessOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     idle_timeout_s: float = 300.0
     #: Fork workers from a zygote, a process that has imported the worker runtime
     #: (:mod:`corral._zygote`); False: exec each. Without a zygote (not started yet, dead,
-    #: given up on) a worker is exec'd anyway. Off by default until it keeps the whole
-    #: system's invariants under kills: the #15 target chaos run hung 29 turns of 792 with
-    #: it, none of 1,000 without (docs/supervision.md).
-    zygote: bool = False
+    #: given up on) a worker is exec'd anyway. A forked worker adds ~7 MB PSS and answers its
+    #: first turn in ~35 ms, an exec'd one ~18 MB and ~250 ms (docs/benchmarks.md, memory).
+    zygote: bool = True
     #: How long a new worker gets to answer its first turn.
     start_timeout_s: float = 15.0
     #: A worker silent this long is dead (default: the bus's liveness window).
