@@ -239,12 +239,13 @@ class ChaosHost:
 
     def targets(self, kind: str) -> list[int]:
         """Live pids of one kind: an actor's name, :data:`WORKER`, :data:`CONTROL_PLANE` or
-        :data:`ZYGOTE`."""
+        :data:`ZYGOTE` (the harness actor's, which forks the workers, or the host's, which
+        forks the actors)."""
+        status = self.status()
         if kind == ZYGOTE:
             state = request(self.inst.control_path, "inspect", timeout=10, actor="harness")
-            pid = (state["state"].get("zygote") or {}).get("pid")
-            return [pid] if pid else []
-        status = self.status()
+            zygotes = [state["state"].get("zygote"), status["host"].get("zygote")]
+            return [z["pid"] for z in zygotes if z and z.get("pid")]
         if kind == WORKER:
             return [w["pid"] for w in status["workers"] if w.get("pid")]
         if kind == CONTROL_PLANE:

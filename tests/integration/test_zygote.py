@@ -1,7 +1,9 @@
-"""The zygote (issue #20): workers forked from a pre-imported template process, real processes.
+"""The zygote (issue #20): workers and actors forked from a pre-imported template process,
+real processes.
 
 The first tests drive :class:`corral._zygote.Zygote` directly, with a child module of their
-own (``_zygote_child``); the others a host's harness actor, whose workers it forks.
+own (``_zygote_child``); the others a host's harness actor, whose workers it forks, and the
+host, whose actors its own zygote forks.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from tests.integration._dispatch import fake_dispatch, scripted
 
 CHILD = "tests.integration._zygote_child"
 HOST_ACTORS = frozenset({"harness"})
-#: The zygote is off by default (corral/actors/harness/_options.py says why).
+#: The default, said anyway: these tests are about it.
 ZYGOTE_ON = "[actors.harness.options]\nzygote = true\n"
 
 
@@ -458,4 +460,50 @@ async def test_without_a_zygote_workers_are_execd_by_the_harness_actor(host_fact
     state = _state(host)
     assert state["zygote"] is None
     assert _ppid(_worker_pid(host, "s-exec")) == host.actor("harness")["pid"]
+    host.stop()
+
+
+def _host_zygote(host: HostProcess) -> dict[str, Any]:
+    return host.status()["host"]["zygote"]
+
+
+@pytest.mark.chaos
+async def test_the_hosts_actors_are_forked_from_its_zygote_outlive_it_and_die_with_the_host(
+    host: HostProcess,
+) -> None:
+    """By default the host forks its actors from a zygote of its own. A ``kill -9`` of that
+    zygote leaves its actors running (they are tied to the host by a pidfd, not to their
+    parent); an actor killed afterwards is started again and serves turns; a ``kill -9`` of
+    the host ends them all, forked or not."""
+    zygote = _host_zygote(host)
+    harness = host.actor("harness")["pid"]
+    assert _ppid(harness) == zygote["pid"] and zygote["forked"] >= 1
+    assert host.actor("harness")["pid"] == harness
+    os.kill(zygote["pid"], signal.SIGKILL)
+    await trio.to_thread.run_sync(
+        lambda: wait_until(
+            lambda: (_host_zygote(host)["pid"] or zygote["pid"]) != zygote["pid"],
+            30,
+            "the host's next zygote",
+        )
+    )
+    assert host.actor("harness")["pid"] == harness, "the actor outlives its zygote"
+    before = host.actor("harness")
+    os.kill(harness, signal.SIGKILL)
+    again = await trio.to_thread.run_sync(host.restarted, "harness", before)
+    assert _ppid(again["pid"]) in (_host_zygote(host)["pid"], host.proc.pid)
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-after", scripted({"text": "fine"}))
+        assert (await d.terminal(turn, timeout=30)).__struct_config__.tag == "response.completed"
+    actor = host.actor("harness")["pid"]
+    host.kill9()
+    await trio.to_thread.run_sync(
+        lambda: wait_until(lambda: process_gone(actor, None), 10, "the actor gone with its host")
+    )
+
+
+def test_without_the_hosts_zygote_actors_are_execd_by_the_host(host_factory) -> None:
+    host = host_factory(FAST_LIVENESS + "[supervisor]\nzygote = false\n").start()
+    assert host.status()["host"]["zygote"] is None
+    assert _ppid(host.actor("harness")["pid"]) == host.proc.pid
     host.stop()

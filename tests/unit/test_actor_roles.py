@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import msgspec
@@ -10,6 +11,8 @@ import pytest
 
 from corral import config as config_module
 from corral._child_env import HIDDEN_ENV
+from corral._lifeline import start_time
+from corral.actors._actor_specs import ENTRY, actor_preload
 from corral.actors.host import Host
 from corral.config import BUILTIN, actor_plan, parse_config
 
@@ -88,3 +91,23 @@ def test_only_the_role_that_expands_vars_is_handed_the_hosts_variables(
     roles["harness"] = msgspec.structs.replace(BUILTIN["harness"], expands_vars=False)
     monkeypatch.setattr(config_module, "BUILTIN", roles)
     assert holders() == {"journal"}
+
+
+def test_the_hosts_zygote_preloads_the_entry_and_the_module_of_each_actor_it_runs() -> None:
+    """#20: a forked actor imports nothing of its own; an actor not run is not preloaded."""
+    config = parse_config(
+        {"actors": {"tools": {"enabled": False}, "mine": {"target": "pkg.mod:Mine"}}}
+    )
+    preload = actor_preload(config)
+    assert preload[0] == ENTRY
+    assert set(preload[1:]) == {t.partition(":")[0] for _, t, _ in actor_plan(config)}
+    assert "pkg.mod" in preload and "corral.actors.tools" not in preload
+
+
+def test_an_actor_spec_names_the_hosts_pid_and_start_time(tmp_path: Path) -> None:
+    """A forked actor's parent is the zygote: it finds the host by pid and start time."""
+    spec = _specs(Host(parse_config({}), tmp_path))["journal"]
+    child = json.loads(spec.env["CORRAL_CHILD"])
+    assert spec.argv[1:] == ["-m", ENTRY]
+    assert child["parent_pid"] == os.getpid()
+    assert child["parent_start"] == start_time(os.getpid()) is not None
