@@ -105,6 +105,10 @@ class ActorContext:
     name: str
     state_dir: Path
     options: dict[str, Any]
+    #: The host's pid and start time. Not this process's parent when the host's zygote
+    #: forked it (None: the parent, for an actor started by hand).
+    host_pid: int | None = None
+    host_start: int | None = None
 
     @property
     def data_dir(self) -> Path:

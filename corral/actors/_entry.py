@@ -51,7 +51,11 @@ async def serve_actor(cls: type[Actor], spec: dict[str, Any], lifeline: int | No
     bus = msgspec.convert(spec["bus"], BusSettings)
     liveness = msgspec.convert(spec["liveness"], LivenessSettings)
     ctx = ActorContext(
-        name=spec["name"], state_dir=Path(spec["state_dir"]), options=spec.get("options", {})
+        name=spec["name"],
+        state_dir=Path(spec["state_dir"]),
+        options=spec.get("options", {}),
+        host_pid=int(spec["parent_pid"]),
+        host_start=spec.get("parent_start"),
     )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_peer(

@@ -472,13 +472,19 @@ async def test_the_hosts_actors_are_forked_from_its_zygote_outlive_it_and_die_wi
     host: HostProcess,
 ) -> None:
     """By default the host forks its actors from a zygote of its own. A ``kill -9`` of that
-    zygote leaves its actors running (they are tied to the host by a pidfd, not to their
-    parent); an actor killed afterwards is started again and serves turns; a ``kill -9`` of
-    the host ends them all, forked or not."""
+    zygote leaves its actors running, and the workers of the harness actor it forked (all are
+    tied to the host by a pidfd, not to their parent, and a worker's pid file names the host:
+    the zygote is no host); an actor killed afterwards is started again and serves turns; a
+    ``kill -9`` of the host ends them all, forked or not."""
     zygote = _host_zygote(host)
     harness = host.actor("harness")["pid"]
     assert _ppid(harness) == zygote["pid"] and zygote["forked"] >= 1
-    assert host.actor("harness")["pid"] == harness
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-before", scripted({"text": "one"}))
+        assert (await d.terminal(turn)).__struct_config__.tag == "response.completed"
+    worker = _worker_pid(host, "s-before")
+    (pidfile,) = [f for f in host.state_dir.rglob("*.pid") if f'"pid": {worker},' in f.read_text()]
+    assert json.loads(pidfile.read_text())["host_pid"] == host.proc.pid
     os.kill(zygote["pid"], signal.SIGKILL)
     await trio.to_thread.run_sync(
         lambda: wait_until(
@@ -488,6 +494,10 @@ async def test_the_hosts_actors_are_forked_from_its_zygote_outlive_it_and_die_wi
         )
     )
     assert host.actor("harness")["pid"] == harness, "the actor outlives its zygote"
+    async with fake_dispatch(host.endpoint) as d:
+        turn = await d.start_turn("s-before", scripted({"text": "two"}))
+        assert (await d.terminal(turn)).__struct_config__.tag == "response.completed"
+    assert _worker_pid(host, "s-before") == worker, "its worker too"
     before = host.actor("harness")
     os.kill(harness, signal.SIGKILL)
     again = await trio.to_thread.run_sync(host.restarted, "harness", before)

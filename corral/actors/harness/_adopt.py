@@ -31,6 +31,7 @@ from ..._exceptions import BusError
 from ..._proctitle import WORKER_TITLE_PREFIX
 from ..._zygote import FORKED_TITLE_PREFIX
 from ...harnesses.protocol import Holdings, Inventory, worker_address
+from .._actor import ActorContext
 from .._children import ChildSupervisor
 from .._process import kill_group, start_time, sweep_except
 from .._specs import ChildSpec
@@ -46,10 +47,13 @@ WORKER_MODULE = "corral.harnesses._worker"
 _WORKER_TITLES = (WORKER_TITLE_PREFIX.encode(), f"{FORKED_TITLE_PREFIX}{WORKER_MODULE}".encode())
 
 
-def host_record() -> dict[str, Any]:
-    """Which host this actor's workers belong to (for their pid files): its parent."""
-    host = os.getppid()
-    return {"host_pid": host, "host_start": start_time(host)}
+def host_record(ctx: ActorContext) -> dict[str, Any]:
+    """Which host this actor's workers belong to (for their pid files and lifelines): the
+    one its context names — its parent is the host's zygote when that forked it."""
+    if ctx.host_pid is None:
+        host = os.getppid()
+        return {"host_pid": host, "host_start": start_time(host)}
+    return {"host_pid": ctx.host_pid, "host_start": ctx.host_start}
 
 
 def worker_record(session_id: str, harness: str) -> dict[str, Any]:
@@ -70,10 +74,11 @@ def worker_spec(session_id: str, harness: str, env: dict[str, str]) -> ChildSpec
     )
 
 
-def adopt_workers(children: ChildSupervisor, run_dir: Path) -> dict[str, WorkerState]:
-    """Adopt the live workers of this host in ``run_dir`` and kill every other process
-    there; the adopted ones by session."""
-    host = host_record()
+def adopt_workers(
+    children: ChildSupervisor, run_dir: Path, host: dict[str, Any]
+) -> dict[str, WorkerState]:
+    """Adopt the live workers of ``host`` (:func:`host_record`) in ``run_dir`` and kill
+    every other process there; the adopted ones by session."""
 
     def ours(info: dict[str, Any]) -> bool:
         mine = all(info.get(key) == value for key, value in host.items())

@@ -85,7 +85,7 @@ class HarnessBase(Actor):
                 liveness=Liveness(window_s=self.liveness_s, check_s=0.25),
             ),
             run_dir=self.run_dir,
-            record=host_record(),
+            record=host_record(ctx),
             spawn=spawn if self.zygote is None else self.zygote.spawn,
         )
         self.workers: dict[str, WorkerState] = {}
