@@ -29,9 +29,11 @@ def test_claude_sdk_is_measured_against_claude_code_by_hand(cli_bin: Path) -> No
     assert doc["baseline"]["unit"] == "ms" and doc["baseline"]["value"] > 0
     assert "claude by hand" in doc["baseline"]["name"]
     rows = {r["name"]: r for r in doc["results"]}
-    # A new session starts a worker and Claude Code in it: it cannot beat the CLI alone...
-    assert rows["new session to first delta p50"]["ratio_to_baseline"] > 1
-    # ...and the next turn, on the CLI kept running, skips the start.
+    # A new session starts a worker and Claude Code in it: about what the CLI alone costs
+    # (a forked worker adds milliseconds, less than the CLI's own start varies by), never a
+    # figure that skipped the CLI's start...
+    assert rows["new session to first delta p50"]["ratio_to_baseline"] > 0.7
+    # ...which the next turn, on the CLI kept running, does.
     assert rows["next turn to first delta p50"]["value"] < doc["baseline"]["value"]
     session = rows["session PSS, worker + CLI (median)"]
     assert session["value"] > rows["worker PSS alone (median)"]["value"] > 0
@@ -69,8 +71,9 @@ def test_codex_is_measured_against_its_app_server_by_hand(cli_bin: Path) -> None
     assert "codex by hand" in doc["baseline"]["name"] and doc["baseline"]["value"] > 0
     rows = {r["name"]: r for r in doc["results"]}
     # By hand, the app-server is told to open a thread and start a turn in it, as the kind
-    # does; the next turn, on the CLI kept running, skips the start.
-    assert rows["new session to first delta p50"]["ratio_to_baseline"] > 1
+    # does (a forked worker adds milliseconds: 0.96x to 1.9x the CLI alone, as its start
+    # varies); the next turn, on the CLI kept running, skips the start.
+    assert rows["new session to first delta p50"]["ratio_to_baseline"] > 0.7
     assert rows["next turn to first delta p50"]["value"] < doc["baseline"]["value"]
     assert rows["session PSS, worker + CLI (median)"]["ratio_to_baseline"] > 1
     assert doc["params"]["kind"] == "codex" and "codex-cli" in doc["params"]["cli_version"]
