@@ -69,7 +69,7 @@ from ._omnigent import (
 from ._omnigent_tap import TunnelTap
 from ._progress import step
 from ._tunnel_peer import PeerError, lone_errors
-from .memory import cpu_s, memory_mb, process_tree
+from .memory import cpu_s, memory_mb, process_tree, pss_by_title
 
 AGENT = "bench-relay"
 #: ``--against`` with this name (or with no command) is omnigent's own runner.
@@ -316,6 +316,8 @@ class Round:
     cold: list[float]
     rates: list[float]
     pss_mb: float
+    #: The same by process title: where the tree's memory is.
+    pss_by_process: dict[str, float]
     rss_mb: float
     #: CPU of the runner's tree and of the server per delta of the warm turns, µs.
     cpu_us: float
@@ -344,7 +346,9 @@ async def measure_round(
                 sessions.append(sid)
                 if i == 0:
                     await quiet(root)
-                    pss, rss = memory_mb(process_tree(root))
+                    tree = process_tree(root)
+                    pss, rss = memory_mb(tree)
+                    by_process = pss_by_title(tree)
             rates = []
             # Both share two cores, so the CPU each spends per delta is told too: it
             # depends far less on what else runs than the rates do.
@@ -362,6 +366,7 @@ async def measure_round(
         cold=cold,
         rates=rates,
         pss_mb=pss,
+        pss_by_process=by_process,
         rss_mb=rss,
         cpu_us=cpu_us,
         server_cpu_us=server_cpu_us,
@@ -467,6 +472,7 @@ def document(
                         "cold_ms": [round(c * ms, 1) for c in r.cold],
                         "deltas_per_s": [round(x, 1) for x in r.rates],
                         "pss_mb": round(r.pss_mb, 1),
+                        "pss_mb_by_process": r.pss_by_process,
                         "rss_mb": round(r.rss_mb, 1),
                         "cpu_us_per_delta": round(r.cpu_us, 1),
                         "server_cpu_us_per_delta": round(r.server_cpu_us, 1),

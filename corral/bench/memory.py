@@ -127,6 +127,20 @@ def memory_mb(pids: list[int]) -> tuple[float, float]:
     return pss_kb / 1024, rss_kb / 1024
 
 
+def pss_by_title(pids: list[int]) -> dict[str, float]:
+    """The PSS of ``pids`` in MB by process title (``corral: dispatch``; the command line
+    of a process that sets none), processes of one title summed: where a tree's memory is."""
+    by_title: dict[str, float] = {}
+    for pid in pids:
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        pss, _ = memory_mb([pid])
+        by_title[title] = round(by_title.get(title, 0.0) + pss, 1)
+    return by_title
+
+
 def floor_mb() -> tuple[float, float]:
     """(PSS, RSS) in MB of a bare interpreter that imported trio, zmq and msgspec."""
     proc = subprocess.Popen(

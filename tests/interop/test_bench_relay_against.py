@@ -41,6 +41,13 @@ def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> Non
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in ratios.values())
     rounds = doc["figures"]["rounds"]
     assert set(rounds) == {"corral", against} and all(len(r) == 1 for r in rounds.values())
+    # Where each tree's memory is, by process title: corral's host, actors and the session's
+    # worker, summing to the tree's PSS.
+    (corral_round,) = rounds["corral"]
+    by_process = corral_round["pss_mb_by_process"]
+    assert {"corral: dispatch", "corral: gateway", "corral: zygote"} <= set(by_process)
+    assert any(title.startswith("corral: worker ") for title in by_process)
+    assert sum(by_process.values()) == pytest.approx(corral_round["pss_mb"], abs=1)
     assert doc["params"]["against"] == against and doc["params"]["deltas_per_turn"] == 300
 
 
