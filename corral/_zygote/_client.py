@@ -129,7 +129,9 @@ class Zygote:
     forks from it (:meth:`spawn`).
 
     Args:
-        preload: the modules the zygote imports; it forks children that run one of them
+        preload: what the zygote imports, each ``MODULE`` or ``MODULE:NAME`` (then ``NAME``
+            is looked up too, :func:`._template.preload`); it forks children that run one
+            of the modules
             (``argv`` ``[python, "-m", MODULE]``).
         env: the zygote's environment (never a secret: every child's environ block is a
             copy of its memory until overwritten).

@@ -1,10 +1,10 @@
 """The zygote process: a template that has imported a runtime and forks children from it.
 
-``python -m corral._zygote MODULE...`` imports each ``MODULE`` (the harness worker's runtime:
-trio, pyzmq, msgspec, corral's bus), says :class:`Ready` and then forks a child per
-:class:`Fork` request. A forked child shares every page the zygote had (the interpreter, the
-imported modules) until it writes to it, so a worker costs what it does, not a whole
-interpreter, and starts without importing anything.
+``python -m corral._zygote ITEM...`` imports each ``MODULE`` or ``MODULE:NAME`` item (the
+harness worker's runtime: trio, pyzmq, msgspec, corral's bus; the actors' entry and classes),
+says :class:`Ready` and then forks a child per :class:`Fork` request. A forked child shares
+every page the zygote had (the interpreter, the imported modules) until it writes to it, so a
+worker costs what it does, not a whole interpreter, and starts without importing anything.
 
 **What a fork must not inherit.** A forked process gets one thread and a copy of every lock,
 context and buffer of its parent: a zmq context (its I/O threads do not exist in the copy,
@@ -218,8 +218,19 @@ def _exit_code(code: object) -> int:
     return 1
 
 
+def preload(item: str) -> None:
+    """Import ``MODULE``, or ``MODULE:NAME`` and look ``NAME`` up in it: a package whose
+    exports are imported on first use (:mod:`corral._lazy`, the dispatch and gateway actors)
+    loads the module that defines ``NAME`` only then, and a child should not have to."""
+    module, _, name = item.partition(":")
+    imported = importlib.import_module(module)
+    if name:
+        getattr(imported, name)
+
+
 def main() -> None:
-    """Entry point of the zygote: ``python -m corral._zygote MODULE...``."""
+    """Entry point of the zygote: ``python -m corral._zygote ITEM...`` (each ``MODULE`` or
+    ``MODULE:NAME``, :func:`preload`)."""
     setup = json.loads(os.environ.pop(SETUP_ENV))
     os.environ.pop(RESERVE_ENV, None)
     die_with_parent(int(setup["owner"]))
@@ -227,11 +238,11 @@ def main() -> None:
     reports = socket.socket(fileno=int(setup["reports"]))
     set_title("corral: zygote")
     logs.setup("zygote")
-    for module in sys.argv[1:]:
+    for item in sys.argv[1:]:
         try:
-            importlib.import_module(module)
+            preload(item)
         except Exception:  # its children import it themselves, and fail as an exec would
-            log.exception("the zygote could not preload %s", module)
+            log.exception("the zygote could not preload %s", item)
     # What the zygote holds stays out of its children's collections: a collection writes to
     # every object it visits, and the pages it writes to are copied, no longer shared.
     gc.freeze()

@@ -45,9 +45,10 @@ ENTRY = "corral.actors._entry"
 
 
 def actor_preload(config: Config) -> tuple[str, ...]:
-    """What the host's zygote imports: the actors' entry, then the module of each actor the
-    host runs (a forked actor then imports nothing of its own)."""
-    return (ENTRY, *sorted({target.partition(":")[0] for _, target, _ in actor_plan(config)}))
+    """What the host's zygote imports: the actors' entry, then the class of each actor the
+    host runs, ``module:Class`` (a forked actor then imports nothing of its own: the dispatch
+    and gateway packages load their classes' modules only when the class is looked up)."""
+    return (ENTRY, *sorted({target for _, target, _ in actor_plan(config)}))
 
 
 @dataclass(frozen=True, slots=True)

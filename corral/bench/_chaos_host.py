@@ -4,8 +4,8 @@ Two shapes, one per chaos mode:
 
 * **kill** — the host runs its embedded control plane, as ``corral up`` does by default; the
   killer's targets are the actors, the harness workers and the control plane, all restarted
-  by the host (workers on their session's next turn), and the harness actor's zygote when
-  its workers are forked from one (restarted by the harness actor).
+  by the host (workers on their session's next turn), and the zygotes when the actors and
+  workers are forked from them (the host's restarted by the host, the harness actor's by it).
 * **tunnel** — the control plane runs as a process of this driver (``python -m corral.server``
   on its own state dir) and the host reaches it through :class:`DropProxy`, a TCP relay here,
   as a ``[[runners]]`` server: dropping the proxy's connections cuts the tunnel (and the
@@ -44,7 +44,8 @@ AGENT = "chaos"
 WORKER = "worker"
 CONTROL_PLANE = "control-plane"
 TUNNEL = "tunnel"
-#: The harness actor's zygote (``--zygote``): what forks its workers.
+#: A zygote (``--zygote``): the host's, which forks its actors, or the harness actor's,
+#: which forks its workers.
 ZYGOTE = "zygote"
 #: ``--kind none``: kill nothing (the control run of a workload).
 NOTHING = "none"
@@ -106,13 +107,15 @@ def config_text(
     once, with no drain (what the run left hanging is the checks' to find, not to wait
     for); the policy asks
     for every shell call, so each turn parks two approvals: the policy's and the script's.
-    ``zygote``: the harness actor forks its workers from a zygote (as by default).
+    ``zygote``: the host forks its actors, and the harness actor its workers, from a zygote
+    each (as by default); False: every process is exec'd.
     """
     text = (
         f"[server]\nagents_dirs = [{json.dumps(str(root / 'agents'))}]\n"
         + (f"port = {port}\n" if port else "")
         + '[[server.policies]]\ntool = "sys_os_shell"\naction = "ask"\nmessage = "chaos: run it?"\n'
         "[supervisor]\nintensity = 1000\nperiod_s = 10.0\ndrain_timeout_s = 0\n"
+        f"zygote = {json.dumps(zygote)}\n"
         "[actors.harness.options]\nworker_intensity = 1000\n"
         f"zygote = {json.dumps(zygote)}\n"
         f"[actors.tools.options]\nos_env_root = {json.dumps(str(root / 'envs'))}\n"
@@ -353,7 +356,7 @@ async def chaos_host(
     turns: list[list[JsonObject]], *, tunnel: bool, zygote: bool = True
 ) -> AsyncIterator[ChaosHost]:
     """A chaos host for ``turns`` (the agent's script), up and connected; ``zygote``: its
-    harness workers are forked from a zygote.
+    actors and its harness workers are forked from zygotes.
 
     Its log (and the control plane's) is ``<root>/host.log``; set ``CORRAL_CHAOS_KEEP=1`` to
     keep the root directory after the run.

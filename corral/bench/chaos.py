@@ -5,8 +5,8 @@ user would: post a message, follow the session's stream, accept every approval (
 parks two: the policy's ask for its shell call and the script's own elicitation), wait for
 the turn's end, post the next. Meanwhile a killer, every ``interval`` seconds (1-2 s by
 default, drawn from ``seed``), picks a kind of process and ``kill -9`` s one of its live pids
-— an actor, a harness worker, the control plane, the harness actor's zygote when the workers
-are forked from one (``zygote``) — or, in the ``tunnel`` mode, cuts every
+— an actor, a harness worker, the control plane, a zygote when the actors and workers are
+forked from them (``zygote``, the default) — or, in the ``tunnel`` mode, cuts every
 connection of the tunnel's proxy (:mod:`corral.bench._chaos_host`). ``kind`` narrows the
 killer to one kind: the targeted modes (``dispatch``, ``gateway``) at short turns reproduce
 what random kills hit only now and then.
@@ -79,8 +79,8 @@ class ChaosOptions(msgspec.Struct, frozen=True, kw_only=True):
     delay_ms: int = 40
     #: A turn that has not ended after this long counts as hung (its session stops there).
     turn_timeout_s: float = 120.0
-    #: The harness actor forks its workers from a zygote, as by default (``kind = "any"``
-    #: then kills the zygote too); False: it execs each.
+    #: The host forks its actors and the harness actor its workers from a zygote each, as by
+    #: default (``kind = "any"`` then kills the zygotes too); False: every process is exec'd.
     zygote: bool = True
 
     def kinds(self) -> list[str]:

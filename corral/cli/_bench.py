@@ -75,8 +75,8 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
     "--zygote/--no-zygote",
     default=None,
     help=(
-        "chaos: fork the harness workers from a zygote, as the host does by default, and "
-        "kill it too (--no-zygote: exec each worker)."
+        "chaos: fork the actors and the harness workers from zygotes, as the host does by "
+        "default, and kill those too (--no-zygote: exec every process)."
     ),
 )
 @click.option("--seed", type=int, help="chaos: the killer's random seed.")

@@ -2,8 +2,8 @@
 while processes are killed, then every invariant checked (corral/bench/chaos.py).
 
 Each mode is one small run: random ``kill -9`` of every process kind (each actor, harness
-workers, the zygote they are forked from, the control plane) every 1-2 s, and again with
-every worker exec'd; dispatch only (at the default turn, which streams while it dies) and
+workers, the zygotes they are forked from, the control plane) every 1-2 s, and again with
+every process exec'd; dispatch only (at the default turn, which streams while it dies) and
 the gateway only (at short turns); and the tunnel cut under live turns.
 A run passes when every turn had exactly one terminal edge, every delta of every completed
 turn arrived once and in order, nothing ran twice, no elicitation was left parked and no
@@ -56,8 +56,8 @@ async def test_random_kills_of_every_process_kind_keep_every_invariant() -> None
     assert figures.zygote
 
 
-async def test_random_kills_with_every_worker_execd_keep_every_invariant() -> None:
-    """The same with every harness worker exec'd (``zygote = false``)."""
+async def test_random_kills_with_every_process_execd_keep_every_invariant() -> None:
+    """The same with every actor and harness worker exec'd (both ``zygote = false``)."""
     figures = await run(kind="any", seed=1, zygote=False)
     assert figures.ok, verdict(figures)
     assert not figures.zygote and "zygote" not in figures.kills

@@ -517,3 +517,21 @@ def test_without_the_hosts_zygote_actors_are_execd_by_the_host(host_factory) -> 
     assert host.status()["host"]["zygote"] is None
     assert _ppid(host.actor("harness")["pid"]) == host.proc.pid
     host.stop()
+
+
+@pytest.mark.parametrize(
+    ("item", "loaded"),
+    [("corral.actors.dispatch", False), ("corral.actors.dispatch:DispatchActor", True)],
+)
+def test_a_preload_of_module_colon_name_loads_what_a_lazy_package_defers(
+    item: str, loaded: bool
+) -> None:
+    """The dispatch package imports its actor's module only when ``DispatchActor`` is looked
+    up (corral/_lazy.py): the host's zygote preloads ``module:Class``, so that a forked actor
+    does not import (and pay for, page by page) its own module after the fork."""
+    script = (
+        "import sys; from corral._zygote._template import preload; "
+        f"preload({item!r}); print('corral.actors.dispatch._actor' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(loaded)

@@ -100,8 +100,8 @@ def test_the_hosts_zygote_preloads_the_entry_and_the_module_of_each_actor_it_run
     )
     preload = actor_preload(config)
     assert preload[0] == ENTRY
-    assert set(preload[1:]) == {t.partition(":")[0] for _, t, _ in actor_plan(config)}
-    assert "pkg.mod" in preload and "corral.actors.tools" not in preload
+    assert set(preload[1:]) == {target for _, target, _ in actor_plan(config)}
+    assert "pkg.mod:Mine" in preload and "corral.actors.tools:ToolsActor" not in preload
 
 
 def test_an_actor_spec_names_the_hosts_pid_and_start_time(tmp_path: Path) -> None:

@@ -115,8 +115,7 @@ class HarnessBase(Actor):
 def _preload() -> tuple[str, ...]:
     """What the zygote imports: the worker runtime, then the built-in harness kinds (a
     worker then imports nothing of its own kind either)."""
-    kinds = {target.partition(":")[0] for target in harnesses.HARNESSES.values()}
-    return (WORKER_MODULE, *sorted(kinds))
+    return (WORKER_MODULE, *sorted(set(harnesses.HARNESSES.values())))
 
 
 def places_of(base: HarnessBase, msg: TurnStart) -> TurnStart:
