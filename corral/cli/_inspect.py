@@ -86,6 +86,13 @@ def _show_status(data: dict[str, Any]) -> None:
             f"  up {host['uptime_s']:.0f}s  state {host['state_dir']}",
         )
     )
+    zygote = host.get("zygote")
+    if zygote:
+        console.print(
+            f"zygote pid {zygote['pid'] or '-'}  forked {zygote['forked']}"
+            f"  exec'd {zygote['exec']}"
+            + ("  (given up: children are exec'd)" if zygote["gave_up"] else "")
+        )
     table = Table("actor", "state", "pid", "restarts", "uptime", "last exit")
     for a in data["actors"]:
         last = a["last_exit"]

@@ -45,6 +45,10 @@ def test_status_json(host: HostProcess) -> None:
     assert echo["restarts"] == 0
     assert echo["last_exit"] is None
     assert isinstance(echo["pid"], int) and echo["uptime_s"] >= 0
+    # The actors are forked from the host's zygote (#20); one it cannot fork is exec'd.
+    zygote = data["host"]["zygote"]
+    assert isinstance(zygote["pid"], int) and not zygote["gave_up"]
+    assert zygote["forked"] >= 1 and zygote["forked"] + zygote["exec"] >= len(names)
 
 
 def test_a_default_host_runs_no_echo_actor(host_factory) -> None:
@@ -62,6 +66,7 @@ def test_status_table_for_humans(host: HostProcess) -> None:
     out = corral("status", env={"CORRAL_STATE_DIR": str(host.state_dir)})
     assert out.returncode == 0, out.stderr
     assert "echo" in out.stdout and "running" in out.stdout
+    assert "zygote pid " in out.stdout and "forked " in out.stdout
 
 
 @pytest.mark.fresh_host  # it leaves durable work queued on the echo actor
