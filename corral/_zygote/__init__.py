@@ -7,6 +7,7 @@ and why forking from it is safe; :mod:`._client` is its owner's side, a spawn th
 when it can and execs when it cannot.
 """
 
+from ._client import HTTP_CLIENT_MODULES as HTTP_CLIENT_MODULES
 from ._client import Forked as Forked
 from ._client import Zygote as Zygote
 from ._template import FORKED_TITLE_PREFIX as FORKED_TITLE_PREFIX

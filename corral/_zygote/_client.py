@@ -58,6 +58,13 @@ PERIOD_S = 60.0
 #: in which the host counts a silent actor dead (a fork takes about a millisecond).
 ANSWER_TIMEOUT_S = 1.0
 
+#: What a child that makes HTTP requests imports only when it first does, so a zygote's
+#: owner adds them to its preload: httpx imports httpcore (and with it h2, hpack, anyio and
+#: certifi, ~55 modules and ~0.2 s) at its first client's first request, and a host name's
+#: first encoding imports ``encodings.idna``. Imported after a fork, they are the child's
+#: own pages; imported before, they are shared.
+HTTP_CLIENT_MODULES = ("httpcore", "encodings.idna")
+
 #: The exec spawn: ``spawn(argv, env=..., cwd=...)``.
 Spawn = Callable[..., Any]
 

@@ -24,6 +24,7 @@ import msgspec
 
 from .._child_env import NETWORK_VARS, actor_env, hide, spec_variables
 from .._lifeline import start_time
+from .._zygote import HTTP_CLIENT_MODULES
 from ..config import (
     BUILTIN_ACTORS,
     BUILTIN_OPTIONS,
@@ -45,10 +46,12 @@ ENTRY = "corral.actors._entry"
 
 
 def actor_preload(config: Config) -> tuple[str, ...]:
-    """What the host's zygote imports: the actors' entry, then the class of each actor the
-    host runs, ``module:Class`` (a forked actor then imports nothing of its own: the dispatch
-    and gateway packages load their classes' modules only when the class is looked up)."""
-    return (ENTRY, *sorted({target for _, target, _ in actor_plan(config)}))
+    """What the host's zygote imports: the actors' entry, the class of each actor the host
+    runs, ``module:Class`` (the dispatch and gateway packages load their classes' modules only
+    when the class is looked up), and what an HTTP client imports on its first request (the
+    dispatch, policy and tools actors make them): a forked actor then imports nothing."""
+    targets = sorted({target for _, target, _ in actor_plan(config)})
+    return (ENTRY, *targets, *HTTP_CLIENT_MODULES)
 
 
 @dataclass(frozen=True, slots=True)

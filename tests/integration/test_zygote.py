@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from corral._child_env import HIDDEN_ENV, base_env, hide
-from corral._zygote import FORKED_TITLE_PREFIX, Forked, Zygote
+from corral._zygote import FORKED_TITLE_PREFIX, HTTP_CLIENT_MODULES, Forked, Zygote
 from corral._zygote._client import ANSWER_TIMEOUT_S, UNKNOWN_EXIT
 from corral._zygote._messages import MAX_DATAGRAM, Born, Fork, decode_answer, encode
 from corral._zygote._template import RESERVE_ENV, SETUP_ENV
@@ -535,3 +535,41 @@ def test_a_preload_of_module_colon_name_loads_what_a_lazy_package_defers(
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(loaded)
+
+
+_FIRST_REQUEST = """
+import http.server, importlib, sys, threading, trio, httpx
+from corral._zygote._template import preload
+for item in sys.argv[1:]:
+    preload(item)
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+before = set(sys.modules)
+async def main():
+    async with httpx.AsyncClient() as client:
+        await client.get(f"http://localhost:{server.server_address[1]}/")
+trio.run(main)
+print(" ".join(sorted(set(sys.modules) - before)))
+"""
+
+
+@pytest.mark.parametrize("preloaded", [False, True])
+def test_a_zygote_that_preloads_the_http_client_modules_leaves_a_first_request_nothing_to_import(
+    preloaded: bool, tmp_path: Path
+) -> None:
+    """httpx imports httpcore (h2, hpack, anyio, certifi: ~55 modules) at its first request,
+    which the dispatch, policy and tools actors and an ``openai`` worker make after the fork:
+    preloaded (``HTTP_CLIENT_MODULES``, in both zygotes' preloads) they are shared pages."""
+    items = HTTP_CLIENT_MODULES if preloaded else ()
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_REQUEST, *items],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    imported = out.stdout.split()
+    if preloaded:
+        assert imported == []
+    else:
+        assert "httpcore" in imported

@@ -12,6 +12,7 @@ import pytest
 from corral import config as config_module
 from corral._child_env import HIDDEN_ENV
 from corral._lifeline import start_time
+from corral._zygote import HTTP_CLIENT_MODULES
 from corral.actors._actor_specs import ENTRY, actor_preload
 from corral.actors.host import Host
 from corral.config import BUILTIN, actor_plan, parse_config
@@ -100,7 +101,8 @@ def test_the_hosts_zygote_preloads_the_entry_and_the_module_of_each_actor_it_run
     )
     preload = actor_preload(config)
     assert preload[0] == ENTRY
-    assert set(preload[1:]) == {target for _, target, _ in actor_plan(config)}
+    targets = {target for _, target, _ in actor_plan(config)}
+    assert set(preload[1:]) == targets | set(HTTP_CLIENT_MODULES)
     assert "pkg.mod:Mine" in preload and "corral.actors.tools:ToolsActor" not in preload
 
 

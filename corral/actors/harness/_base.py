@@ -23,7 +23,7 @@ import msgspec
 
 from ... import harnesses, logs
 from ..._child_env import base_env
-from ..._zygote import Zygote
+from ..._zygote import HTTP_CLIENT_MODULES, Zygote
 from ...bus import Dedup, Message
 from ...harnesses.protocol import ElicitationParked, Holdings, ResponseFailed, TurnStart
 from ...instance import Instance
@@ -113,9 +113,10 @@ class HarnessBase(Actor):
 
 
 def _preload() -> tuple[str, ...]:
-    """What the zygote imports: the worker runtime, then the built-in harness kinds (a
-    worker then imports nothing of its own kind either)."""
-    return (WORKER_MODULE, *sorted(set(harnesses.HARNESSES.values())))
+    """What the zygote imports: the worker runtime, the built-in harness kinds and what an
+    HTTP client imports on its first request (an ``openai`` worker makes them): a worker
+    then imports nothing of its own kind either."""
+    return (WORKER_MODULE, *sorted(set(harnesses.HARNESSES.values())), *HTTP_CLIENT_MODULES)
 
 
 def places_of(base: HarnessBase, msg: TurnStart) -> TurnStart:
