@@ -50,7 +50,7 @@ class HarnessActor(TurnLife):
             await self.nursery.start(self.zygote.run)
         await self.nursery.start(self.children.run)
         # A killed predecessor's workers live on: adopted, each says what it holds.
-        self.workers.update(adopt_workers(self.children, self.run_dir, self.children.record))
+        self.workers.update(adopt_workers(self.children, self.run_dir))
         self.holdings = await ask_holdings(self.peer, self.children, self.workers, self.liveness_s)
         for session_id in self.workers.keys() - self.holdings.keys():
             self.children.kill(worker_address(session_id), "did not say what it holds")

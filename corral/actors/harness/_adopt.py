@@ -74,11 +74,11 @@ def worker_spec(session_id: str, harness: str, env: dict[str, str]) -> ChildSpec
     )
 
 
-def adopt_workers(
-    children: ChildSupervisor, run_dir: Path, host: dict[str, Any]
-) -> dict[str, WorkerState]:
-    """Adopt the live workers of ``host`` (:func:`host_record`) in ``run_dir`` and kill
-    every other process there; the adopted ones by session."""
+def adopt_workers(children: ChildSupervisor, run_dir: Path) -> dict[str, WorkerState]:
+    """Adopt the live workers of this host in ``run_dir`` and kill every other process
+    there; the adopted ones by session. The host is the one ``children`` records in each
+    pid file (:func:`host_record`)."""
+    host = children.record
 
     def ours(info: dict[str, Any]) -> bool:
         mine = all(info.get(key) == value for key, value in host.items())
