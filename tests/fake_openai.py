@@ -54,6 +54,8 @@ class Request:
     json: Any
     received_at: float
     closed: trio.Event = field(default_factory=trio.Event)
+    #: Which of the server's connections it came on (counted from 1).
+    connection: int = 0
 
 
 def error(status: int, message: str, **headers: str) -> Reply:
@@ -203,6 +205,7 @@ class FakeOpenAI:
         self.replies: deque[Reply] = deque()
         self.requests: list[Request] = []
         self.port = 0
+        self.connections = 0
 
     @property
     def base_url(self) -> str:
@@ -222,11 +225,14 @@ class FakeOpenAI:
     async def _connection(self, stream: trio.SocketStream) -> None:
         mine: list[Request] = []
         buffer = bytearray()
+        self.connections += 1
+        connection = self.connections
         try:
             while True:
                 request = await self._read_request(stream, buffer)
                 if request is None:
                     return
+                request.connection = connection
                 mine.append(request)
                 self.requests.append(request)
                 reply = self.replies.popleft() if self.replies else self.no_reply()

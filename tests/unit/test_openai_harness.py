@@ -12,6 +12,7 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import trio
@@ -460,6 +461,70 @@ async def test_interrupt_closes_the_http_stream(server) -> None:
         await server.requests[0].closed.wait()
 
     assert turn.text_out == "ab"
+
+
+async def test_a_workers_turns_share_one_connection_and_an_interrupted_call_is_not_reused(
+    server,
+) -> None:
+    """One harness per worker: its turns reuse the client's TLS setup and its open connection
+    to the provider; a call cut off mid-stream closes its connection, and the next turn opens
+    another rather than read the cut call's leftovers."""
+    harness = OpenAIHarness({}, environ={})
+    server.queue(
+        Reply(frames=responses_events(SERVED, ["one"])),
+        Reply(frames=responses_events(SERVED, ["two"])),
+        Reply(frames=responses_events(SERVED, ["a", "b", "c"]), hang_after=2),
+        Reply(frames=responses_events(SERVED, ["four"])),
+    )
+    first, second = FakeTurn(spec_for(server)), FakeTurn(spec_for(server))
+    with trio.fail_after(5):
+        await harness.run_turn(first)
+        await harness.run_turn(second)
+    assert (first.text_out, second.text_out) == ("one", "two")
+    assert [r.connection for r in server.requests] == [1, 1]
+
+    cut = FakeTurn(spec_for(server))
+    streamed = trio.Event()
+    cut.on_text = lambda: streamed.set() if cut.text_out == "a" else None
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(harness.run_turn, cut)
+            await streamed.wait()
+            nursery.cancel_scope.cancel()
+        await server.requests[2].closed.wait()
+        last = FakeTurn(spec_for(server))
+        await harness.run_turn(last)
+    assert last.text_out == "four"
+    assert [r.connection for r in server.requests] == [1, 1, 1, 2]
+
+
+def test_the_workers_zygote_builds_the_tls_context_that_every_workers_client_uses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """Loading the CA bundle costs ~17 ms of CPU: the harness actor's zygote does it once
+    (a preload item) for every worker it forks, whose client then builds none; a worker
+    whose environment names other CA files builds its own."""
+    from corral._zygote._template import preload
+    from corral.actors.harness._base import _preload
+    from corral.harnesses.openai import _tls
+
+    item = "corral.harnesses.openai._tls:DEFAULT_CONTEXT"
+    assert item in _preload()
+    real, built = httpx.create_ssl_context, []
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda: built.append(1) or real())
+    monkeypatch.setattr(_tls, "_contexts", {})
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+    preload(item)  # in the zygote
+    assert len(built) == 1
+    OpenAIHarness({}, environ={}).client()
+    OpenAIHarness({}, environ={}).client()
+    assert len(built) == 1
+
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
+    OpenAIHarness({}, environ={}).client()
+    assert len(built) == 2
 
 
 # --- settings ---------------------------------------------------------------------------------

@@ -115,8 +115,10 @@ class HarnessBase(Actor):
 def _preload() -> tuple[str, ...]:
     """What the zygote imports: the worker runtime, the built-in harness kinds and what an
     HTTP client imports on its first request (an ``openai`` worker makes them): a worker
-    then imports nothing of its own kind either."""
-    return (WORKER_MODULE, *sorted(set(harnesses.HARNESSES.values())), *HTTP_CLIENT_MODULES)
+    then imports nothing of its own kind either; and what the kinds build once per process
+    (an ``openai`` worker's TLS context)."""
+    kinds = sorted(set(harnesses.HARNESSES.values()))
+    return (WORKER_MODULE, *kinds, *HTTP_CLIENT_MODULES, *harnesses.PRELOAD)
 
 
 def places_of(base: HarnessBase, msg: TurnStart) -> TurnStart:

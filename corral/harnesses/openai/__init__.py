@@ -21,16 +21,19 @@ hangs and a user never sees the same text twice:
   types and unknown fields are skipped: they are how providers keep connections alive and
   extend the protocol.
 
-Interrupts arrive as trio cancellation; the HTTP client lives in the turn, so cancelling the
-turn closes its connections. The api key only travels in the ``Authorization`` header: it is
-never logged and is scrubbed from provider messages before they become errors.
+Interrupts arrive as trio cancellation, which closes the model call's connection. The worker
+keeps one HTTP client for all its turns (a connection goes back to it only once its call's
+body was read to the end), and its TLS context comes built from the zygote (``_tls``).
+The api key only travels in the ``Authorization`` header: it is never logged and is
+scrubbed from provider messages before they become errors.
 
 Configuration (spec first, then worker options, then environment) is documented in
 ``docs/harnesses.md``.
 
 Modules: ``_settings`` (where settings come from), ``_harness`` (:class:`OpenAIHarness`),
 ``_loop`` (the agent loop and its retries), ``_streams`` (SSE and the two APIs' events),
-``_step`` (what one model call produced), ``_conversations`` (each call's request).
+``_step`` (what one model call produced), ``_conversations`` (each call's request), ``_tls``
+(the process's TLS context).
 """
 
 from ._harness import OpenAIHarness as OpenAIHarness

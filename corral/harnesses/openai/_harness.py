@@ -17,6 +17,7 @@ from ..spawn_env import env_prefix
 from ._conversations import _history
 from ._loop import _AgentLoop
 from ._settings import DEFAULT_BASE_URL, Settings, resolve_settings
+from ._tls import default_context
 
 if TYPE_CHECKING:
     from .._worker import TurnContext
@@ -35,6 +36,16 @@ class OpenAIHarness:
     ) -> None:
         self.options = dict(options or {})
         self.environ = os.environ if environ is None else environ
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        """The worker's one HTTP client, made at its first turn: every later turn reuses its
+        open connections to the provider, as an SDK client kept by a long-lived process does
+        (its TLS setup is the process's, :mod:`._tls`). An interrupted or failed call's
+        connection is closed, never reused."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=None, verify=default_context())
+        return self._client
 
     def settings_for(self, turn: TurnContext) -> Settings:
         start = turn.start
@@ -61,8 +72,7 @@ class OpenAIHarness:
         await turn.check_llm_request(llm_request_data(settings, turn.message, turn.spec))
         limit = settings.turn_timeout_s or math.inf
         with trio.move_on_after(limit) as watchdog:
-            async with httpx.AsyncClient(timeout=None) as client:
-                await _AgentLoop(settings, client, turn).run()
+            await _AgentLoop(settings, self.client(), turn).run()
         if watchdog.cancelled_caught:
             raise TurnFailed("timeout", f"the turn took longer than {limit:g}s (turn_timeout_s)")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import math
 import random
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -134,18 +134,23 @@ class _AgentLoop:
             headers["authorization"] = f"Bearer {s.api_key}"
         reader = (_ResponsesReader if s.api == "responses" else _ChatReader)(self)
         try:
-            with trio.CancelScope() as idle:
-                idle.deadline = s.idle_deadline()
-                async with self.client.stream("POST", url, json=body, headers=headers) as resp:
-                    if resp.status_code != 200:
-                        payload = await _read_capped(resp, 64 * 1024)
-                        raise _http_failure(resp.status_code, resp.headers, payload, s)
-                    if resp.headers.get("content-type", "").startswith("application/json"):
-                        await reader.whole(_json_object(await resp.aread()))
-                    else:
-                        await self._read_events(resp, reader, idle)
+            request = self.client.stream(
+                "POST", url, json=body, headers=headers, timeout=s.timeout()
+            )
+            async with request as resp:
+                if resp.status_code != 200:
+                    payload = await _read_capped(resp, 64 * 1024)
+                    raise _http_failure(resp.status_code, resp.headers, payload, s)
+                if resp.headers.get("content-type", "").startswith("application/json"):
+                    await reader.whole(_json_object(await resp.aread()))
+                else:
+                    await self._read_events(resp, reader)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise TurnFailed("config_error", f"bad base_url {s.base_url!r}: {exc}") from None
+        except httpx.TimeoutException:
+            raise TurnFailed(
+                "timeout", f"no data from {s.provider} for {s.idle_timeout_s:g}s (idle_timeout_s)"
+            ) from None
         except httpx.TransportError as exc:
             what = f"connection to {s.provider} failed: {type(exc).__name__}: {exc}".rstrip(": ")
             if reader.emitted:
@@ -153,10 +158,6 @@ class _AgentLoop:
             raise _Retryable(what) from None
         except httpx.DecodingError as exc:
             raise TurnFailed("provider_protocol_error", f"undecodable body: {exc}") from None
-        if idle.cancelled_caught:
-            raise TurnFailed(
-                "timeout", f"no data from {s.provider} for {s.idle_timeout_s:g}s (idle_timeout_s)"
-            )
         if not reader.complete:
             what = f"the stream from {s.provider} ended before the response was complete"
             if reader.emitted:
@@ -164,17 +165,15 @@ class _AgentLoop:
             raise _Retryable(what)
         return reader.step()
 
-    async def _read_events(
-        self, resp: httpx.Response, reader: _Reader, idle: trio.CancelScope
-    ) -> None:
+    async def _read_events(self, resp: httpx.Response, reader: _Reader) -> None:
         parser = _SSEParser()
-        async for chunk in resp.aiter_bytes():
-            idle.deadline = math.inf  # time spent emitting is not provider idleness
+        chunks = resp.aiter_bytes()
+        async for chunk in chunks:
             for event, data in parser.feed(chunk):
                 await reader.event(event, data)
                 if reader.done:
+                    await _drain(chunks)
                     return
-            idle.deadline = self.settings.idle_deadline()
         for event, data in parser.close():
             await reader.event(event, data)
 
@@ -183,6 +182,24 @@ class _AgentLoop:
         if isinstance(model, str) and model and model != self.served:
             self.served = model
             self.turn.serve(model, self.settings.provider, False)
+
+
+#: What may follow a complete answer before the body ends (a chat stream's ``[DONE]``, the
+#: chunked body's end), and how long it may take to come.
+DRAIN_BYTES = 64 * 1024
+DRAIN_S = 1.0
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read a complete answer's body to its end, so that its connection goes back to the
+    client's pool for the next call; a provider that sends more, or holds the body open,
+    costs that connection instead (it is closed, as a call cut off is)."""
+    left = DRAIN_BYTES
+    with trio.move_on_after(DRAIN_S):
+        async for chunk in chunks:
+            left -= len(chunk)
+            if left < 0:
+                return
 
 
 async def _read_capped(resp: httpx.Response, limit: int) -> bytes:

@@ -6,14 +6,12 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import trio
 
 from ..._jsonlines import JsonObject
 from .._worker import TurnFailed
@@ -63,9 +61,11 @@ class Settings:
     headers: dict[str, str] = field(default_factory=dict)
     extra_body: JsonObject = field(default_factory=dict)
 
-    def idle_deadline(self) -> float:
-        """When the idle watchdog fires if no byte arrives from now on."""
-        return trio.current_time() + self.idle_timeout_s if self.idle_timeout_s else math.inf
+    def timeout(self) -> httpx.Timeout:
+        """The idle watchdog, as the HTTP client's own timeouts: each connect, write and read
+        of a model call waits at most ``idle_timeout_s`` (0: forever). Only waits on the
+        provider count: the time the turn spends emitting what it read does not."""
+        return httpx.Timeout(self.idle_timeout_s or None)
 
     @property
     def provider(self) -> str:
