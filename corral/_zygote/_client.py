@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -43,7 +44,7 @@ from ._messages import (
     decode_report,
     encode,
 )
-from ._template import RESERVE_BYTES, RESERVE_ENV, SETUP_ENV
+from ._template import RESERVE_BYTES, RESERVE_ENV, SETUP_ENV, fork_template
 
 log = logging.getLogger("corral.zygote")
 
@@ -131,6 +132,38 @@ class Forked:
             self._pidfd = None
 
 
+class _ForkedZygote:
+    """A zygote this process forked itself (:func:`~._template.fork_template`), held like the
+    :class:`subprocess.Popen` of an exec'd one: ``pid``, ``poll()``, ``kill()``, ``wait()``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._wait(os.WNOHANG)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self._wait(0)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def _wait(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped by someone else: its status is unknown
+            self.returncode = UNKNOWN_EXIT
+            return
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+
 class Zygote:
     """One zygote process, kept running for its owner (:meth:`run`), and the spawn that
     forks from it (:meth:`spawn`).
@@ -149,19 +182,42 @@ class Zygote:
         self.preload = preload
         self.env = dict(env)
         self.fallback = fallback
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | _ForkedZygote | None = None
+        #: The first zygote, forked by :meth:`prefork` and not yet taken by :meth:`run`.
+        self._preforked: tuple[int, socket.socket, socket.socket] | None = None
         self._requests: socket.socket | None = None
         self._ready = trio.Event()
         self._children: dict[int, Forked] = {}
         self._deaths: list[float] = []
         self.gave_up = False
-        self.stats = {"forked": 0, "exec": 0, "zygote_starts": 0}
+        self.stats = {"forked": 0, "exec": 0, "zygote_starts": 0, "zygotes_forked": 0}
+
+    def prefork(self) -> bool:
+        """Fork the first zygote from this process, before :meth:`run` (which takes it), so
+        that it and its children share this process's pages: call it from the main thread
+        before any thread or zmq context exists (:func:`~._template.fork_template`). Every
+        later zygote, after a death, is exec'd. Whether one was forked (not with a second
+        thread here, or when the fork fails: :meth:`run` then execs the first one too)."""
+        try:
+            self._preforked = fork_template(self.preload)
+        except OSError as exc:
+            log.warning("could not fork the zygote (it is exec'd): %s", exc)
+        return self._preforked is not None
 
     @property
     def pid(self) -> int | None:
         """The zygote's pid while it takes requests."""
         taking = self._requests is not None and self._ready.is_set()
         return self.proc.pid if self.proc is not None and taking else None
+
+    def close(self) -> None:
+        """Close the sockets of a zygote :meth:`prefork` made and :meth:`run` never took (its
+        owner failed before it ran): that zygote then exits."""
+        if self._preforked is not None:
+            _, requests, reports = self._preforked
+            self._preforked = None
+            requests.close()
+            reports.close()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep a zygote running until cancelled (then stop it), or until it is given up
@@ -246,7 +302,22 @@ class Zygote:
         return self.fallback(argv, env=env, cwd=cwd)
 
     def _start(self) -> trio.socket.SocketType:
-        """Exec the zygote; the reports socket it is ready on."""
+        """Take the zygote :meth:`prefork` made, else exec one; the reports socket it is
+        ready on."""
+        if self._preforked is not None:
+            pid, requests, reports = self._preforked
+            self._preforked = None
+            self.proc = _ForkedZygote(pid)
+            self.stats["zygotes_forked"] += 1
+        else:
+            requests, reports = self._exec_zygote()
+        requests.settimeout(ANSWER_TIMEOUT_S)
+        self._requests = requests
+        self.stats["zygote_starts"] += 1
+        return trio.socket.from_stdlib_socket(reports)
+
+    def _exec_zygote(self) -> tuple[socket.socket, socket.socket]:
+        """Exec a zygote: its requests and reports sockets."""
         requests, theirs_requests = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         reports, theirs_reports = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         setup = {
@@ -275,10 +346,7 @@ class Zygote:
         finally:
             theirs_requests.close()
             theirs_reports.close()
-        requests.settimeout(ANSWER_TIMEOUT_S)
-        self._requests = requests
-        self.stats["zygote_starts"] += 1
-        return trio.socket.from_stdlib_socket(reports)
+        return requests, reports
 
     async def _read(self, reports: trio.socket.SocketType) -> None:
         """Take the zygote's reports until it is gone."""

@@ -49,6 +49,7 @@ import json
 import logging
 import os
 import selectors
+import signal
 import socket
 import sys
 import traceback
@@ -118,8 +119,6 @@ class Template:
             return Refused(reason="the request came without its go pipe")
         if len(os.listdir("/proc/self/task")) > 1:
             return Refused(reason="the zygote has more than one thread")
-        if len(environ_block(request.shown)) > _block_size():
-            return Refused(reason="the environment does not fit the zygote's reserve")
         pid = os.fork()
         if pid == 0:
             self._become_child(request, go)
@@ -186,24 +185,19 @@ def _block_bounds() -> tuple[int, int]:
     return int(fields[47]), int(fields[48])
 
 
-def _block_size() -> int:
-    start, end = _block_bounds()
-    return end - start
-
-
 def show_environ(env: dict[str, str]) -> None:
     """Overwrite this process's environ block with ``env`` and blank the rest of it, so that
     ``/proc/PID/environ`` shows ``env`` (followed by NULs, which readers skip as empty
-    entries). The block is the zygote's, inherited: its entries are no secret of anyone's,
-    and :data:`RESERVE_ENV` made it large enough.
-
-    Raises:
-        ValueError: ``env`` does not fit the block.
-    """
+    entries). The block is the zygote's, inherited: its entries are no secret of anyone's.
+    An exec'd zygote's block has room for any environment (:data:`RESERVE_ENV`); one forked
+    from the host has the host's, and shows the entries of ``env`` that fit, in order (the
+    process's ``os.environ`` holds them all either way)."""
     start, end = _block_bounds()
-    data = environ_block(env)
-    if len(data) > end - start:
-        raise ValueError("the environment does not fit the environ block")
+    data = b""
+    for entry in environ_block(env).split(b"\0")[:-1]:
+        if len(data) + len(entry) + 1 > end - start:
+            break
+        data += entry + b"\0"
     ctypes.memmove(start, data, len(data))
     ctypes.memset(start + len(data), 0, end - start - len(data))
 
@@ -243,6 +237,85 @@ def main() -> None:
             preload(item)
         except Exception:  # its children import it themselves, and fail as an exec would
             log.exception("the zygote could not preload %s", item)
+    _serve(requests, reports)
+
+
+def fork_template(items: tuple[str, ...]) -> tuple[int, socket.socket, socket.socket] | None:
+    """Make this process's first zygote by forking it, after importing ``items`` here: the
+    zygote, and every child it forks, then share this process's pages too (the interpreter
+    and the modules both import), where an exec'd zygote holds a copy of its own. The
+    zygote's (pid, requests socket, reports socket); None, and nothing forked, if this
+    process has a second thread (a fork copies no thread but the caller's).
+
+    Call it from the main thread before anything fork-unsafe exists (a zmq context, a
+    thread); from inside a trio run it is fine, as the child never returns into it. The
+    child gets no lock or buffer it needs: it closes every file descriptor but its two
+    sockets and the standard ones, restores default signal handling and logs afresh. It
+    shows this process's environ block, which the host has blanked of its secrets; a child
+    forked from it shows what of its own environment fits there (:func:`show_environ`)."""
+    if len(os.listdir("/proc/self/task")) > 1:
+        return None
+    for item in items:
+        try:
+            preload(item)
+        except Exception:  # its children import it themselves, and fail as an exec would
+            log.exception("could not preload %s for the zygote", item)
+    # Collected, then frozen on both sides: a collection in the owner would write to every
+    # object it visits and so copy, into the owner, the pages the zygote shares with it.
+    gc.collect()
+    gc.freeze()
+    requests, theirs_requests = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    reports, theirs_reports = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    owner = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            requests.close()
+            reports.close()
+            _become_template(owner, theirs_requests, theirs_reports)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    theirs_requests.close()
+    theirs_reports.close()
+    return pid, requests, reports
+
+
+def _become_template(owner: int, requests: socket.socket, reports: socket.socket) -> None:
+    """In a zygote forked from its owner: shed what was the owner's, then serve."""
+    root = logging.getLogger()
+    for handler in root.handlers:  # this copy's file descriptors, closed before the rest
+        handler.close()
+    root.handlers.clear()
+    keep = {requests.fileno(), reports.fileno()}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(signum)):
+                if signum == signal.SIGINT:
+                    signal.signal(signum, signal.default_int_handler)
+                else:
+                    signal.signal(signum, signal.SIG_DFL)
+    os.setsid()
+    die_with_parent(owner)
+    set_title("corral: zygote")
+    logs.setup("zygote")
+    _serve(requests, reports)
+
+
+def _serve(requests: socket.socket, reports: socket.socket) -> None:
+    """Say Ready, then fork on request until the owner closes the requests socket."""
     # What the zygote holds stays out of its children's collections: a collection writes to
     # every object it visits, and the pages it writes to are copied, no longer shared.
     gc.freeze()

@@ -76,6 +76,11 @@ DELIVERY_POLL_S = 0.02
 ElicitationView = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 
+def _blank_environ() -> None:
+    """Blank the host's environ block but what it hands every actor (never a secret)."""
+    blank_environ_block({*actor_env(), "CORRAL_STATE_DIR", "CORRAL_CONFIG"})
+
+
 class Host:
     """One corral host on one state dir.
 
@@ -141,6 +146,20 @@ class Host:
 
     # --- the whole life of a host --------------------------------------------------------
 
+    def fork_zygote(self) -> bool:
+        """Fork the actors' zygote from this process (``[supervisor] zygote``), so that it
+        and every actor it forks share the host's pages (the interpreter, the modules both
+        import) instead of holding copies of their own; whether it was. ``corral up`` calls
+        it before ``trio.run``: a fork inside a trio run would leave the child inside it.
+        The host's environ block is blanked first (:meth:`run` blanks it again, harmlessly),
+        since the zygote shows it until a child overwrites its own. Without this call
+        :meth:`run` execs the zygote."""
+        if not self.config.supervisor.zygote or self.zygote is not None:
+            return False
+        _blank_environ()
+        self.zygote = Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
+        return self.zygote.prefork()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until SIGINT/SIGTERM or a ``stop`` request.
 
@@ -161,13 +180,17 @@ class Host:
         become_subreaper()
         # The host's secrets stay in os.environ for the actors it hands them to, but out of
         # /proc/<host pid>/environ, which every process of the user reads (docs/security.md).
-        blank_environ_block({*actor_env(), "CORRAL_STATE_DIR", "CORRAL_CONFIG"})
+        _blank_environ()
+        if self.config.supervisor.zygote and self.zygote is None:
+            self.zygote = Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
         non_dumpable()  # nor its memory, to other processes of the user
         ctx = zmq.Context()
         try:
             await self._run(ctx, task_status)
         finally:
             ctx.term()
+            if self.zygote is not None:
+                self.zygote.close()
             inst.host_file.unlink(missing_ok=True)
             self.notifier.close()
         if self._failure is not None:
@@ -211,8 +234,6 @@ class Host:
         )
         live = settings.liveness
         window = live.interval_s * live.liveness
-        if settings.supervisor.zygote:
-            self.zygote = Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
         children = self.children = ChildSupervisor(
             SupFlags(
                 intensity=settings.supervisor.intensity,
@@ -506,7 +527,10 @@ class Host:
         # Only the processes this one waits for by pid: a forked actor is the zygote's child,
         # and the host's to reap only once its zygote has died (then it is reparented here).
         children = self.children.children.values() if self.children is not None else ()
-        return [c.proc.pid for c in children if isinstance(c.proc, subprocess.Popen)]
+        own = [c.proc.pid for c in children if isinstance(c.proc, subprocess.Popen)]
+        if self.zygote is not None and self.zygote.proc is not None:
+            own.append(self.zygote.proc.pid)
+        return own
 
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -194,6 +194,8 @@ def up_command(
         elicitations=elicitation_rows,
     )
     try:
+        # Before trio runs: the actors' zygote is forked from the host (docs/supervision.md).
+        host.fork_zygote()
         trio.run(host.run)
     except ConfigError as exc:
         _fail(exc, EXIT_USAGE, said=said.messages)

@@ -512,6 +512,51 @@ async def test_the_hosts_actors_are_forked_from_its_zygote_outlive_it_and_die_wi
     )
 
 
+def _rollup(pid: int, field: str) -> int:
+    """A ``/proc/PID/smaps_rollup`` figure, in kB."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in the smaps of {pid}")
+
+
+def test_the_hosts_first_zygote_is_forked_from_it_and_shares_its_pages_but_no_secret_or_file(
+    host_factory,
+) -> None:
+    """``corral up`` forks the actors' zygote from the host before trio runs (#20): the host,
+    the zygote and every actor then share the host's pages (the interpreter, the modules all
+    of them import), where an exec'd zygote held a copy of its own and the host's were its
+    alone. The zygote keeps none of the host's files open (its log, its state), and its
+    environ block, which every process of the user reads, shows none of the host's secrets:
+    the host blanks them before the fork. A later zygote, after a death, is exec'd."""
+    secrets = {"CORRAL_TEST_SECRET_TOKEN": "tok-do-not-leak"}
+    host = host_factory(FAST_LIVENESS).start(env=secrets)
+    zygote = _host_zygote(host)
+    assert zygote["zygotes_forked"] == 1 and zygote["zygote_starts"] == 1
+    assert _ppid(zygote["pid"]) == host.proc.pid
+    # The host's pages are shared (the exec'd zygote's host shared none: 0 kB).
+    assert _rollup(host.proc.pid, "Shared_Dirty") > 8 * 1024
+    # Beside stdin (/dev/null), stdout and stderr: its two sockets, its selector, the pidfds
+    # of its children; nothing of the host's (its log file, the bus, the control socket).
+    fds = Path(f"/proc/{zygote['pid']}/fd")
+    held = sorted(os.readlink(fd) for fd in fds.iterdir() if int(fd.name) > 2)
+    assert [h.split(":")[0] for h in held if not h.startswith("anon_inode:")] == ["socket"] * 2
+    assert {h for h in held if h.startswith("anon_inode:")} == {
+        "anon_inode:[eventpoll]",
+        "anon_inode:[pidfd]",
+    }
+    assert os.readlink(fds / "0") == "/dev/null"
+    for pid in (zygote["pid"], host.actor("harness")["pid"]):
+        block = json.dumps(_environ(pid))
+        assert "CORRAL_TEST_SECRET_TOKEN" not in block and "tok-do-not-leak" not in block
+    os.kill(zygote["pid"], signal.SIGKILL)
+    wait_until(lambda: _host_zygote(host)["pid"] not in (None, zygote["pid"]), 30, "a new zygote")
+    again = _host_zygote(host)
+    assert again["zygotes_forked"] == 1 and again["zygote_starts"] == 2
+    assert Path(f"/proc/{again['pid']}/cmdline").read_bytes().startswith(b"corral: zygote")
+    host.stop()
+
+
 def test_without_the_hosts_zygote_actors_are_execd_by_the_host(host_factory) -> None:
     host = host_factory(FAST_LIVENESS + "[supervisor]\nzygote = false\n").start()
     assert host.status()["host"]["zygote"] is None
