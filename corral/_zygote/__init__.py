@@ -1,8 +1,9 @@
 """A zygote: a template process that has imported a runtime and forks children from it.
 
-Harness workers are forked from one (issue #20): a worker then shares the interpreter and
-every module the zygote imported, page for page, instead of paying a whole interpreter of
-its own, and it starts without importing anything. :mod:`._template` is the zygote process
+Harness workers are forked from one (issue #20), and the host's actors from another, which
+``corral up`` forks from the host itself: a child then shares the interpreter and every module
+the zygote imported, page for page, instead of paying a whole interpreter of its own, and it
+starts without importing anything. :mod:`._template` is the zygote process
 and why forking from it is safe; :mod:`._client` is its owner's side, a spawn that forks
 when it can and execs when it cannot.
 """

@@ -34,6 +34,14 @@ owner does not hold ever runs beside the one it does, and a child whose owner di
 the fork and its pid file is told by its title (the harness actor's next incarnation kills
 it, as an exec'd worker with no pid file).
 
+**A zygote forked from its owner** (:func:`fork_template`: the host's first, #20) is the same
+template with the owner's memory instead of a fresh interpreter's, so that the owner's pages
+are shared too. It is forked before the owner has a thread, a zmq context or a trio run, and
+sheds what it copied of the owner's: every file descriptor but its sockets and the standard
+ones, the owner's signal handlers and log handlers. Its environ block is the owner's (blanked
+of secrets by the host before the fork), with no reserve: a child shows what of its own
+environment fits there (:func:`show_environ`).
+
 **Exits.** The zygote reaps its children (a pidfd each) and reports each exit
 (:class:`Died`) on the reports socket: the owner, which cannot wait for a process that is
 not its child, learns the return code from it.

@@ -167,6 +167,8 @@ def encode_payload(payload: Any) -> msgspec.Raw:
     """
     if payload is None:
         return _EMPTY_PAYLOAD
+    if isinstance(payload, msgspec.Raw):  # encoded (and checked) by its sender already
+        return payload
     try:
         return msgspec.Raw(_encoder.encode(payload))
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
@@ -181,6 +183,8 @@ def terminal_state_for(event: str, payload: Any) -> str | None:
     interrupted (crashed) run from an ordinary error.
     """
     state = _TERMINAL_EVENTS.get(event)
+    if state is not None and isinstance(payload, msgspec.Raw):
+        payload = msgspec.json.decode(payload)
     if state is None or not isinstance(payload, dict):
         return state
     if event in ("done", "stream_end"):

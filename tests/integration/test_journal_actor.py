@@ -3,6 +3,7 @@ across many concurrent runs (J-32), kill -9 during durable appends, and bad inpu
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -397,6 +398,40 @@ async def _produce_durable(peer: Peer, session_id: str, run_id: str, messages: i
         msg = JournalAppend(session_id=session_id, run_id=run_id, events=events)
         with trio.fail_after(20):
             await peer.cast("journal", msg, durable=True)
+
+
+async def test_an_encoded_payload_is_stored_as_it_is_and_checked_like_any(
+    host: HostProcess,
+) -> None:
+    """``payload_json``: dispatch hands each event over JSON-encoded (it has it so for the
+    stream), and the journal stores those bytes without decoding them (#20), after checking
+    they are one JSON value of bounded depth; one spanning lines is stored on one line; a
+    terminal event's encoded payload still decides the run's terminal state."""
+    run = "run-json"
+
+    def encoded(event: str, data: bytes) -> JournalEvent:
+        return JournalEvent(event=event, payload_json=data)
+
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        for bad in (b'{"delta": "x"', b"NaN", b"", b"[1] [2]", json.dumps(_nested(150)).encode()):
+            append = JournalAppend(session_id="s-json", run_id=run, events=[encoded("t", bad)])
+            assert "JSON" in await _expect(peer, append, "invalid_payload")
+        events = [
+            encoded("response.output_text.delta", b'{"delta":"h\\u00e9"}'),
+            encoded("tool_call", b'{\n  "name": "x",\n  "args": [1, 2]\n}'),
+            encoded("error", b'{"type":"cancelled","message":"stop"}'),
+        ]
+        append = JournalAppend(session_id="s-json", run_id=run, events=events)
+        assert (await peer.call("journal", append, durable=True)).seqs == [1, 2, 3]
+        stored = (await _read(peer, "s-json", run))["events"]
+    assert [e["payload"] for e in stored] == [
+        {"delta": "h\u00e9"},
+        {"name": "x", "args": [1, 2]},
+        {"type": "cancelled", "message": "stop"},
+    ]
+    assert stored[2]["terminal_state"] == "interrupted-by-user"
+    lines = next(host.instance.journal_dir.rglob(f"{run}*")).read_bytes().splitlines()
+    assert len(lines) == 3 and b'{"delta":"h\\u00e9"}' in lines[0]
 
 
 @pytest.mark.chaos

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corral import clis, harnesses
 from corral.actors.gateway import (
@@ -26,6 +28,7 @@ from corral.actors.gateway import (
     resources_fallback,
     stream_type,
 )
+from corral.actors.gateway._actor import spaced_json
 from tests.fake_tunnel_server import ACCEPTED_STREAM_TYPES, item_violation, stream_violation
 
 # --- hello and the server's frames (§A.2, §A.3) ------------------------------------------------
@@ -275,3 +278,30 @@ def test_events_an_older_gateway_buffered_are_left_out_on_load(tmp_path: Path) -
     assert [seq for seq, _ in new.take("s", 10, 1 << 20)] == [1, 3]
     assert not new.add("s", 2, b'{"type": "runtime_model"}'), "its seq still counts"
     new.close()
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_a_relayed_event_is_written_exactly_as_json_dumps_writes_it(value: object) -> None:
+    """The gateway re-serialises each event with json.dumps's separators and escapes (§ii.6),
+    through the C encoder fed by msgspec (~1 µs a delta instead of ~5): the same text."""
+    for event in (msgspec.json.encode(value), json.dumps(value).encode()):
+        assert spaced_json(event) == json.dumps(json.loads(event))
+
+
+def test_what_only_the_stdlib_reads_is_still_written_as_json_dumps_writes_it() -> None:
+    for event in (b"[NaN, Infinity]", b'{"a": "\\ud800"}', b"1e400"):
+        assert spaced_json(event) == json.dumps(json.loads(event))
+    with pytest.raises(ValueError):
+        spaced_json(b"not json")

@@ -216,7 +216,7 @@ class Fanout:
         self.receipts.expect(key, receivers + bool(journal), track=q.track, k=q.k)
         if journal is not None and q.run is not None:
             # With its seq, which a replay after a restart keeps: the journal drops one it has.
-            entry = JournalEvent(event=kind, payload=event, session_seq=q.seq)
+            entry = JournalEvent(event=kind, payload_json=data, session_seq=q.seq)
             journal.add(q.session_id, q.run, entry, terminal=q.terminal)
 
     def to_stream(

@@ -273,7 +273,9 @@ class JournalActor(Actor):
                     code="invalid_event",
                     message=f"events[{index}].event must be a non-empty name",
                 )
-            problem = _json_problem(item.payload, 0)
+            problem = _json_problem(item.payload, 0) if item.payload_json is None else None
+            if item.payload_json is not None:
+                problem = _encoded_json_problem(item.payload_json)
             if problem is not None:
                 return ErrorReply(
                     code="invalid_payload",
@@ -305,7 +307,7 @@ class JournalActor(Actor):
                 msg.session_id,
                 msg.run_id,
                 item.event,
-                item.payload,
+                _payload_of(item),
                 key=key,
                 session_seq=item.session_seq,
             )
@@ -571,6 +573,36 @@ def _error_reply(exc: BaseException) -> ErrorReply:
     ]
     code = next(code for cls, code in codes if isinstance(exc, cls))
     return ErrorReply(code=code, message=str(exc))
+
+
+_check_json = msgspec.json.Decoder(msgspec.Raw).decode
+
+
+def _payload_of(item: JournalEvent) -> Any:
+    """What to store of ``item``: its encoded payload as it is, unless it spans lines (a
+    record is one line: it is decoded, and encoded again compact), else its payload."""
+    data = item.payload_json
+    if data is None:
+        return item.payload
+    if b"\n" in data or b"\r" in data:
+        return msgspec.json.decode(data)
+    return msgspec.Raw(data)
+
+
+def _encoded_json_problem(data: bytes) -> str | None:
+    """Why ``data`` is not one JSON value nesting at most :data:`_MAX_DEPTH` levels, or
+    ``None`` if it is. Only a payload with that many brackets is decoded to tell how deep it
+    nests: a delta is checked, not decoded."""
+    try:
+        _check_json(data)
+    except msgspec.DecodeError as exc:
+        return f"is not JSON ({exc})"
+    if data.count(b"[") + data.count(b"{") < _MAX_DEPTH:
+        return None
+    try:
+        return _json_problem(msgspec.json.decode(data), 0)
+    except RecursionError:
+        return f"nests deeper than {_MAX_DEPTH} levels"
 
 
 def _json_problem(value: Any, depth: int) -> str | None:

@@ -41,6 +41,10 @@ class JournalEvent(msgspec.Struct, frozen=True, kw_only=True):
     event: str
     payload: Any = None
     session_seq: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: The payload already encoded as JSON, stored as it is once the journal has checked it
+    #: (``payload`` is then ignored): dispatch has each event encoded for its stream, and a
+    #: relayed delta should not be decoded and encoded again here (#20).
+    payload_json: bytes | None = None
 
 
 class JournalAppend(Request["JournalAppended"], tag="journal.append"):
