@@ -63,6 +63,7 @@ from .._deferred import Deferred
 from .messages import (
     JournalAppend,
     JournalAppended,
+    JournalEvent,
     JournalList,
     JournalListReply,
     JournalRead,
