@@ -60,7 +60,9 @@ class Observer:
         return self._observe()
 
     def _observe(self) -> dict | None:
-        if self.serving.model is None or self.serving == self._valid:
+        serving = self.serving
+        # ``is`` first: once observed, the two are one object, and this runs per delta.
+        if serving.model is None or serving is self._valid or serving == self._valid:
             return None
         self._valid = self.serving
         return {

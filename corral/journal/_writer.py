@@ -71,6 +71,7 @@ class PendingAppend:
         "_done",
         "_error",
         "_event",
+        "_finished",
         "_key",
         "_line",
         "_payload",
@@ -102,7 +103,9 @@ class PendingAppend:
         self._line = b""
         self._record: StoredRecord | None = None
         self._error: BaseException | None = None
-        self._done = trio.Event()
+        # Made by the first waiter: most records of a stream are never waited on one by one.
+        self._done: trio.Event | None = None
+        self._finished = False
 
     @property
     def seq(self) -> int | None:
@@ -111,7 +114,20 @@ class PendingAppend:
 
     def done(self) -> bool:
         """Whether the record's fate is decided (durable per the policy, or failed)."""
-        return self._done.is_set()
+        return self._finished
+
+    async def _wait_done(self) -> None:
+        if self._finished:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._done is None:
+            self._done = trio.Event()
+        await self._done.wait()
+
+    def _set_done(self) -> None:
+        self._finished = True
+        if self._done is not None:
+            self._done.set()
 
     async def wait(self) -> StoredRecord:
         """Wait until the record is durable per the writer's policy, and return it.
@@ -119,7 +135,7 @@ class PendingAppend:
         Raises :class:`JournalIOError` if the disk refused it. Cancelling the wait does not
         withdraw the record: it is still written.
         """
-        await self._done.wait()
+        await self._wait_done()
         if self._error is not None:
             raise self._error
         if self._record is None:
@@ -128,7 +144,7 @@ class PendingAppend:
 
     async def wait_seq(self) -> int:
         """Like :meth:`wait`, but return only the record's seq (nothing is decoded)."""
-        await self._done.wait()
+        await self._wait_done()
         if self._error is not None:
             raise self._error
         assert self._seq is not None
@@ -332,14 +348,17 @@ class JournalWriter:
         """
         if self._state != "open":
             raise trio.ClosedResourceError("this JournalWriter is not open")
-        validate_id(session_id, "session_id")
-        validate_id(run_id, "run_id")
+        run_key = (session_id, run_id)
+        # A run already open here was checked by its first record (a delta stream submits
+        # thousands to one run).
+        if not (type(session_id) is str and type(run_id) is str and run_key in self._runs):
+            validate_id(session_id, "session_id")
+            validate_id(run_id, "run_id")
         event = validate_event(event)
         key = validate_key(key)
         session_seq = validate_session_seq(session_seq)
         raw = encode_payload(payload)
         state = terminal_state_for(event, payload)
-        run_key = (session_id, run_id)
         run = self._runs.get(run_key)
         if run is None:
             run = self._runs[run_key] = _Run(run_key)
@@ -380,7 +399,7 @@ class JournalWriter:
         Raises :class:`JournalIOError` if an fsync failed.
         """
         for entry in list(self._unfinished):
-            await entry._done.wait()
+            await entry._wait_done()
         request = _SyncRequest()
         self._sync_requests.append(request)
         self._kick.set()
@@ -446,7 +465,7 @@ class JournalWriter:
         entry._error = error
         entry._run.pending -= 1
         self._unfinished.discard(entry)
-        entry._done.set()
+        entry._set_done()
 
     def _fail(self, entries: list[PendingAppend], message: str, cause: OSError) -> None:
         # One exception object per waiter: a shared one would grow a traceback per raise.

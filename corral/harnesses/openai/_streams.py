@@ -10,6 +10,8 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..._jsonlines import JsonObject
 from .._worker import TurnFailed
 from ._conversations import _item_text
@@ -27,9 +29,12 @@ def _redact(text: str, secret: str | None) -> str:
 
 def _json_object(data: str | bytes) -> JsonObject:
     try:
-        obj = json.loads(data)
-    except ValueError:
-        obj = None
+        obj = msgspec.json.decode(data)  # ~3x faster than json.loads, once per provider event
+    except msgspec.DecodeError:
+        try:
+            obj = json.loads(data)  # what only the stdlib reads (NaN, a lone surrogate)
+        except ValueError:
+            obj = None
     if not isinstance(obj, dict):
         shown = data if isinstance(data, str) else data.decode("utf-8", "replace")
         raise TurnFailed("provider_protocol_error", f"not a JSON object: {shown[:200]!r}")
