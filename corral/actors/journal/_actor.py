@@ -377,6 +377,10 @@ class JournalActor(Actor):
             self._pending_events -= submitted
             if self._pending_events < self.options.max_pending_events:
                 self._drained.set()
+        if mid is not None and mid in state.applied:
+            # Its seqs are all a redelivery needs: the records themselves (each line and
+            # payload) go, rather than stay for the last ``remember_ids`` messages of the run.
+            state.applied[mid] = dict(enumerate(seqs))
         deferred.ack()
         duplicates = len(entries) - submitted
         await self._answer(
