@@ -556,6 +556,13 @@ def test_the_hosts_first_zygote_is_forked_from_it_and_shares_its_pages_but_no_se
     assert Path(f"/proc/{again['pid']}/cmdline").read_bytes().startswith(b"corral: zygote")
     host.stop()
 
+    # A forked zygote dies with its host (its parent-death signal), and so do its actors.
+    other = host_factory(FAST_LIVENESS).start()
+    zygote, actor = _host_zygote(other)["pid"], other.actor("harness")["pid"]
+    other.kill9()
+    for pid in (zygote, actor):
+        wait_until(lambda pid=pid: process_gone(pid, None), 10, f"{pid} gone with its host")
+
 
 def test_without_the_hosts_zygote_actors_are_execd_by_the_host(host_factory) -> None:
     host = host_factory(FAST_LIVENESS + "[supervisor]\nzygote = false\n").start()
