@@ -344,6 +344,7 @@ class GatewayActor(Actor):
         all left out) is acked at once.
         """
         touched: set[str] = set()
+        relayed: dict[str, int] = {}  # deltas by runner, counted once per message
         for event in events_of(msg):
             session_id = event.session_id
             if session_id in self._deleted:
@@ -358,7 +359,10 @@ class GatewayActor(Actor):
             if self.buffer.add(session_id, event.seq, event.event):
                 touched.add(session_id)
                 if kind == "response.output_text.delta":
-                    self.tally.count("deltas_relayed", runner_id=event.runner_id or "")
+                    runner = event.runner_id or ""
+                    relayed[runner] = relayed.get(runner, 0) + 1
+        for runner, n in relayed.items():
+            self.tally.count("deltas_relayed", n, runner_id=runner)
         if touched:
             self.buffer.ack_when_synced(self.defer(incoming))
             for session_id in touched:
