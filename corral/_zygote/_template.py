@@ -255,8 +255,9 @@ def fork_template(items: tuple[str, ...]) -> tuple[int, socket.socket, socket.so
     zygote's (pid, requests socket, reports socket); None, and nothing forked, if this
     process has a second thread (a fork copies no thread but the caller's).
 
-    Call it from the main thread before anything fork-unsafe exists (a zmq context, a
-    thread); from inside a trio run it is fine, as the child never returns into it. The
+    Call it from the main thread before anything fork-unsafe exists: a zmq context, a
+    thread, a trio run (trio keeps its run in a thread-local, which the fork copies: every
+    child of the zygote would find itself inside that run and fail to start its own). The
     child gets no lock or buffer it needs: it closes every file descriptor but its two
     sockets and the standard ones, restores default signal handling and logs afresh. It
     shows this process's environ block, which the host has blanked of its secrets; a child

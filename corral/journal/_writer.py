@@ -103,7 +103,8 @@ class PendingAppend:
         self._line = b""
         self._record: StoredRecord | None = None
         self._error: BaseException | None = None
-        # Made by the first waiter: most records of a stream are never waited on one by one.
+        # Made by a waiter that finds the record not yet durable: the records of one batch
+        # become durable together, so its waiter, going through them in order, makes one.
         self._done: trio.Event | None = None
         self._finished = False
 

@@ -274,8 +274,9 @@ class JournalActor(Actor):
                     code="invalid_event",
                     message=f"events[{index}].event must be a non-empty name",
                 )
-            problem = _json_problem(item.payload, 0) if item.payload_json is None else None
-            if item.payload_json is not None:
+            if item.payload_json is None:
+                problem = _json_problem(item.payload, 0)
+            else:
                 problem = _encoded_json_problem(item.payload_json)
             if problem is not None:
                 return ErrorReply(
