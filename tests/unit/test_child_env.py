@@ -63,6 +63,22 @@ def test_the_host_blanks_its_own_environ_block() -> None:
     assert out.stdout.strip() == repr((["OPENAI_API_KEY"], False, True, "sk-host"))
 
 
+def test_a_child_of_a_zygote_without_room_shows_the_entries_that_fit_and_no_more() -> None:
+    """A zygote forked from the host has the host's environ block, no reserve: a child whose
+    environment is larger shows its first entries that fit, whole, then NULs; the rest is in
+    its ``os.environ`` only (``show_environ``, #20)."""
+    code = (
+        "import os; from corral._zygote._template import show_environ; "
+        "show_environ({'A': '1', 'B': 'x' * 40, 'C': 'y' * 5000}); "
+        "print(repr(open('/proc/self/environ', 'rb').read().rstrip(b'\\0')))"
+    )
+    env = {"PYTHONPATH": os.getcwd(), "PAD": "z" * 200}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == repr(b"A=1\0B=" + b"x" * 40)
+
+
 def test_spec_variables_are_never_corrals_own() -> None:
     host = {"PATH": "/bin", "OPENAI_API_KEY": "k", "CORRAL_RUNNER_TOKEN": "t", "AWS_X": "a"}
     assert spec_variables(host) == {"OPENAI_API_KEY": "k", "AWS_X": "a"}
