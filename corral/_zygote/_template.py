@@ -61,6 +61,7 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Sequence
 
 from .. import logs
 from .._lifeline import die_with_parent
@@ -230,6 +231,14 @@ def preload(item: str) -> None:
         getattr(imported, name)
 
 
+def _preload_all(items: Sequence[str]) -> None:
+    for item in items:
+        try:
+            preload(item)
+        except Exception:  # its children import it themselves, and fail as an exec would
+            log.exception("the zygote could not preload %s", item)
+
+
 def main() -> None:
     """Entry point of the zygote: ``python -m corral._zygote ITEM...`` (each ``MODULE`` or
     ``MODULE:NAME``, :func:`preload`)."""
@@ -240,11 +249,7 @@ def main() -> None:
     reports = socket.socket(fileno=int(setup["reports"]))
     set_title("corral: zygote")
     logs.setup("zygote")
-    for item in sys.argv[1:]:
-        try:
-            preload(item)
-        except Exception:  # its children import it themselves, and fail as an exec would
-            log.exception("the zygote could not preload %s", item)
+    _preload_all(sys.argv[1:])
     _serve(requests, reports)
 
 
@@ -264,11 +269,7 @@ def fork_template(items: tuple[str, ...]) -> tuple[int, socket.socket, socket.so
     forked from it shows what of its own environment fits there (:func:`show_environ`)."""
     if len(os.listdir("/proc/self/task")) > 1:
         return None
-    for item in items:
-        try:
-            preload(item)
-        except Exception:  # its children import it themselves, and fail as an exec would
-            log.exception("could not preload %s for the zygote", item)
+    _preload_all(items)
     # Collected, then frozen on both sides: a collection in the owner would write to every
     # object it visits and so copy, into the owner, the pages the zygote shares with it.
     gc.collect()

@@ -157,7 +157,7 @@ class Host:
         if not self.config.supervisor.zygote or self.zygote is not None:
             return False
         _blank_environ()
-        self.zygote = Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
+        self.zygote = self._new_zygote()
         return self.zygote.prefork()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -182,7 +182,7 @@ class Host:
         # /proc/<host pid>/environ, which every process of the user reads (docs/security.md).
         _blank_environ()
         if self.config.supervisor.zygote and self.zygote is None:
-            self.zygote = Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
+            self.zygote = self._new_zygote()  # not forked by fork_zygote: it is exec'd
         non_dumpable()  # nor its memory, to other processes of the user
         ctx = zmq.Context()
         try:
@@ -195,6 +195,9 @@ class Host:
             self.notifier.close()
         if self._failure is not None:
             raise self._failure
+
+    def _new_zygote(self) -> Zygote:
+        return Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
 
     def _claim(self) -> None:
         inst = self.instance

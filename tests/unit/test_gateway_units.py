@@ -26,9 +26,9 @@ from corral.actors.gateway import (
     encode_frame,
     recycle_delay,
     resources_fallback,
+    spaced_json,
     stream_type,
 )
-from corral.actors.gateway._actor import spaced_json
 from tests.fake_tunnel_server import ACCEPTED_STREAM_TYPES, item_violation, stream_violation
 
 # --- hello and the server's frames (§A.2, §A.3) ------------------------------------------------

@@ -16,13 +16,8 @@ from ..._lazy import lazy_exports
 # Imported on first use (corral/_lazy.py): importing this package's ``messages``, as other
 # actors do, must not load the whole actor.
 if TYPE_CHECKING:
-    from ._actor import DONE as DONE
-    from ._actor import HEARTBEAT as HEARTBEAT
-    from ._actor import SSE_HEADERS as SSE_HEADERS
     from ._actor import GatewayActor as GatewayActor
     from ._actor import resources_fallback as resources_fallback
-    from ._actor import sse_data as sse_data
-    from ._actor import stream_type as stream_type
     from ._frames import EVENT_INGEST_CAPABILITY as EVENT_INGEST_CAPABILITY
     from ._frames import FRAME_PROTOCOL_VERSION as FRAME_PROTOCOL_VERSION
     from ._frames import EventAckFrame as EventAckFrame
@@ -44,6 +39,12 @@ if TYPE_CHECKING:
     from ._frames import decode_frame as decode_frame
     from ._frames import encode_frame as encode_frame
     from ._options import GatewayOptions as GatewayOptions
+    from ._sse import DONE as DONE
+    from ._sse import HEARTBEAT as HEARTBEAT
+    from ._sse import SSE_HEADERS as SSE_HEADERS
+    from ._sse import spaced_json as spaced_json
+    from ._sse import sse_data as sse_data
+    from ._sse import stream_type as stream_type
     from ._streams import StreamBuffer as StreamBuffer
     from ._tunnel import BODY_PIECE as BODY_PIECE
     from ._tunnel import CLOSE_MEANINGS as CLOSE_MEANINGS

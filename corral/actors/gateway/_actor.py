@@ -66,7 +66,6 @@ The tunnels themselves (connection, reconnect with backoff, frame limits) are in
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import math
 import uuid
@@ -94,6 +93,7 @@ from .._actor import Actor, ActorContext, handles
 from .._tally import Tally
 from ._frames import RequestFrame
 from ._options import GatewayOptions
+from ._sse import DONE, HEARTBEAT, SSE_HEADERS, sse_data, stream_type
 from ._streams import StreamBuffer
 from ._tunnel import Responder, Tunnel, runner_dispatch_failed
 from ._vocabulary import SERVER_STREAM_TYPES
@@ -101,14 +101,6 @@ from .messages import SessionEvent, SessionEvents, events_of
 
 log = logging.getLogger("corral.actors.gateway")
 
-SSE_HEADERS = [
-    ("cache-control", "no-cache"),
-    ("x-accel-buffering", "no"),
-    ("content-type", "text/event-stream; charset=utf-8"),
-]
-HEARTBEAT = 'data: {"type": "session.heartbeat"}\n\n'
-#: Ends a session stream cleanly: the server's relay stops without retrying (§D.1).
-DONE = "data: [DONE]\n\n"
 #: The page of a list route that has nothing on this runner.
 _EMPTY_LIST: Final[Mapping[str, object]] = {
     "object": "list",
@@ -121,13 +113,6 @@ _EMPTY_LIST: Final[Mapping[str, object]] = {
 _STREAM_END_WAIT_S = 5.0
 #: How often a drain looks whether the events it waits for have been written.
 DRAIN_POLL_S = 0.05
-
-
-class _Typed(msgspec.Struct):
-    type: str | None = None
-
-
-_decode_typed = msgspec.json.Decoder(_Typed).decode
 
 
 class _Bound(msgspec.Struct):
@@ -145,14 +130,6 @@ def _bound_of(reply: HttpResponse | None) -> _Bound | None:
         return None
     try:
         return _decode_bound(reply.body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def stream_type(event: bytes) -> str | None:
-    """The ``type`` of a session event's JSON, or None if it has no string ``type``."""
-    try:
-        return _decode_typed(event).type
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
@@ -194,51 +171,6 @@ def stream_cursor(headers: list[tuple[str, str]]) -> int | None:
             raise BadInput(400, "invalid_input", message)
         return int(text)
     return None
-
-
-#: ``json.dumps``'s own C encoder, with ``json.dumps``'s settings (ASCII-escaped, ``", "`` and
-#: ``": "``, NaN allowed) but no check for cycles, which decoded JSON cannot have: called
-#: without the Python layer around it, and fed by msgspec's decoder, a relayed delta costs
-#: ~1 µs to re-serialise instead of ~5 (None on an interpreter without the C encoder).
-_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
-_spaced = (
-    None
-    if _C_ENCODER is None
-    else _C_ENCODER(
-        None,
-        json.JSONEncoder().default,
-        json.encoder.encode_basestring_ascii,
-        None,
-        ": ",
-        ", ",
-        False,
-        False,
-        True,
-    )
-)
-
-
-def spaced_json(event: bytes) -> str:
-    """``json.dumps(json.loads(event))``, the same text, faster; ValueError if ``event`` is
-    not JSON."""
-    if _spaced is not None:
-        try:
-            return "".join(_spaced(msgspec.json.decode(event), 0))
-        except msgspec.DecodeError:
-            pass  # what only the stdlib reads (NaN, a lone surrogate), or not JSON at all
-    return json.dumps(json.loads(event))
-
-
-def sse_data(event: bytes, seq: int | None = None) -> str:
-    """One SSE frame, ``[id: <seq>\\n]data: <json>\\n\\n``, with ``json.dumps``'s separators
-    (§ii.6). The ``id`` is the event's ``seq``, for a server that resumes its stream by it."""
-    try:
-        text = spaced_json(event)
-    except ValueError:
-        text = event.decode(errors="replace")
-    if seq is None:
-        return f"data: {text}\n\n"
-    return f"id: {seq}\ndata: {text}\n\n"
 
 
 class GatewayActor(Actor):
