@@ -34,6 +34,7 @@ from typing import Any, ClassVar, TypeVar
 
 import trio
 
+from .. import _heap as heap
 from ..bus import (
     ActorControl,
     DrainReply,
@@ -235,6 +236,8 @@ class Actor:
             # should add to neither (issue #20, docs/benchmarks.md "scale").
             "tasks": task_count(),
             "open_files": len(os.listdir("/proc/self/fd")),
+            # Bursts after which the process gave its freed heap back (:mod:`corral._heap`).
+            "heap_releases": heap.stats["releases"],
         }
 
     async def serve(self) -> None:

@@ -27,6 +27,7 @@ import trio
 
 from .. import logs
 from .._child_env import take_hidden_env
+from .._heap import release_when_quiet
 from .._lifeline import die_with_host, die_with_parent, host_lifeline
 from .._proctitle import set_title
 from ..bus import open_peer
@@ -72,6 +73,7 @@ async def serve_actor(cls: type[Actor], spec: dict[str, Any], lifeline: int | No
                         nursery.cancel_scope.cancel()
 
                 nursery.start_soon(stop_on_signal)
+                nursery.start_soon(release_when_quiet, peer.traffic)
                 try:
                     await actor.serve()
                 finally:

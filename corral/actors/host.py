@@ -34,6 +34,7 @@ import trio
 import zmq
 
 from .. import __version__
+from .. import _heap as heap
 from .._child_env import actor_env, blank_environ_block, non_dumpable
 from .._exceptions import ConfigError, CorralError, HostAlreadyRunning, RestartIntensityExceeded
 from .._lifeline import become_subreaper
@@ -262,6 +263,7 @@ class Host:
             await nursery.start(children.run)
             await nursery.start(reap_orphans_on_sigchld, self._own_pids)
             nursery.start_soon(self.notifier.watchdog)
+            nursery.start_soon(heap.release_when_quiet, lambda: broker.stats["routed"])
             async with open_peer(
                 "supervisor", INPROC_ENDPOINT, bus=settings.bus, liveness=settings.liveness, ctx=ctx
             ) as peer:
@@ -592,6 +594,7 @@ class Host:
                 "changes": self.changes.version,
                 "metrics": self.metrics_url,
                 "zygote": None if self.zygote is None else self.zygote.statistics(),
+                "heap_releases": heap.stats["releases"],
             },
             "actors": [c.statistics() for c in self.children.children.values() if c.spec.bus_peer],
             "server": self._server_status(),

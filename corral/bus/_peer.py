@@ -111,6 +111,12 @@ class Peer(Receiving):
         self._stalled_at = -1
         self.stats = {"sent": 0, "received": 0, "errors": 0, "dropped": 0, "late_replies": 0}
 
+    def traffic(self) -> int:
+        """Messages sent, received and taken from the inbox so far: what
+        :func:`corral._heap.release_when_quiet` watches for the end of a burst (taken too:
+        the owner may work through a backlog long after the last one arrived)."""
+        return self.stats["sent"] + self.stats["received"] + self.inbox.taken
+
     # --- sending ---------------------------------------------------------------------------
 
     def _envelope(

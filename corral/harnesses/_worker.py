@@ -40,6 +40,7 @@ import trio
 
 from .. import logs
 from .._child_env import take_hidden_env
+from .._heap import release_when_quiet
 from .._lifeline import die_with_host, host_lifeline
 from .._proctitle import WORKER_TITLE_PREFIX, set_title
 from ..bus import Incoming, Message, Outbox, Peer, open_peer
@@ -712,6 +713,7 @@ async def run_worker(spec: dict[str, Any], host: int) -> None:
                 heartbeat=False,
                 accepts=WorkerInbound,
             ) as peer:
+                nursery.start_soon(release_when_quiet, peer.traffic)
                 await Worker(peer, spec["session_id"], kind, liveness).serve()
             nursery.cancel_scope.cancel()
 
