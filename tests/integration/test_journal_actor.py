@@ -346,6 +346,34 @@ def _numbered(*session_seqs: int) -> list[JournalEvent]:
     return [JournalEvent(event="token", payload={"n": n}, session_seq=n) for n in session_seqs]
 
 
+async def test_a_redelivery_of_a_complete_message_gets_its_first_answer_whatever_its_seqs(
+    host: HostProcess,
+) -> None:
+    """What the actor keeps of a complete message is its seqs, as compactly as they fit: a
+    range when they are consecutive, an array when a replay left a 0 among them. A
+    redelivery gets the first answer from either, and stores nothing again."""
+    raw = _RawClient(host.endpoint)
+
+    def batch(*seqs: int) -> JournalAppend:
+        return JournalAppend(session_id="s-kept", run_id="run-kept", events=_numbered(*seqs))
+
+    try:
+        first = await raw.append("kept-1", batch(1, 2, 3))
+        assert first.seqs == [1, 2, 3] and first.duplicates == 0
+        second = await raw.append("kept-2", batch(2, 3, 4, 5))
+        assert second.seqs == [0, 0, 4, 5] and second.duplicates == 2
+        for message_id, sent, answer in (
+            ("kept-1", (1, 2, 3), first),
+            ("kept-2", (2, 3, 4, 5), second),
+        ):
+            again = await raw.append(message_id, batch(*sent))
+            assert again.seqs == answer.seqs and again.duplicates == len(sent)
+    finally:
+        raw.close()
+    events = RunJournal(host.instance.journal_dir).read("s-kept", "run-kept", strict=True)
+    assert [e["payload"]["n"] for e in events["events"]] == [1, 2, 3, 4, 5]
+
+
 async def test_an_event_sent_again_after_a_restart_is_stored_once(host: HostProcess) -> None:
     """Events carry their ``session_seq`` (dispatch's numbering, which a replay keeps): one at
     or below the highest the run holds is dropped, in either durability class, and what the
