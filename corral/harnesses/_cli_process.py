@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from .._lifeline import group_alive, signal_group
-from ._worker import TurnFailed
+from ._turn import TurnFailed
 
 _T = TypeVar("_T")
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._worker import TurnContext, TurnFailed
+from ._turn import TurnContext, TurnFailed
 from .spawn_env import env_prefix
 
 

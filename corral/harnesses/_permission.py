@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ._worker import APPROVAL_SCHEMA, TurnContext
+from ._turn import APPROVAL_SCHEMA, TurnContext
 from .protocol import PolicyDenied
 
 TOOL_CALL = "PHASE_TOOL_CALL"

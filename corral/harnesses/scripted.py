@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from ._worker import TurnContext, TurnFailed, Verdict
+from ._turn import TurnContext, TurnFailed, Verdict
 
 STEP_KINDS = (
     "text",

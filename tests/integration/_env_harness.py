@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from corral.harnesses._worker import TurnContext
+from corral.harnesses._turn import TurnContext
 
 
 class EnvDump:

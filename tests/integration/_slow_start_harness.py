@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.harnesses._worker import TurnContext
+from corral.harnesses._turn import TurnContext
 
 
 def _harness_actor() -> int:

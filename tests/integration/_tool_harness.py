@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.harnesses._worker import TurnContext
+from corral.harnesses._turn import TurnContext
 
 
 class ToolCaller:

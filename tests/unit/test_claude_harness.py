@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from corral.harnesses._worker import TurnFailed
+from corral.harnesses._turn import TurnFailed
 from corral.harnesses.claude import _mcp
 from corral.harnesses.claude._session import collapsed, resumable, save_state
 from corral.harnesses.claude._settings import argv, cli_env, resolve

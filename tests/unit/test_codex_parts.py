@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from corral.harnesses._worker import TurnFailed
+from corral.harnesses._turn import TurnFailed
 from corral.harnesses.codex._home import (
     KEY_VAR,
     Launch,

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import trio
 
-from corral.harnesses._worker import TurnContext, TurnFailed, Verdict
+from corral.harnesses._turn import TurnContext, TurnFailed, Verdict
 from corral.harnesses.openai import OpenAIHarness, resolve_settings
 from corral.harnesses.protocol import (
     ElicitationRequest,

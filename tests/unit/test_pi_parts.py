@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from corral.harnesses._cli_process import CliExited, open_cli
-from corral.harnesses._worker import TurnFailed
+from corral.harnesses._turn import TurnFailed
 from corral.harnesses.pi._home import (
     GATE,
     GATE_TITLE,

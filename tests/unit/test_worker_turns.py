@@ -9,7 +9,8 @@ import trio
 
 from corral.bus import Envelope, Incoming, Message
 from corral.config import LivenessSettings
-from corral.harnesses._worker import POLICY_HEARTBEAT_S, TurnContext, TurnFailed, Worker, _usage
+from corral.harnesses._turn import POLICY_HEARTBEAT_S, TurnContext, TurnFailed, final_usage
+from corral.harnesses._worker import Worker
 from corral.harnesses.protocol import (
     Output,
     OutputItemDone,
@@ -143,11 +144,11 @@ async def test_usage_names_the_serving_model_when_the_kind_did_not() -> None:
     (PROTOCOL_0_19 §D.3); a kind that reported a serving model but no usage model gets it."""
     recorder = _Recorder()
     turn = _turn(recorder, model="helper")
-    assert "model" not in _usage(turn)
+    assert "model" not in final_usage(turn)
     turn.serve("served-1", "p")
-    assert _usage(turn)["model"] == "served-1"
+    assert final_usage(turn)["model"] == "served-1"
     turn.usage["model"] = "from-kind"
-    assert _usage(turn)["model"] == "from-kind"
+    assert final_usage(turn)["model"] == "from-kind"
 
 
 async def test_a_held_policy_evaluation_keeps_the_turn_audible(autojump_clock) -> None:

@@ -12,7 +12,7 @@ import trio
 from ... import clis
 from ..._jsonlines import JsonObject
 from .._llm_request import LlmRequestData, llm_request
-from .._worker import TurnContext, TurnFailed
+from .._turn import TurnContext, TurnFailed
 from ._relay import Relay
 from ._session import ClaudeSession, collapsed, deadline, load_state, resumable, start
 from ._settings import Settings, argv, cli_env, resolve

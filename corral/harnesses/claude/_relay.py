@@ -34,7 +34,7 @@ import trio
 
 from .._cli_process import CliError, CliExited
 from .._permission import decide
-from .._worker import TurnContext, TurnFailed
+from .._turn import TurnContext, TurnFailed
 from . import _mcp
 from ._session import START_TIMEOUT_S, ClaudeSession, ControlError, collapsed, save_state
 from ._settings import MCP_PREFIX, MCP_SERVER, Settings, mapping

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from .._cli_process import CliError, CliProcess, open_cli
-from .._worker import TurnFailed
+from .._turn import TurnFailed
 from ._settings import Settings
 
 log = logging.getLogger("corral.harnesses.claude")

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 from ... import clis
 from ..._child_env import base_env
+from .._turn import TurnFailed
 from .._turn_message import tool_rows
-from .._worker import TurnFailed
 from ..spawn_env import env_prefix
 
 #: The name of corral's MCP server inside Claude Code: its tools are ``mcp__corral__<name>``.

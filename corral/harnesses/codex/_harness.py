@@ -38,7 +38,7 @@ from .._cli_process import (
     unwrapped,
 )
 from .._llm_request import llm_request
-from .._worker import TurnContext, TurnFailed
+from .._turn import TurnContext, TurnFailed
 from ._home import Launch, cli_env, prepare, save_thread, saved_thread
 from ._input import TurnInput, turn_input
 from ._relay import APPROVALS, Relay, Usage

@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from .._permission import decide
-from .._worker import TurnContext, TurnFailed
+from .._turn import TurnContext, TurnFailed
 from ._rpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,

@@ -12,7 +12,7 @@ import trio
 
 from ..._jsonlines import JsonObject
 from .._llm_request import LlmRequestData, llm_request
-from .._worker import TurnFailed
+from .._turn import TurnFailed
 from ..spawn_env import env_prefix
 from ._conversations import _history
 from ._loop import _AgentLoop
@@ -20,7 +20,7 @@ from ._settings import DEFAULT_BASE_URL, Settings, resolve_settings
 from ._tls import default_context
 
 if TYPE_CHECKING:
-    from .._worker import TurnContext
+    from .._turn import TurnContext
 
 
 class OpenAIHarness:

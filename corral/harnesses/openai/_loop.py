@@ -19,14 +19,14 @@ import httpx
 import trio
 
 from ..._jsonlines import JsonObject
-from .._worker import TurnFailed
+from .._turn import TurnFailed
 from ._conversations import _ChatConversation, _history, _ResponsesConversation
 from ._settings import Settings
 from ._step import _Step, _ToolCall
 from ._streams import _ChatReader, _json_object, _Reader, _redact, _ResponsesReader, _SSEParser
 
 if TYPE_CHECKING:
-    from .._worker import TurnContext
+    from .._turn import TurnContext
 
 log = logging.getLogger("corral.harnesses.openai")
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from ..._jsonlines import JsonObject
-from .._worker import TurnFailed
+from .._turn import TurnFailed
 from ..spawn_env import env_prefix
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"

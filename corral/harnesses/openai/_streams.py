@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..._jsonlines import JsonObject
-from .._worker import TurnFailed
+from .._turn import TurnFailed
 from ._conversations import _item_text
 from ._step import _Step, _ToolCall
 

@@ -36,7 +36,7 @@ from .._cli_process import (
     unwrapped,
 )
 from .._llm_request import llm_request
-from .._worker import TurnContext, TurnFailed
+from .._turn import TurnContext, TurnFailed
 from ._home import Launch, argv, cli_env, prepare
 from ._input import TurnInput, prompt_text, runner_tools, turn_input
 from ._relay import Relay

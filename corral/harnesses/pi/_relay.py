@@ -37,7 +37,7 @@ from typing import Any
 import trio
 
 from .._permission import decide
-from .._worker import TurnContext, TurnFailed
+from .._turn import TurnContext, TurnFailed
 from ._home import GATE_TITLE, TOOL_TITLE
 from ._rpc import (
     DIALOGS,

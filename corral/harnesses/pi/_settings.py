@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .._cli_settings import cli_settings
-from .._worker import TurnContext, TurnFailed
+from .._turn import TurnContext, TurnFailed
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 APIS = ("openai-completions", "openai-responses", "anthropic-messages")
