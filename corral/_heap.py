@@ -3,15 +3,18 @@
 A flood of deltas passes through every process of a turn's path, and each ends it with its
 heap at the flood's high-water mark: the messages are freed, but glibc's malloc keeps the
 freed chunks for the next burst instead of unmapping them, and CPython collects reference
-cycles only when its counters say so: after a 100,000-delta turn through the real server the
+cycles only when its counters say so. After a 100,000-delta turn through the real server the
 host's tree held 249 MB of PSS, 224 MB with this module (docs/supervision.md, "Memory after
-a burst"). So each process — the host, every actor, every worker — watches a
-count of its own work (messages sent, received and handled, or routed) and, once a burst of
-it is followed by :data:`QUIET_S` with next to none, looks at its resident set: grown by
-:data:`MIN_GROWTH` since it last released, it collects its cycles and trims its heap
-(:func:`release`). Work is counted in messages but grows memory by their size (one answer
-may carry a run of 5,000 events), hence the resident set. An idle process looks once every
-:data:`IDLE_S` and does nothing; a busy one is never interrupted for it.
+a burst").
+
+So each process — the host, every actor, every worker — watches a count of its own work
+(messages sent, received and taken from its inbox, or routed). Whenever it is not in a burst
+(the count grew by at most :data:`QUIET_WORK` in the last :data:`QUIET_S`: heartbeats and the
+odd request never stop) and its resident set grew by :data:`MIN_GROWTH` since it last
+released, it collects its cycles and trims its heap (:func:`release`). Work is counted in
+messages but grows memory by their size (one answer may carry a run of 5,000 events), hence
+the resident set. An idle process looks once every :data:`IDLE_S`; a busy one is never
+interrupted.
 
 What this cannot give back: CPython's own pools (``pymalloc`` arenas) go back only when every
 object in them is freed, and a long-lived object left among a burst's keeps its arena.
