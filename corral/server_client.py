@@ -59,6 +59,7 @@ from ._exceptions import (
     ServerUnavailable,
 )
 from ._jsonlines import JsonObject
+from ._server_answers import clip, detail, read_capped, rejected, retry_after_s
 from .spec import MAX_BUNDLE_BYTES, AgentSpec, load_bundle
 
 __all__ = [
@@ -384,7 +385,7 @@ class ServerClient:
             if isinstance(answer.get("error"), dict):
                 error = answer["error"]
                 raise ServerRejected(
-                    f"POST {path}: tools/call {name!r} failed: {_clip(str(error.get('message')))}",
+                    f"POST {path}: tools/call {name!r} failed: {clip(str(error.get('message')))}",
                     status=200,
                     body=msgspec.json.encode(answer),
                     method="POST",
@@ -549,7 +550,7 @@ class ServerClient:
                 )
                 response = await self._http.send(request, stream=True)
                 try:
-                    body = await _read_capped(response, max_bytes, method, path)
+                    body = await read_capped(response, max_bytes, method, path)
                 finally:
                     await response.aclose()
             except httpx.TimeoutException as exc:
@@ -563,7 +564,7 @@ class ServerClient:
             except httpx.TransportError as exc:
                 sent = not isinstance(exc, httpx.ConnectError)
                 error = ServerUnavailable(
-                    f"{method} {path}: {type(exc).__name__}: {_clip(str(exc))}",
+                    f"{method} {path}: {type(exc).__name__}: {clip(str(exc))}",
                     method=method,
                     path=path,
                 )
@@ -571,7 +572,7 @@ class ServerClient:
             except httpx.RequestError as exc:  # e.g. a body that fails to decode: not transient
                 self._counters.failures += 1
                 raise ServerProtocolError(
-                    f"{method} {path}: {type(exc).__name__}: {_clip(str(exc))}",
+                    f"{method} {path}: {type(exc).__name__}: {clip(str(exc))}",
                     method=method,
                     path=path,
                 ) from exc
@@ -582,11 +583,11 @@ class ServerClient:
                     return response, body
                 if status not in UNAVAILABLE_STATUS:
                     self._counters.failures += 1
-                    raise _rejected(method, path, status, body)
+                    raise rejected(method, path, status, body)
                 sent = True
-                retry_after = _retry_after(response.headers.get("retry-after"))
+                retry_after = retry_after_s(response.headers.get("retry-after"))
                 error = ServerUnavailable(
-                    f"{method} {path} -> {status}: {_detail(body)}",
+                    f"{method} {path} -> {status}: {detail(body)}",
                     method=method,
                     path=path,
                     status=status,
@@ -612,91 +613,6 @@ class ServerClient:
         return ServerProtocolError(
             f"{method} {path}: unexpected answer: {what}", method=method, path=path
         )
-
-
-async def _read_capped(response: httpx.Response, limit: int, method: str, path: str) -> bytes:
-    declared = response.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ServerProtocolError(
-            f"{method} {path}: answer of {declared} bytes is over the {limit}-byte limit",
-            method=method,
-            path=path,
-            status=response.status_code,
-        )
-    chunks = bytearray()
-    async for chunk in response.aiter_bytes():
-        chunks += chunk
-        if len(chunks) > limit:
-            raise ServerProtocolError(
-                f"{method} {path}: answer is over the {limit}-byte limit",
-                method=method,
-                path=path,
-                status=response.status_code,
-            )
-    return bytes(chunks)
-
-
-def _rejected(method: str, path: str, status: int, body: bytes) -> ServerRejected:
-    code = None
-    try:
-        decoded = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        decoded = None
-    if isinstance(decoded, dict):
-        error = decoded.get("error")
-        if isinstance(error, dict) and error.get("code") is not None:
-            code = str(error["code"])
-        elif isinstance(error, str):  # the runner-side shape {"error": "not_found", "detail"}
-            code = error
-    return ServerRejected(
-        f"{method} {path} -> {status}: {_detail(body)}",
-        status=status,
-        body=body,
-        method=method,
-        path=path,
-        code=code,
-    )
-
-
-def _detail(body: bytes) -> str:
-    """A short human message from an error body.
-
-    Both shapes are read: the 0.19 server's and runner's ``{"error": {"code", "message"}}``
-    (PROTOCOL_0_19 §H.2) and the older ``{"error": "<code>", "detail": "<text>"}``, as well
-    as a framework's bare ``{"detail": ...}``. The message is preferred, then the code.
-    """
-    try:
-        decoded = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return _clip(body.decode("utf-8", "replace")) or "(empty body)"
-    if isinstance(decoded, dict):
-        error = decoded.get("error")
-        detail = decoded.get("detail")
-        if isinstance(error, dict):
-            text = error.get("message") or error.get("detail") or error.get("code")
-            if text:
-                return _clip(str(text))
-        if detail:
-            text = detail if isinstance(detail, str) else msgspec.json.encode(detail).decode()
-            return _clip(text)
-        if isinstance(error, str) and error:
-            return _clip(error)
-    return _clip(body.decode("utf-8", "replace")) or "(empty body)"
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
 
 
 def safe_id(value: str, what: str) -> str:

@@ -24,6 +24,7 @@ FLOOR = frozenset(
         "corral",  # the package itself: __version__
         "_child_env",
         "_exceptions",
+        "_server_answers",
         "_heap",
         "_input",
         "_jsonlines",

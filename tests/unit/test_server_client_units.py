@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from corral import __version__
-from corral.server_client import ServerClient, _detail
+from corral._server_answers import detail as _detail
+from corral.server_client import ServerClient
 
 
 async def test_every_call_says_it_is_corral_and_held_evaluations_wait_a_day() -> None:
