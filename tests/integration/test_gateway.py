@@ -571,6 +571,55 @@ async def test_concurrent_requests_multiplex_with_streams_heartbeats_and_cancel(
         assert t.violations == []
 
 
+async def _fewest_tasks(host: HostProcess, samples: int = 5) -> int:
+    """The gateway's trio tasks, the fewest of a few looks: a heartbeat's sender task lives
+    for a moment, and one look may catch it."""
+    counts = []
+    for _ in range(samples):
+        counts.append((await gateway_state(host))["tasks"])
+        await trio.sleep(0.05)
+    return min(counts)
+
+
+async def test_open_streams_hold_no_task_beat_and_go_with_their_connection(
+    host_factory, tunnels, server
+) -> None:
+    """Issue #20: a stream the server holds open is a record, not a task — 30 idle streams
+    leave the gateway's tasks as they were, every one of them still gets its heartbeats, and
+    all of them are forgotten (nothing kept per session) when their connection goes."""
+    host = host_factory(
+        host_config(tunnels, [{"id": "idle"}], server=server, gateway={"heartbeat_s": 0.3})
+    )
+    async with running(host):
+        t = await tunnels.wait_tunnel("idle")
+        await poll(host, lambda s: tunnel_of(s, "idle")["state"] == "connected")
+        before = await _fewest_tasks(host)
+        streams = [await t.open_stream(f"idle-{i}") for i in range(30)]
+        state = await poll(host, lambda s: s["streams"] == 30)
+        assert state["stream_sessions"] == 30
+        assert tunnel_of(state, "idle")["responses_open"] == 30
+        assert tunnel_of(state, "idle")["requests_in_flight"] == 0
+        assert await _fewest_tasks(host) <= before
+        for stream in streams:
+            beats = stream.heartbeats
+            await tunnels.until(lambda s=stream, b=beats: s.heartbeats >= b + 2, what="beats")
+            assert not stream.response.ended
+        # The server cancels one: it alone is gone.
+        await t.cancel(streams[0].response.id)
+        await poll(host, lambda s: s["streams"] == 29 and s["stream_sessions"] == 29)
+        # The connection goes: so do the streams on it, and what was kept for their sessions.
+        await t.close(1012, "restarting")
+        state = await poll(host, lambda s: s["streams"] == 0)
+        assert state["stream_sessions"] == 0
+        again = await tunnels.wait_tunnel("idle", count=2)
+        await poll(host, lambda s: tunnel_of(s, "idle")["state"] == "connected")
+        assert tunnel_of(await gateway_state(host), "idle")["responses_open"] == 0
+        fresh = await again.open_stream("idle-0")
+        beats = fresh.heartbeats
+        await tunnels.until(lambda: fresh.heartbeats >= beats + 2, what="beats on the new one")
+        assert again.violations == []
+
+
 async def test_binary_bodies_malformed_and_oversized_frames(host_factory, tunnels, server) -> None:
     host = host_factory(
         host_config(tunnels, [{"id": "edge"}], server=server, gateway={"max_frame_bytes": 65536})

@@ -60,7 +60,8 @@ redelivery of it is a duplicate), counted per type in the snapshot and logged on
 It stays in the journal, which dispatch feeds separately.
 
 The tunnels themselves (connection, reconnect with backoff, frame limits) are in
-:mod:`._tunnel`; the buffer in :mod:`._streams`.
+:mod:`._tunnel`; the buffer in :mod:`._streams`; the open streams, which hold no task while
+idle, in :mod:`._open_streams`.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ from ...runners import resolve_runner_ids
 from .._actor import Actor, ActorContext, handles
 from .._tally import Tally
 from ._frames import RequestFrame
+from ._open_streams import OpenStreams
 from ._options import GatewayOptions
-from ._sse import DONE, HEARTBEAT, SSE_HEADERS, sse_data, stream_type
+from ._sse import stream_type
 from ._streams import StreamBuffer
 from ._tunnel import Responder, Tunnel, runner_dispatch_failed
 from ._vocabulary import SERVER_STREAM_TYPES
@@ -109,8 +111,6 @@ _EMPTY_LIST: Final[Mapping[str, object]] = {
     "last_id": None,
     "has_more": False,
 }
-#: How long a DELETE waits for the session's streams to send their [DONE].
-_STREAM_END_WAIT_S = 5.0
 #: How often a drain looks whether the events it waits for have been written.
 DRAIN_POLL_S = 0.05
 
@@ -136,23 +136,6 @@ def _bound_of(reply: HttpResponse | None) -> _Bound | None:
 
 def _upstream(event: bytes) -> bool:
     return stream_type(event) in SERVER_STREAM_TYPES
-
-
-class _Stream:
-    """One open ``GET .../stream``: ``finish`` asks it to end with ``[DONE]``.
-
-    A stream opened with ``Last-Event-ID`` (``cursors``) tags each event with its ``seq``
-    and leaves ``keep`` read events unconfirmed (see :meth:`StreamBuffer.received`); one
-    opened without is the 0.19 wire format exactly.
-    """
-
-    __slots__ = ("cursors", "ended", "finish", "keep")
-
-    def __init__(self, cursors: bool, keep: int) -> None:
-        self.finish = False
-        self.cursors = cursors
-        self.keep = keep if cursors else 0
-        self.ended = trio.Event()
 
 
 def stream_cursor(headers: list[tuple[str, str]]) -> int | None:
@@ -197,9 +180,7 @@ class GatewayActor(Actor):
             compact_bytes=self.options.compact_bytes,
         )
         self.tunnels: list[Tunnel] = []
-        #: The newest open /stream of each session (only it takes events), and all of them.
-        self._streams: dict[str, _Stream] = {}
-        self._open: dict[str, set[_Stream]] = {}
+        self.streams = OpenStreams(self.buffer, self.options, peer.inbox)
         #: The runner id each session was bound through, as dispatch said (:meth:`_kept_out`).
         self._bound: dict[str, str] = {}
         #: Sessions the server deleted (through this gateway): their later events go nowhere.
@@ -209,14 +190,13 @@ class GatewayActor(Actor):
         self.after_delete = 0
         #: What ``/metrics`` shows of the relay (``corral_deltas_relayed_total``).
         self.tally = Tally()
-        self._stream_locks: dict[str, trio.Lock] = {}
-        self._changed: dict[str, trio.Event] = {}
         self._chunks: dict[str, trio.MemorySendChannel[HttpChunk]] = {}
 
     async def setup(self) -> None:
         assert self.nursery is not None
         await trio.to_thread.run_sync(self.buffer.load, _upstream)
         self.nursery.start_soon(self.buffer.run)
+        self.nursery.start_soon(self.streams.run_heartbeats)
         ids = await trio.to_thread.run_sync(self._runner_ids)
         for runner, runner_id in zip(self.options.runners, ids, strict=True):
             tunnel = Tunnel(self, runner, runner_id)
@@ -237,7 +217,7 @@ class GatewayActor(Actor):
     def _unsent_on_streams(self) -> int:
         if not any(t.state == "connected" for t in self.tunnels):
             return 0
-        return sum(self.buffer.pending_in(session_id) for session_id in self._streams)
+        return sum(self.buffer.pending_in(session_id) for session_id in self.streams.newest)
 
     async def terminate(self) -> None:
         self.buffer.close()
@@ -247,11 +227,8 @@ class GatewayActor(Actor):
             **super().snapshot(),
             "tunnels": [t.status() for t in self.tunnels],
             "harnesses": self.harnesses,
-            "streams": len(self._streams),
-            # Sessions any stream state is kept for: those with a stream open, no more.
-            "stream_sessions": len(
-                self._open.keys() | self._stream_locks.keys() | self._changed.keys()
-            ),
+            "streams": len(self.streams.newest),
+            "stream_sessions": self.streams.sessions_held(),
             "pending_events": self.buffer.pending_count(),
             "unsent_events": self.buffer.unsent_count(),
             "buffer": dict(self.buffer.stats),
@@ -298,7 +275,7 @@ class GatewayActor(Actor):
         if touched:
             self.buffer.ack_when_synced(self.defer(incoming))
             for session_id in touched:
-                self._notify(session_id)
+                self.streams.notify(session_id)
 
     @handles(HttpChunk)
     async def chunk(self, msg: HttpChunk, incoming: Incoming) -> None:
@@ -315,11 +292,6 @@ class GatewayActor(Actor):
                 "does not accept them); they are counted in the gateway's off_stream",
                 key,
             )
-
-    def _notify(self, session_id: str) -> None:
-        event = self._changed.pop(session_id, None)
-        if event is not None:
-            event.set()
 
     # --- requests --------------------------------------------------------------------------
 
@@ -349,7 +321,7 @@ class GatewayActor(Actor):
                 except BadInput as exc:
                     await responder.respond(refused(frame, exc))
                     return
-                await self._session_stream(responder, session_id, cursor)
+                await self.streams.serve(tunnel, responder, session_id, cursor)
                 return
             local = _local_answer(method, rest)
             if local is not None:
@@ -491,91 +463,12 @@ class GatewayActor(Actor):
         self._deleted.add(session_id)
         self._bound.pop(session_id, None)
         forgotten = self.buffer.forget(session_id)
-        streams = list(self._open.get(session_id, ()))
+        ended = await self.streams.finish(session_id)
         log.info(
             "session %s deleted: %d undelivered events forgotten, %d streams ended",
             session_id,
             forgotten,
-            len(streams),
-        )
-        for stream in streams:
-            stream.finish = True
-        self._notify(session_id)
-        with trio.move_on_after(_STREAM_END_WAIT_S):
-            for stream in streams:
-                await stream.ended.wait()
-
-    async def _session_stream(
-        self, responder: Responder, session_id: str, cursor: int | None
-    ) -> None:
-        """``GET /v1/sessions/{id}/stream``: buffered then live events, until the session is
-        deleted (then ``[DONE]`` and the end).
-
-        The stream starts after ``cursor`` (its ``Last-Event-ID``) if it has one, else after
-        the last event a ping proved read: what an earlier stream wrote and the server may
-        not have goes again.
-        """
-        opts = self.options
-        me = _Stream(cursor is not None, opts.replay_window_events)
-        self._streams[session_id] = me  # the newest stream of a session takes its events
-        self._open.setdefault(session_id, set()).add(me)
-        self._notify(session_id)
-        lock = self._stream_locks.setdefault(session_id, trio.Lock())
-        try:
-            async with lock:  # after any frame an older stream of it has in flight
-                self.buffer.rewind(session_id, cursor)
-            await responder.head(200, SSE_HEADERS)
-            await responder.text(HEARTBEAT)
-            quiet_since = trio.current_time()
-            while not me.finish:
-                changed = self._changed.setdefault(session_id, trio.Event())
-                if self._streams.get(session_id) is me and self.buffer.has_pending(session_id):
-                    async with lock:
-                        if self._streams.get(session_id) is me:
-                            await self._send_batch(responder, session_id, me)
-                            quiet_since = trio.current_time()
-                    continue
-                with trio.move_on_at(quiet_since + opts.heartbeat_s):
-                    await changed.wait()
-                    continue
-                await responder.text(HEARTBEAT)
-                quiet_since = trio.current_time()
-            await responder.text(DONE)
-            await responder.end()
-        finally:
-            me.ended.set()
-            self._open[session_id].discard(me)
-            if not self._open[session_id]:
-                del self._open[session_id]
-                # With no stream of the session open nothing holds or waits on its lock or
-                # its change event: a session whose streams ended leaves no entry (issue #20).
-                self._stream_locks.pop(session_id, None)
-                self._changed.pop(session_id, None)
-            if self._streams.get(session_id) is me:
-                del self._streams[session_id]
-
-    async def _send_batch(self, responder: Responder, session_id: str, stream: _Stream) -> None:
-        opts = self.options
-        # Busy: events already on their way in (queued in our inbox) join this frame. Each
-        # checkpoint lets the actor loop take more messages; an idle inbox stops at once,
-        # so a lone event is never held back.
-        inbox = self.peer.inbox
-        for _ in range(opts.sse_batch_events):
-            if not inbox:
-                break
-            if self.buffer.pending_in(session_id) >= opts.sse_batch_events:
-                break
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        batch = self.buffer.take(session_id, opts.sse_batch_events, opts.sse_batch_bytes)
-        if not batch:
-            return
-        last = batch[-1][0]
-        text = "".join(sse_data(event, seq if stream.cursors else None) for seq, event in batch)
-        keep, mark = stream.keep, not stream.cursors
-        await responder.text(
-            text,
-            on_sent=lambda: self.buffer.sent(session_id, last, mark=mark),
-            on_read=lambda: self.buffer.received(session_id, last, keep=keep),
+            ended,
         )
 
 

@@ -28,7 +28,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -269,6 +269,11 @@ class Tunnel:
         #: The server sent ``event.ready`` on the current connection.
         self.event_ready = False
         self.requests: dict[str, trio.CancelScope] = {}
+        #: Responses left open after their request's task returned (a session's stream), by
+        #: request id: what ends each when the server cancels it or the connection goes.
+        self.detached: dict[str, Callable[[], None]] = {}
+        #: The current connection's nursery: the tasks of its requests and open responses.
+        self._nursery: trio.Nursery | None = None
         self.stats = dict.fromkeys(
             (
                 "frames_in",
@@ -304,6 +309,7 @@ class Tunnel:
             "connection_id": self.connection_id,
             "event_ready": self.event_ready,
             "requests_in_flight": len(self.requests),
+            "responses_open": len(self.detached),
             **self.stats,
         }
 
@@ -427,6 +433,7 @@ class Tunnel:
         reads = _Reads()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._writer, ws, marked, queue, reads, nursery.cancel_scope)
                 nursery.start_soon(self._pinger, ws, nursery.cancel_scope)
                 nursery.start_soon(self._confirmer, ws, reads, nursery.cancel_scope)
@@ -434,7 +441,31 @@ class Tunnel:
                 nursery.cancel_scope.cancel()
         finally:
             self._out = None
+            self._nursery = None
             self.requests.clear()
+            # The responses still open went with the connection.
+            while self.detached:
+                self.detached.popitem()[1]()
+
+    def detach(self, request_id: str, on_end: Callable[[], None]) -> None:
+        """Keep the response of ``request_id`` open after its request's task returns:
+        ``on_end`` runs when the server cancels it or the connection goes (not after
+        :meth:`forget`)."""
+        self.detached[request_id] = on_end
+
+    def forget(self, request_id: str) -> None:
+        """The detached response of ``request_id`` ended on its own."""
+        self.detached.pop(request_id, None)
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run ``fn(*args)`` in a task of the current connection, cancelled with it.
+
+        Raises:
+            TunnelDown: no connection is up.
+        """
+        if self._nursery is None:
+            raise TunnelDown(f"tunnel {self.runner_id} is not connected")
+        self._nursery.start_soon(fn, *args)
 
     async def _writer(
         self,
@@ -563,7 +594,7 @@ class Tunnel:
             await self._refuse_malformed(raw, exc)
             return
         if isinstance(frame, RequestFrame):
-            if frame.id in self.requests:
+            if frame.id in self.requests or frame.id in self.detached:
                 self._malformed(f"request id {frame.id!r} is already in flight", raw[:200])
                 return
             scope = self.requests[frame.id] = trio.CancelScope()
@@ -574,11 +605,15 @@ class Tunnel:
             # A cancel may name a request that already ended (the server cancels a /stream
             # right after its [DONE], §A.5): only one still in flight has anything to stop.
             cancelled = self.requests.get(frame.id)
-            if cancelled is not None:
+            on_end = self.detached.pop(frame.id, None)
+            if cancelled is not None or on_end is not None:
                 log.info(
                     "tunnel %s: request %s cancelled (%s)", self.runner_id, frame.id, frame.reason
                 )
+            if cancelled is not None:
                 cancelled.cancel()
+            if on_end is not None:
+                on_end()
         elif isinstance(frame, EventReadyFrame):
             if not self.event_ready:
                 log.info("tunnel %s: the server accepts session event batches", self.runner_id)

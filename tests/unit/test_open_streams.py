@@ -1,0 +1,218 @@
+"""The gateway's open session streams (issue #20): a stream is a record, and a task runs for
+it only while something is due — its events, a heartbeat, the ``[DONE]`` of a deletion.
+
+The stream's tunnel and response are stand-ins here (the tunnel's nursery is the test's, the
+response records what it would have sent); the buffer is the real one, on a file. The whole
+path through a real host and the fake tunnel server is
+``test_open_streams_hold_no_task_beat_and_go_with_their_connection`` in
+``tests/integration/test_gateway.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import msgspec
+import trio
+import trio.testing
+
+from corral.actors.gateway import StreamBuffer, TunnelDown
+from corral.actors.gateway._open_streams import OpenStreams
+from corral.actors.gateway._options import GatewayOptions
+from corral.actors.gateway._sse import DONE, HEARTBEAT
+
+HEARTBEAT_S = 10.0
+
+
+class Responder:
+    """What a stream's response would have sent: its head, then each body piece."""
+
+    def __init__(self, request_id: str, fail_on: str | None = None) -> None:
+        self.id = request_id
+        self.head_status: int | None = None
+        self.texts: list[str] = []
+        self.ended = False
+        self.fail_on = fail_on
+
+    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.head_status = status
+        await trio.lowlevel.checkpoint()
+
+    async def text(
+        self,
+        text: str,
+        on_sent: Callable[[], None] | None = None,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.fail_on is not None and self.fail_on in text:
+            raise RuntimeError("the response broke")
+        self.texts.append(text)
+        if on_sent is not None:
+            on_sent()
+
+    async def end(self) -> None:
+        self.ended = True
+        await trio.lowlevel.checkpoint()
+
+    def events(self) -> list[Any]:
+        return [
+            json.loads(line[len("data: ") :])
+            for text in self.texts
+            for line in text.split("\n")
+            if line.startswith("data: {") and "session.heartbeat" not in line
+        ]
+
+    def heartbeats(self) -> int:
+        return sum(text.count(HEARTBEAT) for text in self.texts)
+
+
+class Tunnel:
+    """A connection's part of a tunnel: its nursery, and the responses it keeps open."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery: trio.Nursery | None = nursery
+        self.detached: dict[str, Callable[[], None]] = {}
+
+    def detach(self, request_id: str, on_end: Callable[[], None]) -> None:
+        self.detached[request_id] = on_end
+
+    def forget(self, request_id: str) -> None:
+        self.detached.pop(request_id, None)
+
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        if self.nursery is None:
+            raise TunnelDown("not connected")
+        self.nursery.start_soon(fn, *args)
+
+    def tasks(self) -> int:
+        assert self.nursery is not None
+        return len(self.nursery.child_tasks)
+
+
+class Streams:
+    def __init__(self, streams: OpenStreams, buffer: StreamBuffer, tunnel: Tunnel) -> None:
+        self.streams = streams
+        self.buffer = buffer
+        self.tunnel = tunnel
+        self.seq = 0
+
+    async def open(self, session_id: str, **kw: Any) -> Responder:
+        responder = Responder(f"req-{session_id}-{len(self.tunnel.detached)}", **kw)
+        await self.streams.serve(cast("Any", self.tunnel), cast("Any", responder), session_id, None)
+        return responder
+
+    def publish(self, session_id: str, *texts: str) -> None:
+        for text in texts:
+            self.seq += 1
+            event = {"type": "response.output_text.delta", "delta": text}
+            assert self.buffer.add(session_id, self.seq, msgspec.json.encode(event))
+        self.streams.notify(session_id)
+
+
+@asynccontextmanager
+async def streams_on(tmp_path: Path) -> AsyncIterator[Streams]:
+    buffer = StreamBuffer(tmp_path / "streams.log", max_events=1000, compact_bytes=1 << 20)
+    buffer.load()
+    options = msgspec.convert({"heartbeat_s": HEARTBEAT_S}, GatewayOptions)
+    streams = OpenStreams(buffer, options, inbox=[])
+    try:
+        async with trio.open_nursery() as nursery:
+            yield Streams(streams, buffer, Tunnel(nursery))
+            nursery.cancel_scope.cancel()
+    finally:
+        buffer.close()
+
+
+async def settle() -> None:
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_an_open_stream_holds_no_task_until_something_is_due(tmp_path: Path) -> None:
+    async with streams_on(tmp_path) as s:
+        quiet = await s.open("quiet")
+        busy = await s.open("busy")
+        assert quiet.head_status == 200 and quiet.texts == [HEARTBEAT]
+        assert s.tunnel.tasks() == 0
+        assert sorted(s.streams.newest) == ["busy", "quiet"]
+        assert len(s.tunnel.detached) == 2
+        s.publish("busy", "a", "b")
+        s.publish("busy", "c")
+        await settle()
+        assert [e["delta"] for e in busy.events()] == ["a", "b", "c"]
+        assert quiet.events() == [] and s.tunnel.tasks() == 0
+        assert not busy.ended and s.buffer.unsent_count() == 0
+
+
+async def test_what_was_pending_goes_on_a_stream_at_its_open(tmp_path: Path) -> None:
+    async with streams_on(tmp_path) as s:
+        s.publish("early", "x", "y")  # nobody holds it open yet
+        early = await s.open("early")
+        assert early.texts[0] == HEARTBEAT
+        assert [e["delta"] for e in early.events()] == ["x", "y"]
+        assert s.tunnel.tasks() == 0
+
+
+async def test_the_newest_stream_of_a_session_takes_its_events(tmp_path: Path) -> None:
+    async with streams_on(tmp_path) as s:
+        old = await s.open("twice")
+        new = await s.open("twice")
+        s.publish("twice", "n")
+        await settle()
+        assert old.events() == [] and [e["delta"] for e in new.events()] == ["n"]
+        assert s.streams.sessions_held() == 1
+
+
+async def test_one_task_beats_every_quiet_stream(tmp_path: Path, autojump_clock: Any) -> None:
+    async with streams_on(tmp_path) as s:
+        many = [await s.open(f"s{i}") for i in range(20)]
+        await trio.sleep(HEARTBEAT_S * 3 + 1)
+        assert all(r.heartbeats() == 1 for r in many)  # nothing beats without the task
+        s.tunnel.start_soon(s.streams.run_heartbeats)
+        await trio.sleep(HEARTBEAT_S * 3 + 0.5)  # between two looks (every second)
+        assert all(r.heartbeats() >= 4 for r in many), [r.heartbeats() for r in many]
+        assert s.tunnel.tasks() == 1  # the heartbeat task, and no other
+
+
+async def test_a_deleted_session_ends_each_of_its_streams_with_done(tmp_path: Path) -> None:
+    async with streams_on(tmp_path) as s:
+        first, second = await s.open("gone"), await s.open("gone")
+        kept = await s.open("kept")
+        assert await s.streams.finish("gone") == 2
+        for r in (first, second):
+            assert r.texts[-1] == DONE and r.ended
+        assert s.streams.sessions_held() == 1 and "gone" not in s.streams.newest
+        assert list(s.tunnel.detached) == [kept.id]
+        assert await s.streams.finish("never-open") == 0
+
+
+async def test_a_cancel_or_a_lost_connection_forgets_the_stream(tmp_path: Path) -> None:
+    async with streams_on(tmp_path) as s:
+        cancelled = await s.open("c")
+        await s.open("lost")
+        s.tunnel.detached.pop(cancelled.id)()  # the server's request.cancel
+        assert "c" not in s.streams.newest and s.streams.sessions_held() == 1
+        s.tunnel.nursery = None  # the connection went: its responses end with it
+        s.publish("lost", "z")
+        assert s.streams.newest == {} and s.streams.sessions_held() == 0
+        for on_end in list(s.tunnel.detached.values()):
+            on_end()  # what the tunnel does at the end of a connection; nothing is left
+        assert s.streams.sessions_held() == 0
+
+
+async def test_a_stream_that_fails_ends_alone(tmp_path: Path, caplog: Any) -> None:
+    async with streams_on(tmp_path) as s:
+        broken = await s.open("broken", fail_on="boom")
+        fine = await s.open("fine")
+        s.publish("broken", "boom")
+        s.publish("fine", "ok")
+        await settle()
+        assert broken.ended and "broken" not in s.streams.newest
+        assert "its stream failed" in caplog.text
+        assert [e["delta"] for e in fine.events()] == ["ok"] and not fine.ended
+        # What it failed to send is still pending: the server's next stream gets it.
+        assert s.buffer.pending_in("broken") == 1
