@@ -22,6 +22,7 @@ ROOT = Path(corral.__file__).parent
 FLOOR = frozenset(
     {
         "corral",  # the package itself: __version__
+        "_bundle_files",
         "_child_env",
         "_exceptions",
         "_server_answers",
