@@ -600,10 +600,19 @@ async def test_open_streams_hold_no_task_beat_and_go_with_their_connection(
         assert tunnel_of(state, "idle")["responses_open"] == 30
         assert tunnel_of(state, "idle")["requests_in_flight"] == 0
         assert await _fewest_tasks(host) <= before
+        # A request frame reusing an open stream's id, well formed or not, is refused as
+        # malformed and answered on nothing: the stream's response stays whole.
+        taken = streams[1].response.id
+        bad = {"kind": "request", "id": taken, "method": "GET", "path": "/v1/x", "headers": []}
+        malformed = tunnel_of(await gateway_state(host), "idle")["malformed"]
+        await t.send(bad)
+        await t.send({**bad, "method": 5})
+        await poll(host, lambda s: tunnel_of(s, "idle")["malformed"] == malformed + 2)
         for stream in streams:
             beats = stream.heartbeats
             await tunnels.until(lambda s=stream, b=beats: s.heartbeats >= b + 2, what="beats")
             assert not stream.response.ended
+        assert t.violations == []
         # The server cancels one: it alone is gone.
         await t.cancel(streams[0].response.id)
         await poll(host, lambda s: s["streams"] == 29 and s["stream_sessions"] == 29)

@@ -643,7 +643,7 @@ class Tunnel:
         """Answer 400 to a ``request`` frame that does not decode, if its id can be found:
         the server would otherwise wait for an answer until its own timeout."""
         match = OVERSIZED_REQUEST_ID.search(raw[:2048])
-        if match is None or match.group(1) in self.requests:
+        if match is None or match.group(1) in self.requests or match.group(1) in self.detached:
             return
         message = f"The request frame is not valid: {why}."
         await Responder(self, match.group(1)).respond(error_response(400, "invalid_input", message))
