@@ -116,7 +116,7 @@ def _show_status(data: dict[str, Any]) -> None:
         )
     tunnels = data.get("tunnels") or []
     if tunnels:
-        table = Table("runner", "server", "state", "for", "error", "next attempt")
+        table = Table("runner", "server", "state", "for", "streams", "error", "next attempt")
         for t in tunnels:
             since = t.get("since")
             table.add_row(
@@ -124,6 +124,7 @@ def _show_status(data: dict[str, Any]) -> None:
                 str(t.get("server") or t.get("url") or "-"),
                 styled(t.get("state")),
                 _age(time.time() - since if since else None),
+                str(t.get("responses_open", "-")),
                 Text(str(t.get("error") or "-"), style="red" if t.get("error") else ""),
                 _age(t.get("next_attempt_in_s")),
             )

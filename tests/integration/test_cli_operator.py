@@ -258,6 +258,15 @@ async def test_sessions_of_a_host_without_a_control_plane_are_dispatch_s(
         assert row["status"] == "idle" and row["created_at"] > 0
         table = await trio.to_thread.run_sync(lambda: corral("sessions", *state))
         assert sid in table.stdout
+        # The server holds the session's stream open: the tunnel's row counts it.
+        await tunnel.open_stream(sid)
+        out = await trio.to_thread.run_sync(lambda: corral("status", "--json", *state))
+        (row,) = _json(out)["tunnels"]
+        assert row["responses_open"] == 1, row
+        view = await trio.to_thread.run_sync(lambda: corral("status", *state))
+        header = next(line for line in view.stdout.splitlines() if "next attempt" in line)
+        line = next(line for line in view.stdout.splitlines() if "ops-a" in line)
+        assert "streams" in header and " 1 " in line, view.stdout
 
 
 # --- sessions and elicitations, through the embedded control plane --------------------------------
