@@ -595,6 +595,7 @@ class Host:
                 "metrics": self.metrics_url,
                 "zygote": None if self.zygote is None else self.zygote.statistics(),
                 "heap_releases": heap.stats["releases"],
+                "bus": None if self.broker is None else self.broker.stats,
             },
             "actors": [c.statistics() for c in self.children.children.values() if c.spec.bus_peer],
             "server": self._server_status(),

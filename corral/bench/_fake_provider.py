@@ -86,10 +86,12 @@ def chat_text(model: str, pieces: list[str]) -> list[bytes]:
 
 
 class FakeProvider:
-    """``await provider.start(nursery)``; every request is answered with ``frames``."""
+    """``await provider.start(nursery)``; every request is answered with ``frames``, at once
+    or, with ``pace_s``, one frame every ``pace_s`` seconds (a model streaming at its pace)."""
 
-    def __init__(self, frames: list[bytes]) -> None:
+    def __init__(self, frames: list[bytes], *, pace_s: float = 0.0) -> None:
         self.frames = frames
+        self.pace_s = pace_s
         self.port = 0
         self.requests = 0
 
@@ -112,8 +114,15 @@ class FakeProvider:
                     "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     "transfer-encoding: chunked\r\n\r\n"
                 )
-                body = b"".join(f"{len(f):x}\r\n".encode() + f + b"\r\n" for f in self.frames)
-                await stream.send_all(head.encode() + body + b"0\r\n\r\n")
+                chunks = [f"{len(f):x}\r\n".encode() + f + b"\r\n" for f in self.frames]
+                if not self.pace_s:
+                    await stream.send_all(head.encode() + b"".join(chunks) + b"0\r\n\r\n")
+                    continue
+                await stream.send_all(head.encode())
+                for chunk in chunks:
+                    await stream.send_all(chunk)
+                    await trio.sleep(self.pace_s)
+                await stream.send_all(b"0\r\n\r\n")
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:

@@ -30,6 +30,11 @@ user drives it (``POST /v1/sessions``, ``PATCH`` its runner, ``POST …/events``
   first over the time from the first one's arrival to the last one's.
 * **CPU per delta**: over those warm turns, the CPU time the runner's tree and the server spent,
   per delta: on two shared cores, a figure that depends less on what else runs than a rate.
+* **CPU per delta at a model's pace**: ``paced_sessions`` new sessions of a second agent,
+  ``bench-relay-paced``, whose provider streams one event every ``paced_ms`` (a model writing
+  ten tokens a second), all turning at once; their second turns (the first starts each
+  session's harness) measured as above. A flood batches every stage; this is what a host
+  serving many people pays per delta.
 
 Every turn's deltas are checked: all N of them, and no more, arrived before the turn was over.
 Each figure is the median over the rounds of each round's median.
@@ -72,6 +77,8 @@ from ._tunnel_peer import PeerError, lone_errors
 from .memory import cpu_s, memory_mb, process_tree, pss_by_title
 
 AGENT = "bench-relay"
+#: The agent whose provider streams at a model's pace.
+PACED_AGENT = "bench-relay-paced"
 #: ``--against`` with this name (or with no command) is omnigent's own runner.
 OMNIGENT = "omnigent"
 DELTA = b'"response.output_text.delta"'
@@ -85,14 +92,27 @@ class AgainstSizes:
     rounds: int
     cold_sessions: int
     warm_turns: int
+    #: Sessions turning at once at a model's pace, the deltas of each turn, and the pace.
+    paced_sessions: int
+    paced_deltas: int
+    paced_ms: int = 100
 
     @classmethod
     def full(cls) -> AgainstSizes:
-        return cls(deltas=5_000, rounds=3, cold_sessions=3, warm_turns=3)
+        return cls(
+            deltas=5_000,
+            rounds=3,
+            cold_sessions=3,
+            warm_turns=3,
+            paced_sessions=20,
+            paced_deltas=50,
+        )
 
     @classmethod
     def quick(cls) -> AgainstSizes:
-        return cls(deltas=300, rounds=1, cold_sessions=2, warm_turns=1)
+        return cls(
+            deltas=300, rounds=1, cold_sessions=2, warm_turns=1, paced_sessions=3, paced_deltas=10
+        )
 
 
 def responses_stream(pieces: int) -> list[bytes]:
@@ -130,10 +150,10 @@ def responses_stream(pieces: int) -> list[bytes]:
     return [sse(e) for e in events]
 
 
-def agent_yaml(llm_url: str) -> str:
+def agent_yaml(llm_url: str, name: str = AGENT) -> str:
     """The benchmark's agent, as a user writes it for either runner."""
     return (
-        f"name: {AGENT}\n"
+        f"name: {name}\n"
         "description: corral bench relay --against\n"
         "executor:\n"
         "  harness: openai-agents\n"
@@ -242,14 +262,14 @@ class Client:
     """The server's client API (REST), for sessions on one runner; their deltas are timed
     where they reach the server, by ``tap``."""
 
-    def __init__(self, http: httpx.AsyncClient, tap: TunnelTap, agent_id: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, tap: TunnelTap, agent_ids: dict[str, str]) -> None:
         self.http = http
         self.tap = tap
-        self.agent_id = agent_id
+        self.agent_ids = agent_ids
 
-    async def session(self, runner_id: str) -> str:
-        """A new session bound to ``runner_id`` (the runner has started it)."""
-        r = await self.http.post("/v1/sessions", json={"agent_id": self.agent_id})
+    async def session(self, runner_id: str, agent: str = AGENT) -> str:
+        """A new session of ``agent`` bound to ``runner_id`` (the runner has started it)."""
+        r = await self.http.post("/v1/sessions", json={"agent_id": self.agent_ids[agent]})
         if r.status_code != 201:
             raise PeerError(f"POST /v1/sessions: {r.status_code} {r.text[:300]}")
         sid = str(r.json()["id"])
@@ -263,13 +283,8 @@ class Client:
         time and then each of its deltas' arrival at the server (``expected`` of them, else
         PeerError)."""
         first = len(self.tap.deltas)
-        message = {"role": "user", "content": [{"type": "input_text", "text": "go"}]}
         posted = time.perf_counter()
-        r = await self.http.post(
-            f"/v1/sessions/{sid}/events", json={"type": "message", "data": message}, timeout=60
-        )
-        if r.status_code != 202:
-            raise PeerError(f"POST .../events: {r.status_code} {r.text[:300]}")
+        await self._post(sid)
         if not await self.tap.wait_deltas(first + expected, timeout):
             got = len(self.tap.deltas) - first
             raise PeerError(f"session {sid}: {got} of {expected} deltas within {timeout:g}s")
@@ -278,6 +293,32 @@ class Client:
         if len(deltas) != expected:
             raise PeerError(f"session {sid}: {len(deltas)} deltas, {expected} expected")
         return [posted, *deltas]
+
+    async def turns(self, sids: list[str], turn: int, expected: int, timeout: float) -> None:
+        """The ``turn``-th message of every session of ``sids`` posted at once; returns once
+        every turn is over with ``expected`` deltas each (else PeerError)."""
+        first = len(self.tap.deltas)
+        async with trio.open_nursery() as nursery:
+            for sid in sids:
+                nursery.start_soon(self._post, sid)
+        total = expected * len(sids)
+        if not await self.tap.wait_deltas(first + total, timeout):
+            got = len(self.tap.deltas) - first
+            raise PeerError(f"{len(sids)} sessions: {got} of {total} deltas within {timeout:g}s")
+        for sid in sids:
+            await self._over(sid, 2 * turn, timeout)
+        if len(self.tap.deltas) - first != total:
+            raise PeerError(
+                f"{len(sids)} sessions: {len(self.tap.deltas) - first} deltas, {total} expected"
+            )
+
+    async def _post(self, sid: str) -> None:
+        message = {"role": "user", "content": [{"type": "input_text", "text": "go"}]}
+        r = await self.http.post(
+            f"/v1/sessions/{sid}/events", json={"type": "message", "data": message}, timeout=60
+        )
+        if r.status_code != 202:
+            raise PeerError(f"POST .../events: {r.status_code} {r.text[:300]}")
 
     async def _over(self, sid: str, items: int, timeout: float) -> None:
         """Until the session is idle with ``items`` items saved (a user message and an
@@ -300,10 +341,13 @@ async def open_client(server_url: str, tap: TunnelTap) -> AsyncIterator[Client]:
     async with httpx.AsyncClient(base_url=server_url, timeout=30) as http:
         r = await http.get("/v1/agents", params={"limit": 100})
         r.raise_for_status()
-        ids = [a["id"] for a in r.json()["data"] if a["name"] == AGENT]
-        if len(ids) != 1:
-            raise PeerError(f"the server has {len(ids)} agents named {AGENT}")
-        yield Client(http, tap, ids[0])
+        ids: dict[str, str] = {}
+        for name in (AGENT, PACED_AGENT):
+            named = [a["id"] for a in r.json()["data"] if a["name"] == name]
+            if len(named) != 1:
+                raise PeerError(f"the server has {len(named)} agents named {name}")
+            ids[name] = named[0]
+        yield Client(http, tap, ids)
 
 
 # --- a round -----------------------------------------------------------------------------------
@@ -322,6 +366,21 @@ class Round:
     #: CPU of the runner's tree and of the server per delta of the warm turns, µs.
     cpu_us: float
     server_cpu_us: float
+    #: The same over the paced turns.
+    paced_cpu_us: float
+    paced_server_cpu_us: float
+
+
+def _spent(root: int, server: int) -> tuple[float, float]:
+    """CPU seconds the runner's tree and the server's have spent so far."""
+    return cpu_s(process_tree(root)), cpu_s(process_tree(server))
+
+
+def _per_delta(
+    before: tuple[float, float], after: tuple[float, float], deltas: int
+) -> tuple[float, float]:
+    """µs of CPU per delta of the runner's tree and of the server between two readings."""
+    return (after[0] - before[0]) * 1e6 / deltas, (after[1] - before[1]) * 1e6 / deltas
 
 
 async def measure_round(
@@ -352,13 +411,15 @@ async def measure_round(
             rates = []
             # Both share two cores, so the CPU each spends per delta is told too: it
             # depends far less on what else runs than the rates do.
-            spent = cpu_s(process_tree(root)), cpu_s(process_tree(server.proc.pid))
+            before = _spent(root, server.proc.pid)
             for turn in range(2, 2 + sizes.warm_turns):
                 _, *deltas = await client.turn(sessions[0], turn, sizes.deltas, timeout)
                 rates.append((len(deltas) - 1) / max(deltas[-1] - deltas[0], 1e-9))
-            per_delta = 1e6 / (sizes.deltas * sizes.warm_turns)
-            cpu_us = (cpu_s(process_tree(root)) - spent[0]) * per_delta
-            server_cpu_us = (cpu_s(process_tree(server.proc.pid)) - spent[1]) * per_delta
+            after = _spent(root, server.proc.pid)
+            cpu_us, server_cpu_us = _per_delta(before, after, sizes.deltas * sizes.warm_turns)
+            paced_cpu_us, paced_server_cpu_us = await _paced(
+                client, runner_id, sizes, root, server.proc.pid
+            )
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(start.__exit__, None, None, None)
@@ -370,7 +431,30 @@ async def measure_round(
         rss_mb=rss,
         cpu_us=cpu_us,
         server_cpu_us=server_cpu_us,
+        paced_cpu_us=paced_cpu_us,
+        paced_server_cpu_us=paced_server_cpu_us,
     )
+
+
+async def _paced(
+    client: Client, runner_id: str, sizes: AgainstSizes, root: int, server: int
+) -> tuple[float, float]:
+    """CPU per delta of the runner's tree and of the server over the paced sessions' second
+    turns, all at once (the first turns start their harnesses)."""
+    sids: list[str] = []
+
+    async def new_session() -> None:
+        sids.append(await client.session(runner_id, PACED_AGENT))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(sizes.paced_sessions):
+            nursery.start_soon(new_session)
+    # The provider's frames besides the deltas are paced too.
+    timeout = 60 + (sizes.paced_deltas + 4) * sizes.paced_ms / 1000
+    await client.turns(sids, 1, sizes.paced_deltas, timeout)
+    before = _spent(root, server)
+    await client.turns(sids, 2, sizes.paced_deltas, timeout)
+    return _per_delta(before, _spent(root, server), sizes.paced_deltas * sizes.paced_sessions)
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -385,14 +469,17 @@ async def measure(against: str, sizes: AgainstSizes, venv: Path) -> Document:
     runners = contenders(against, venv)
     rounds: dict[str, list[Round]] = {c.name: [] for c in runners}
     provider = FakeProvider(responses_stream(sizes.deltas))
+    paced = FakeProvider(responses_stream(sizes.paced_deltas), pace_s=sizes.paced_ms / 1000)
     with tempfile.TemporaryDirectory(prefix="corral-bench-against-") as tmp:
         root = Path(tmp)
         async with trio.open_nursery() as nursery:
             await provider.start(nursery)
-            agent = root / "agent.yaml"
-            agent.write_text(agent_yaml(provider.url))
+            await paced.start(nursery)
+            agents = [root / "agent.yaml", root / "paced.yaml"]
+            agents[0].write_text(agent_yaml(provider.url))
+            agents[1].write_text(agent_yaml(paced.url, PACED_AGENT))
             (root / "server").mkdir()
-            server = OmnigentServer(venv, root / "server", [agent])
+            server = OmnigentServer(venv, root / "server", agents)
             with step("starting the omnigent server"):
                 # Generous: migrations run first, and the machine may be busy.
                 await trio.to_thread.run_sync(server.start, 180)
@@ -430,6 +517,9 @@ def document(
     rss = both(lambda r: [r.rss_mb])
     cpu = both(lambda r: [r.cpu_us])
     server_cpu = both(lambda r: [r.server_cpu_us])
+    paced_cpu = both(lambda r: [r.paced_cpu_us])
+    paced_server_cpu = both(lambda r: [r.paced_server_cpu_us])
+    paced = f"{sizes.paced_sessions} sessions at {1000 // sizes.paced_ms} deltas/s"
     ms = 1000
     results = [
         figure("relay deltas/s, corral", rate[0], "msgs/s", rate[1]),
@@ -444,6 +534,20 @@ def document(
         figure(f"runner tree CPU per delta, {other}", cpu[1], "us", cpu[1]),
         figure("server CPU per delta, corral's", server_cpu[0], "us", server_cpu[1]),
         figure(f"server CPU per delta, {other}'s", server_cpu[1], "us", server_cpu[1]),
+        figure(f"runner tree CPU per delta, {paced}, corral", paced_cpu[0], "us", paced_cpu[1]),
+        figure(f"runner tree CPU per delta, {paced}, {other}", paced_cpu[1], "us", paced_cpu[1]),
+        figure(
+            f"server CPU per delta, {paced}, corral's",
+            paced_server_cpu[0],
+            "us",
+            paced_server_cpu[1],
+        ),
+        figure(
+            f"server CPU per delta, {paced}, {other}'s",
+            paced_server_cpu[1],
+            "us",
+            paced_server_cpu[1],
+        ),
     ]
     return {
         "benchmark": "relay",
@@ -466,6 +570,9 @@ def document(
                 "cold_first_delta_speedup": ">= 6",
                 "tree_pss": "<= 0.6",
             },
+            # Not a target of the issue: what a delta costs a runner at a model's pace, the
+            # other's over corral's ("corral is this many times lighter").
+            "paced_cpu_per_delta_lighter": round(paced_cpu[1] / paced_cpu[0], 3),
             "rounds": {
                 name: [
                     {
@@ -476,6 +583,8 @@ def document(
                         "rss_mb": round(r.rss_mb, 1),
                         "cpu_us_per_delta": round(r.cpu_us, 1),
                         "server_cpu_us_per_delta": round(r.server_cpu_us, 1),
+                        "paced_cpu_us_per_delta": round(r.paced_cpu_us, 1),
+                        "paced_server_cpu_us_per_delta": round(r.paced_server_cpu_us, 1),
                     }
                     for r in runs
                 ]
@@ -489,6 +598,9 @@ def document(
             "rounds": sizes.rounds,
             "cold_sessions": sizes.cold_sessions,
             "warm_turns": sizes.warm_turns,
+            "paced_sessions": sizes.paced_sessions,
+            "paced_deltas_per_turn": sizes.paced_deltas,
+            "paced_ms": sizes.paced_ms,
             "python": sys.version.split()[0],
         },
     }

@@ -18,6 +18,7 @@ from corral import ProtocolError, RemoteError
 from corral.actors.journal import (
     JournalAppend,
     JournalAppended,
+    JournalAppends,
     JournalEvent,
     JournalList,
     JournalListReply,
@@ -94,6 +95,22 @@ class _RawClient:
                 reply = decode_envelope((await self.sock.receive())[0])
                 if reply.correlation_id == message_id and reply.type == "journal.appended":
                     return msgspec.msgpack.decode(reply.body, type=JournalAppended)
+
+    async def cast(self, message_id: str, msg: JournalAppends) -> None:
+        """Send ``msg`` durably and wait for the broker's acceptance (no reply comes)."""
+        env = Envelope(
+            id=message_id,
+            sender=self.name,
+            recipient="journal",
+            type="journal.appends",
+            body=encode_body(msg),
+            durability="durable",
+            created_at=time.time(),
+        )
+        await self.sock.send([encode_envelope(env)])
+        with trio.fail_after(10):
+            while decode_envelope((await self.sock.receive())[0]).type != "bus.accepted":
+                pass
 
     def close(self) -> None:
         self.sock.close()
@@ -340,6 +357,63 @@ async def test_a_redelivered_durable_append_is_stored_once(host: HostProcess) ->
     events = RunJournal(host.instance.journal_dir).read("s-redo", "run-redo", strict=True)["events"]
     assert [e["payload"]["n"] for e in events] == [0, 1, 2, 0, 1, 2]
     assert [e["key"] for e in events] == [f"message-{m}/{i}" for m in (1, 2) for i in range(3)]
+
+
+async def test_appends_to_many_runs_in_one_message_are_each_stored_once(
+    host: HostProcess,
+) -> None:
+    """``JournalAppends``: dispatch's feed sends a round's appends, one per run, in one
+    durable message (#20). Each is applied as a durable append of its own, keyed
+    ``<message id>#<index>/<event>``: a redelivery, whole or torn by a crash after part of
+    it was stored, stores nothing twice. An append that fails the checks is refused alone;
+    the message is acked, not dead-lettered."""
+    pre = RunJournal(host.instance.journal_dir)
+    pre.append("s-many-b", "run-b", "token", {"n": 0}, key="many-1#1/0")  # torn by a crash
+    pre.close()
+
+    def append(session_id: str, run_id: str, *ns: int) -> JournalAppend:
+        events = [JournalEvent(event="token", payload={"n": n}) for n in ns]
+        return JournalAppend(session_id=session_id, run_id=run_id, events=events)
+
+    batch = JournalAppends(
+        appends=[
+            append("s-many-a", "run-a", 0, 1),
+            append("s-many-b", "run-b", 0, 1, 2),
+            append("../x", "run-x", 0),  # an invalid id: refused alone
+            append("s-many-a", "run-c", 0),
+        ]
+    )
+    raw = _RawClient(host.endpoint, "raw-many-client")
+    bus = host.status()["host"]["bus"]  # the broker's counters (corral status --json)
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        start = await _stats(peer)
+        try:
+            await raw.cast("many-1", batch)
+            await raw.cast("many-1", batch)  # a redelivery
+            await raw.cast("many-2", JournalAppends(appends=[append("s-many-a", "run-a", 2)]))
+        finally:
+            raw.close()
+        # Reads wait for what was submitted before them.
+        stored = {
+            run: [(e["payload"]["n"], e["key"]) for e in (await _read(peer, sid, run))["events"]]
+            for sid, run in (("s-many-a", "run-a"), ("s-many-b", "run-b"), ("s-many-a", "run-c"))
+        }
+        stats = await _stats(peer)
+    assert stored == {
+        "run-a": [(0, "many-1#0/0"), (1, "many-1#0/1"), (2, "many-2#0/0")],
+        "run-b": [(0, "many-1#1/0"), (1, "many-1#1/1"), (2, "many-1#1/2")],
+        "run-c": [(0, "many-1#3/0")],
+    }
+    assert stats["rejected"] - start["rejected"] == 2  # the bad append, in each delivery
+    assert stats["duplicates"] - start["duplicates"] == 1 + 6
+    assert stats["append_messages"] - start["append_messages"] == 3
+    with trio.fail_after(10):
+        while (row := host.ask("mailboxes", actor="journal")["mailboxes"][0])["in_flight"]:
+            await trio.sleep(0.02)
+    assert row["queued"] == 0
+    assert host.ask("dead_letters")["dead_letters"] == []
+    now = host.status()["host"]["bus"]
+    assert now["durable"] - bus["durable"] >= 3 and now["commits"] > bus["commits"]
 
 
 def _numbered(*session_seqs: int) -> list[JournalEvent]:

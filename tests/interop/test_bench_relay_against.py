@@ -30,7 +30,8 @@ def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> Non
         "unit": "msgs/s",
     }
     rows = {r["name"]: r for r in doc["results"]}
-    for quantity in ("relay deltas/s", "cold session: message to first delta"):
+    paced = "runner tree CPU per delta, 3 sessions at 10 deltas/s"
+    for quantity in ("relay deltas/s", "cold session: message to first delta", paced):
         for runner in ("corral", against):
             assert f"{quantity}, {runner}" in rows
     for row in doc["results"]:
@@ -49,6 +50,10 @@ def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> Non
     assert any(title.startswith("corral: worker ") for title in by_process)
     assert sum(by_process.values()) == pytest.approx(corral_round["pss_mb"], abs=1)
     assert doc["params"]["against"] == against and doc["params"]["deltas_per_turn"] == 300
+    # Sessions at a model's pace: what a delta costs each runner when nothing floods.
+    assert corral_round["paced_cpu_us_per_delta"] > 0
+    assert doc["figures"]["paced_cpu_per_delta_lighter"] > 0
+    assert doc["params"]["paced_sessions"] == 3 and doc["params"]["paced_ms"] == 100
 
 
 @pytest.mark.interop

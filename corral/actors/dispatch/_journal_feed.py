@@ -1,8 +1,9 @@
 """The run journal's feed from dispatch: one run per turn, appended in rounds.
 
-Events gather for :data:`WINDOW_S` and go as one append per run, a round's appends all in
-flight at once; each round goes once the broker has the one before, so a run's appends stay in
-order. A run's last append (its terminal edge) ends the window early, as does
+Events gather for :data:`WINDOW_S` and go as one append per run, a round's appends together in
+one durable :class:`~corral.actors.journal.JournalAppends` message (or a few, past
+:data:`BATCH_BYTES`); each round goes once the broker has the one before, so a run's appends
+stay in order. A run's last append (its terminal edge) ends the window early, as does
 :meth:`JournalFeed.sent`.
 
 Appends are durable. A worker forgets the events dispatch tells it are confirmed, and the
@@ -21,7 +22,7 @@ import logging
 import trio
 
 from ...bus import Peer
-from ..journal import JournalAppend, JournalEvent
+from ..journal import JournalAppend, JournalAppends, JournalEvent
 from ._receipts import Key, Receipts
 
 log = logging.getLogger("corral.actors.dispatch")
@@ -29,6 +30,11 @@ log = logging.getLogger("corral.actors.dispatch")
 #: How long journal events gather before they go out as one append per run: a flood of
 #: deltas otherwise costs one append (a bus message, a journal write) per delta.
 WINDOW_S = 0.02
+#: Payload bytes per :class:`~corral.actors.journal.JournalAppends` message, about (well
+#: under the bus's default 4 MiB message limit).
+BATCH_BYTES = 1024 * 1024
+#: What an event adds to a message besides its payload, about (its name, seq, framing).
+_EVENT_OVERHEAD = 64
 
 
 class JournalFeed:
@@ -124,10 +130,33 @@ class JournalFeed:
         self.receipts.tell_sent()
 
     async def _cast(self, appends: list[JournalAppend], *, timeout: float) -> None:
+        batches = _batches(appends)
         await self.peer.cast_many(
             self.journal,
-            appends,
+            [JournalAppends(appends=batch) for batch in batches],
             durable=True,
-            session_ids=[append.session_id for append in appends],
+            session_ids=[_session_of(batch) for batch in batches],
             timeout=timeout,
         )
+
+
+def _batches(appends: list[JournalAppend]) -> list[list[JournalAppend]]:
+    """A round's appends in messages of about :data:`BATCH_BYTES` of payload at most (an
+    append larger than that travels alone)."""
+    batches: list[list[JournalAppend]] = []
+    size = 0
+    for append in appends:
+        n = sum(len(event.payload_json or b"") + _EVENT_OVERHEAD for event in append.events)
+        if batches and size + n <= BATCH_BYTES:
+            batches[-1].append(append)
+            size += n
+        else:
+            batches.append([append])
+            size = n
+    return batches
+
+
+def _session_of(batch: list[JournalAppend]) -> str | None:
+    """The session an envelope names (informational): the batch's, if it has just one."""
+    first = batch[0].session_id
+    return first if all(append.session_id == first for append in batch) else None

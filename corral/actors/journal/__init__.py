@@ -8,6 +8,7 @@ from ._actor import JournalActor as JournalActor
 from ._actor import JournalOptions as JournalOptions
 from .messages import JournalAppend as JournalAppend
 from .messages import JournalAppended as JournalAppended
+from .messages import JournalAppends as JournalAppends
 from .messages import JournalEvent as JournalEvent
 from .messages import JournalList as JournalList
 from .messages import JournalListReply as JournalListReply

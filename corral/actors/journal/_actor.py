@@ -17,11 +17,12 @@ it for the run) until the durable one is applied, or gives up after ``hold_timeo
 
 Idempotency. A durable message is delivered at least once: the actor may crash after storing
 its records but before its ack reaches the broker. So each record of a durable append carries
-the key ``"<message id>/<index>"`` in the same line, fsynced together with the record; the
-first durable append to a run after a (re)start reads the run's stored keys, and events whose
-key is already there are skipped (and reported in ``duplicates``), so a redelivery never
-appends twice, and a batch torn by a crash is completed rather than repeated. Stream appends
-carry no key: they may be lost, never duplicated by the actor.
+the key ``"<message id>/<index>"`` (``"<message id>#<append>/<index>"`` for the appends of a
+:class:`~corral.actors.journal.messages.JournalAppends`) in the same line, fsynced together
+with the record; the first durable append to a run after a (re)start reads the run's stored
+keys, and events whose key is already there are skipped (and reported in ``duplicates``), so
+a redelivery never appends twice, and a batch torn by a crash is completed rather than
+repeated. Stream appends carry no key: they may be lost, never duplicated by the actor.
 
 Replays. An event may carry its ``session_seq`` (its seq in the session's stream; dispatch
 numbers a turn's worker events so that a replay after a restart keeps it). The actor keeps
@@ -61,10 +62,11 @@ from ...journal import (
 )
 from .._actor import Actor, ActorContext, handles
 from .._deferred import Deferred
+from ._payloads import encoded_json_problem, json_problem, payload_of
 from .messages import (
     JournalAppend,
     JournalAppended,
-    JournalEvent,
+    JournalAppends,
     JournalList,
     JournalListReply,
     JournalRead,
@@ -136,16 +138,39 @@ def _compact(seqs: list[int]) -> Sequence[int]:
     return array("q", seqs)
 
 
-# JSON payloads nest at most this deep (msgpack would carry deeper ones; JSON encoders balk).
-_MAX_DEPTH = 100
+class _Resolution:
+    """A delivered message whose appends are being written: acked once the last of them is
+    durable, or nacked (so redelivered) if one failed."""
+
+    __slots__ = ("deferred", "error", "left")
+
+    def __init__(self, deferred: Deferred, appends: int) -> None:
+        self.deferred = deferred
+        self.left = appends
+        self.error: str | None = None
+
+    @property
+    def incoming(self) -> Incoming:
+        return self.deferred.incoming
+
+    async def one_done(self, error: str | None) -> None:
+        """One of the message's appends is durable, or failed with ``error``."""
+        self.error = self.error or error
+        self.left -= 1
+        if self.left:
+            return
+        if self.error is None:
+            self.deferred.ack()
+        else:
+            await self.deferred.nack(self.error)
 
 
 class _Held:
-    __slots__ = ("deadline", "deferred", "msg")
+    __slots__ = ("deadline", "done", "msg")
 
-    def __init__(self, msg: JournalAppend, deferred: Deferred, deadline: float) -> None:
+    def __init__(self, msg: JournalAppend, done: _Resolution, deadline: float) -> None:
         self.msg = msg
-        self.deferred = deferred
+        self.done = done
         self.deadline = deadline
 
 
@@ -260,27 +285,65 @@ class JournalActor(Actor):
         self.stats["append_messages"] += 1
         durable = incoming.env.durability == "durable"
         state = self._state((msg.session_id, msg.run_id))
-        # Pin the state while this handler awaits, so it is never forgotten meanwhile.
-        state.pending += 1
+        await self._admit([state], load=durable or msg.after is not None or _numbered(msg))
+        # Keys read just now may be what a held append was waiting for.
+        self._release(state)
+        done = _Resolution(self.defer(incoming), 1)
+        if durable:
+            self._apply(state, msg, done, incoming.env.id)
+            self._release(state)
+        elif state.held or not self._ready(state, msg.after):
+            self._hold(state, msg, done)
+        else:
+            self._apply(state, msg, done, None)
+        return None
+
+    @handles(JournalAppends)
+    async def append_many(self, msg: JournalAppends, incoming: Incoming) -> None:
+        valid: list[tuple[str | None, JournalAppend]] = []
+        durable = incoming.env.durability == "durable"
+        for index, append in enumerate(msg.appends):
+            problem = self._check_append(append)
+            if problem is None:
+                valid.append((f"{incoming.env.id}#{index}" if durable else None, append))
+                continue
+            self.stats["rejected"] += 1
+            log.warning(
+                "%s/%s: append %d of %s refused: %s: %s",
+                append.session_id,
+                append.run_id,
+                index,
+                incoming.env.id,
+                problem.code,
+                problem.message,
+            )
+        self.stats["append_messages"] += 1
+        if not valid:
+            return
+        states = [self._state((append.session_id, append.run_id)) for _, append in valid]
+        await self._admit(states, load=True)
+        done = _Resolution(self.defer(incoming), len(valid))
+        for state, (mid, append) in zip(states, valid, strict=True):
+            self._release(state)
+            self._apply(state, append, done, mid)
+            self._release(state)
+
+    async def _admit(self, states: list[_RunState], *, load: bool) -> None:
+        """Before appends to ``states``: read what their files hold (if ``load``), and wait
+        while too many events are not yet durable."""
+        # Pinned while this awaits, so that none is forgotten meanwhile.
+        for state in states:
+            state.pending += 1
         try:
-            if durable or msg.after is not None or _numbered(msg):
-                await self._load(state)
+            if load:
+                for state in states:
+                    await self._load(state)
             while self._pending_events >= self.options.max_pending_events:
                 self._drained = trio.Event()
                 await self._drained.wait()
         finally:
-            state.pending -= 1
-        # Keys read just now may be what a held append was waiting for.
-        self._release(state)
-        deferred = self.defer(incoming)
-        if durable:
-            self._apply(state, msg, deferred, durable=True)
-            self._release(state)
-        elif state.held or not self._ready(state, msg.after):
-            self._hold(state, msg, deferred)
-        else:
-            self._apply(state, msg, deferred, durable=False)
-        return None
+            for state in states:
+                state.pending -= 1
 
     def _check_append(self, msg: JournalAppend) -> ErrorReply | None:
         # The whole batch is checked before any of it is submitted: all or nothing.
@@ -297,9 +360,9 @@ class JournalActor(Actor):
                     message=f"events[{index}].event must be a non-empty name",
                 )
             if item.payload_json is None:
-                problem = _json_problem(item.payload, 0)
+                problem = json_problem(item.payload, 0)
             else:
-                problem = _encoded_json_problem(item.payload_json)
+                problem = encoded_json_problem(item.payload_json)
             if problem is not None:
                 return ErrorReply(
                     code="invalid_payload",
@@ -308,12 +371,12 @@ class JournalActor(Actor):
         return None
 
     def _apply(
-        self, state: _RunState, msg: JournalAppend, deferred: Deferred, *, durable: bool
+        self, state: _RunState, msg: JournalAppend, done: _Resolution, mid: str | None
     ) -> None:
+        """Submit ``msg``'s events; ``mid``, for a durable append, keys them (redeliveries)."""
         # Synchronous from the first submit to the last: nothing can slip in between, so the
         # batch gets consecutive seqs in the order of arrival.
         assert self.writer is not None and self.nursery is not None
-        mid = deferred.incoming.env.id if durable else None
         known = state.applied.get(mid, {}) if mid is not None else {}
         entries: list[_Stored] = []
         submitted = replayed = 0
@@ -331,7 +394,7 @@ class JournalActor(Actor):
                 msg.session_id,
                 msg.run_id,
                 item.event,
-                _payload_of(item),
+                payload_of(item),
                 key=key,
                 session_seq=item.session_seq,
             )
@@ -367,13 +430,13 @@ class JournalActor(Actor):
             )
         state.pending += 1
         self._pending_events += submitted
-        self.nursery.start_soon(self._complete, state, msg, deferred, mid, entries, submitted)
+        self.nursery.start_soon(self._complete, state, msg, done, mid, entries, submitted)
 
     async def _complete(
         self,
         state: _RunState,
         msg: JournalAppend,
-        deferred: Deferred,
+        done: _Resolution,
         mid: str | None,
         entries: list[_Stored],
         submitted: int,
@@ -392,8 +455,8 @@ class JournalActor(Actor):
                 state.loaded = False
                 state.top = 0
             log.error("%s/%s: append failed: %s", msg.session_id, msg.run_id, exc)
-            await self._answer(deferred.incoming, ErrorReply(code="io_error", message=str(exc)))
-            await deferred.nack(f"JournalIOError: {exc}")
+            await self._answer(done.incoming, ErrorReply(code="io_error", message=str(exc)))
+            await done.one_done(f"JournalIOError: {exc}")
             return
         finally:
             state.pending -= 1
@@ -404,10 +467,10 @@ class JournalActor(Actor):
             # Its seqs are all a redelivery needs: the records themselves (each line and
             # payload) go, rather than stay for the last ``remember_ids`` messages of the run.
             state.applied[mid] = _compact(seqs)
-        deferred.ack()
+        await done.one_done(None)
         duplicates = len(entries) - submitted
         await self._answer(
-            deferred.incoming,
+            done.incoming,
             JournalAppended(
                 session_id=msg.session_id, run_id=msg.run_id, seqs=seqs, duplicates=duplicates
             ),
@@ -437,10 +500,10 @@ class JournalActor(Actor):
     def _ready(state: _RunState, after: str | None) -> bool:
         return after is None or after in state.applied
 
-    def _hold(self, state: _RunState, msg: JournalAppend, deferred: Deferred) -> None:
+    def _hold(self, state: _RunState, msg: JournalAppend, done: _Resolution) -> None:
         assert self.nursery is not None
         deadline = trio.current_time() + self.options.hold_timeout_s
-        state.held.append(_Held(msg, deferred, deadline))
+        state.held.append(_Held(msg, done, deadline))
         self._held += 1
         self.stats["held_total"] += 1
         if not state.timer:
@@ -453,7 +516,7 @@ class JournalActor(Actor):
         while state.held and self._ready(state, state.held[0].msg.after):
             held = state.held.popleft()
             self._held -= 1
-            self._apply(state, held.msg, held.deferred, durable=False)
+            self._apply(state, held.msg, held.done, None)
 
     def _give_up(self, state: _RunState, why: str) -> None:
         after = state.held[0].msg.after
@@ -602,61 +665,3 @@ def _error_reply(exc: BaseException) -> ErrorReply:
     ]
     code = next(code for cls, code in codes if isinstance(exc, cls))
     return ErrorReply(code=code, message=str(exc))
-
-
-_check_json = msgspec.json.Decoder(msgspec.Raw).decode
-
-
-def _payload_of(item: JournalEvent) -> Any:
-    """What to store of ``item``: its encoded payload as it is, unless it spans lines (a
-    record is one line: it is decoded, and encoded again compact), else its payload."""
-    data = item.payload_json
-    if data is None:
-        return item.payload
-    if b"\n" in data or b"\r" in data:
-        return msgspec.json.decode(data)
-    return msgspec.Raw(data)
-
-
-def _encoded_json_problem(data: bytes) -> str | None:
-    """Why ``data`` is not one JSON value nesting at most :data:`_MAX_DEPTH` levels, or
-    ``None`` if it is. Only a payload with that many brackets is decoded to tell how deep it
-    nests: a delta is checked, not decoded."""
-    try:
-        _check_json(data)
-    except msgspec.DecodeError as exc:
-        return f"is not JSON ({exc})"
-    if data.count(b"[") + data.count(b"{") < _MAX_DEPTH:
-        return None
-    try:
-        return _json_problem(msgspec.json.decode(data), 0)
-    except RecursionError:
-        return f"nests deeper than {_MAX_DEPTH} levels"
-
-
-def _json_problem(value: Any, depth: int) -> str | None:
-    """Why ``value`` is not a plain JSON value, or ``None`` if it is.
-
-    msgpack carries more than JSON can (bytes, timestamps, extension types, non-string
-    keys); stored as JSON they would silently change meaning, so they are refused.
-    """
-    kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return None
-    if depth >= _MAX_DEPTH:
-        return f"nests deeper than {_MAX_DEPTH} levels"
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str:
-                return f"has a non-string key {key!r}"
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    if kind is list:
-        for item in value:
-            problem = _json_problem(item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    return f"contains a {kind.__name__}"

@@ -3,6 +3,8 @@
 Message → reply:
     JournalAppend    → JournalAppended      append a batch of events to one run (stream or
                                             durable); the reply comes once they are durable
+    JournalAppends   → none                 several runs' appends in one durable message,
+                                            acked once all of them are durable
     JournalRead      → JournalReadReply     replay after a cursor, bounded by rows and bytes
     JournalSummary   → JournalSummaryReply  a run's summary (terminal state, runtime model)
     JournalSnapshot  → JournalSnapshotReply the live snapshot of a run found by id alone
@@ -72,6 +74,22 @@ class JournalAppend(Request["JournalAppended"], tag="journal.append"):
             events=[JournalEvent(event=event, payload=payload)],
             **kw,
         )
+
+
+class JournalAppends(Message, tag="journal.appends"):
+    """Appends to several runs in one message, each applied as a durable
+    :class:`JournalAppend` of its own (its ``after`` ignored); nothing is answered, and the
+    message is acked once every append is durable (nacked, so redelivered, if one failed).
+
+    Dispatch sends each round of its journal feed this way: with many sessions streaming at
+    once a round holds an event or two for each of dozens of runs, and a message per run
+    cost the broker a commit entry, an acceptance and an ack each (#20). An append that
+    does not pass the journal's checks is refused alone (logged, counted in ``rejected``);
+    the others are applied. Idempotency keys are per append (``"<message id>#<index>"``), so
+    a redelivery stores nothing twice.
+    """
+
+    appends: list[JournalAppend]
 
 
 class JournalAppended(Message, tag="journal.appended"):
@@ -149,4 +167,6 @@ class JournalListReply(Message, tag="journal.list_reply"):
 
 
 #: Everything the journal actor handles.
-Inbound = JournalAppend | JournalRead | JournalSummary | JournalSnapshot | JournalList
+Inbound = (
+    JournalAppend | JournalAppends | JournalRead | JournalSummary | JournalSnapshot | JournalList
+)
