@@ -107,3 +107,27 @@ async def test_the_log_brings_back_what_was_not_acked(tmp_path: Path) -> None:
     (row,) = (r for r in again.parked() if r["state"] == "parked")
     assert msgspec.msgpack.decode(row["frame"], type=Envelope).id == parked[0].id
     again.close()
+
+
+async def test_a_round_of_acks_alone_is_written_but_not_forced_to_disk(tmp_path: Path) -> None:
+    """Acks cost a round of their own when nothing else arrives with them (sessions at a
+    model's pace, #20): such a round is written, which any process crash leaves in the page
+    cache, and forced to disk only with the next round that holds anything else."""
+    path = tmp_path / "mb.log"
+    store = await _store(path, [])
+    first, second = _durable(1), _durable(2)
+    store.put(*first)
+    await store.commit_once()
+    assert store.stats == {"commits": 1, "syncs": 1, "compactions": 0}
+    _deliver(store)
+    store.ack("worker", [first[0].id])
+    await store.commit_once()
+    assert store.stats == {"commits": 2, "syncs": 1, "compactions": 0}
+    # The written ack is in the file at once: a broker killed now does not deliver it again.
+    again = await _store(path, [])
+    assert not again.mailbox("worker").queued
+    again.close()
+    store.put(*second)
+    await store.commit_once()
+    assert store.stats == {"commits": 3, "syncs": 2, "compactions": 0}
+    store.close()
