@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 import zmq
 
 from corral.bus import Broker, Peer, open_peer
@@ -224,6 +225,33 @@ async def test_a_peer_started_before_its_broker_still_starts(tmp_path: Path) -> 
             while broker.last_seen("early") is None:
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_call_waits_for_room_in_a_full_socket(tmp_path: Path) -> None:
+    """A call sends without a scheduler pass when the socket takes its frame at once; when
+    the socket is full (here: no broker yet, and its queue at the high-water mark) it waits
+    for room, as any send does, rather than failing."""
+    endpoint = f"ipc://{tmp_path}/bus.sock"
+    settings = BusSettings(hwm=10, request_timeout_s=0.2)
+    async with open_peer("early", endpoint, bus=settings, accepts=Every) as peer:
+        with pytest.raises(trio.WouldBlock):
+            for _ in range(1000):
+                peer.send_nowait("nobody", EchoPing(text="filler"))
+        answers: list[object] = []
+        async with trio.open_nursery() as nursery:
+
+            async def ask() -> None:
+                answers.append(await peer.parked(timeout=10))
+
+            nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            assert answers == []
+            await _start(nursery, tmp_path)
+            with trio.fail_after(10):
+                while not answers:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert answers == [[]]
 
 
 async def test_a_call_to_an_actor_still_starting_waits_for_its_hello(tmp_path: Path) -> None:
