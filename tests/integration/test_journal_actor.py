@@ -580,6 +580,60 @@ async def test_kill9_during_durable_appends_loses_and_duplicates_nothing(
     assert host.ask("dead_letters")["dead_letters"] == []
 
 
+async def _produce_rounds(peer: Peer, runs: list[tuple[str, str]], rounds: int) -> None:
+    """What dispatch's feed sends: each round one durable message, two events per run."""
+    for n in range(rounds):
+        appends = [
+            JournalAppend(
+                session_id=session_id,
+                run_id=run_id,
+                events=[JournalEvent(event="state", payload={"n": 2 * n + i}) for i in range(2)],
+            )
+            for session_id, run_id in runs
+        ]
+        with trio.fail_after(20):
+            await peer.cast("journal", JournalAppends(appends=appends), durable=True)
+
+
+@pytest.mark.chaos
+async def test_kill9_during_rounds_of_many_runs_loses_and_duplicates_nothing(
+    host: HostProcess,
+) -> None:
+    """``JournalAppends`` under ``kill -9`` of the journal: a round torn by the kill is
+    redelivered and completed, none stored twice (#20)."""
+    runs = [(f"round-crash-{n}", f"run-{n}") for n in range(20)]
+    rounds = 60
+    pid = host.actor("journal")["pid"]
+    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_produce_rounds, peer, runs, rounds)
+            with trio.fail_after(20):
+                while (await _stats(peer))["appends"] < len(runs) * rounds // 2:
+                    await trio.sleep(0.005)
+            os.kill(pid, signal.SIGKILL)
+            await trio.to_thread.run_sync(
+                lambda: host.wait_actor(
+                    "journal",
+                    lambda a: a["state"] == "running" and a["pid"] not in (None, pid),
+                    15,
+                    "the journal actor to restart",
+                )
+            )
+        with trio.fail_after(30):
+            while True:
+                row = host.ask("mailboxes", actor="journal")["mailboxes"][0]
+                if row["queued"] == row["in_flight"] == 0:
+                    break
+                await trio.sleep(0.05)
+        for session_id, run_id in runs:
+            result = await _read(peer, session_id, run_id, strict=True)
+            assert result["malformed"] == [] and not result["incomplete_tail"]
+            assert [e["payload"]["n"] for e in result["events"]] == list(range(2 * rounds)), run_id
+            keys = [e["key"] for e in result["events"]]
+            assert len(set(keys)) == len(keys) and all("#" in key for key in keys)
+    assert host.ask("dead_letters")["dead_letters"] == []
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 BAD_IDS = ["../x", "a/b", "", ".", "..", "x" * 201, "sp ace"]
