@@ -37,6 +37,7 @@ from corral.bus import (
     encode_body,
     encode_envelope,
     open_peer,
+    tag_of,
 )
 from corral.config import LivenessSettings
 from corral.journal import RunJournal
@@ -78,18 +79,22 @@ class _RawClient:
         self.sock = Socket(sock)
         self.name = name
 
-    async def append(self, message_id: str, msg: JournalAppend) -> JournalAppended:
+    async def _send(self, message_id: str, msg: JournalAppend | JournalAppends) -> None:
+        """``msg`` as a durable message of id ``message_id`` (a reply wanted for an append)."""
         env = Envelope(
             id=message_id,
             sender=self.name,
             recipient="journal",
-            type="journal.append",
+            type=tag_of(type(msg)),
             body=encode_body(msg),
             durability="durable",
             created_at=time.time(),
-            wants_reply=True,
+            wants_reply=isinstance(msg, JournalAppend),
         )
         await self.sock.send([encode_envelope(env)])
+
+    async def append(self, message_id: str, msg: JournalAppend) -> JournalAppended:
+        await self._send(message_id, msg)
         with trio.fail_after(10):
             while True:
                 reply = decode_envelope((await self.sock.receive())[0])
@@ -97,17 +102,8 @@ class _RawClient:
                     return msgspec.msgpack.decode(reply.body, type=JournalAppended)
 
     async def cast(self, message_id: str, msg: JournalAppends) -> None:
-        """Send ``msg`` durably and wait for the broker's acceptance (no reply comes)."""
-        env = Envelope(
-            id=message_id,
-            sender=self.name,
-            recipient="journal",
-            type="journal.appends",
-            body=encode_body(msg),
-            durability="durable",
-            created_at=time.time(),
-        )
-        await self.sock.send([encode_envelope(env)])
+        """Send ``msg`` and wait for the broker's acceptance (no reply comes)."""
+        await self._send(message_id, msg)
         with trio.fail_after(10):
             while decode_envelope((await self.sock.receive())[0]).type != "bus.accepted":
                 pass
@@ -536,18 +532,41 @@ async def test_an_encoded_payload_is_stored_as_it_is_and_checked_like_any(
     assert len(lines) == 3 and b'{"delta":"h\\u00e9"}' in lines[0]
 
 
+async def _produce_rounds(peer: Peer, runs: list[tuple[str, str]], rounds: int) -> None:
+    """What dispatch's feed sends: each round one durable message, two events per run."""
+    for n in range(rounds):
+        appends = [
+            JournalAppend(
+                session_id=session_id,
+                run_id=run_id,
+                events=[JournalEvent(event="state", payload={"n": 2 * n + i}) for i in range(2)],
+            )
+            for session_id, run_id in runs
+        ]
+        with trio.fail_after(20):
+            await peer.cast("journal", JournalAppends(appends=appends), durable=True)
+
+
 @pytest.mark.chaos
+@pytest.mark.parametrize("sent", ["per_run", "in_rounds"])
 async def test_kill9_during_durable_appends_loses_and_duplicates_nothing(
-    host: HostProcess,
+    host: HostProcess, sent: str
 ) -> None:
-    runs = [(f"crash-{n}", f"run-{n}") for n in range(20)]
+    """Durable appends from 20 runs at once, the journal killed a quarter of the way:
+    ``per_run`` a ``JournalAppend`` per run and message; ``in_rounds`` what dispatch's feed
+    sends, one ``JournalAppends`` a round for every run, a round torn by the kill being
+    redelivered and completed (#20)."""
+    runs = [(f"crash-{sent}-{n}", f"run-{n}") for n in range(20)]
     messages = 60
     total = len(runs) * messages * 2
     pid = host.actor("journal")["pid"]
     async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
         async with trio.open_nursery() as nursery:
-            for session_id, run_id in runs:
-                nursery.start_soon(_produce_durable, peer, session_id, run_id, messages)
+            if sent == "in_rounds":
+                nursery.start_soon(_produce_rounds, peer, runs, messages)
+            else:
+                for session_id, run_id in runs:
+                    nursery.start_soon(_produce_durable, peer, session_id, run_id, messages)
             with trio.fail_after(20):
                 while (await _stats(peer))["appends"] < total // 4:
                     await trio.sleep(0.005)
@@ -575,62 +594,9 @@ async def test_kill9_during_durable_appends_loses_and_duplicates_nothing(
             )
             keys = [e["key"] for e in result["events"]]
             assert len(set(keys)) == len(keys)
+            assert all(("#" in key) == (sent == "in_rounds") for key in keys)
     journal = host.actor("journal")
     assert journal["restarts"] == 1 and journal["last_exit"]["code"] == -9
-    assert host.ask("dead_letters")["dead_letters"] == []
-
-
-async def _produce_rounds(peer: Peer, runs: list[tuple[str, str]], rounds: int) -> None:
-    """What dispatch's feed sends: each round one durable message, two events per run."""
-    for n in range(rounds):
-        appends = [
-            JournalAppend(
-                session_id=session_id,
-                run_id=run_id,
-                events=[JournalEvent(event="state", payload={"n": 2 * n + i}) for i in range(2)],
-            )
-            for session_id, run_id in runs
-        ]
-        with trio.fail_after(20):
-            await peer.cast("journal", JournalAppends(appends=appends), durable=True)
-
-
-@pytest.mark.chaos
-async def test_kill9_during_rounds_of_many_runs_loses_and_duplicates_nothing(
-    host: HostProcess,
-) -> None:
-    """``JournalAppends`` under ``kill -9`` of the journal: a round torn by the kill is
-    redelivered and completed, none stored twice (#20)."""
-    runs = [(f"round-crash-{n}", f"run-{n}") for n in range(20)]
-    rounds = 60
-    pid = host.actor("journal")["pid"]
-    async with open_peer("test-client", host.endpoint, liveness=FAST) as peer:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_produce_rounds, peer, runs, rounds)
-            with trio.fail_after(20):
-                while (await _stats(peer))["appends"] < len(runs) * rounds // 2:
-                    await trio.sleep(0.005)
-            os.kill(pid, signal.SIGKILL)
-            await trio.to_thread.run_sync(
-                lambda: host.wait_actor(
-                    "journal",
-                    lambda a: a["state"] == "running" and a["pid"] not in (None, pid),
-                    15,
-                    "the journal actor to restart",
-                )
-            )
-        with trio.fail_after(30):
-            while True:
-                row = host.ask("mailboxes", actor="journal")["mailboxes"][0]
-                if row["queued"] == row["in_flight"] == 0:
-                    break
-                await trio.sleep(0.05)
-        for session_id, run_id in runs:
-            result = await _read(peer, session_id, run_id, strict=True)
-            assert result["malformed"] == [] and not result["incomplete_tail"]
-            assert [e["payload"]["n"] for e in result["events"]] == list(range(2 * rounds)), run_id
-            keys = [e["key"] for e in result["events"]]
-            assert len(set(keys)) == len(keys) and all("#" in key for key in keys)
     assert host.ask("dead_letters")["dead_letters"] == []
 
 
