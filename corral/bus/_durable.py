@@ -85,6 +85,8 @@ class DurableStore:
         #: Whether anything pending must be on disk before the commit is done: anything but
         #: acknowledgements (see :meth:`commit_once`).
         self._sync_wanted = False
+        #: Whether the log holds writes no fsync has covered yet (acks alone).
+        self._unsynced = False
         self._commit_wanted = trio.Event()
         self._io_limiter = trio.CapacityLimiter(1)
         self._live_bytes = 0
@@ -99,7 +101,12 @@ class DurableStore:
         self._recover(records)
 
     def close(self) -> None:
-        """Close the log (after the last :meth:`commit_once`)."""
+        """Close the log (after the last :meth:`commit_once`), forcing to disk what no
+        commit did: an orderly stop leaves no ack to a crash of the machine."""
+        if self._unsynced:
+            self._log.sync()
+            self._unsynced = False
+            self.stats["syncs"] += 1
         self._log.close()
 
     def _recover(self, records: list[LogRecord]) -> None:
@@ -444,10 +451,12 @@ class DurableStore:
         if sync:
             await trio.to_thread.run_sync(self._write_sync, data, limiter=self._io_limiter)
             self.stats["syncs"] += 1
+            self._unsynced = False
         else:
             # A few hundred bytes into the page cache; a thread would cost more than this.
             async with self._io_limiter:
                 self._log.write(data)
+            self._unsynced = True
         self.stats["commits"] += 1
         accepted: dict[str, list[str]] = {}
         for _, entry in batch:

@@ -130,4 +130,9 @@ async def test_a_round_of_acks_alone_is_written_but_not_forced_to_disk(tmp_path:
     store.put(*second)
     await store.commit_once()
     assert store.stats == {"commits": 3, "syncs": 2, "compactions": 0}
+    _deliver(store)
+    store.ack("worker", [second[0].id])
+    await store.commit_once()
+    # An orderly stop forces what no commit did.
     store.close()
+    assert store.stats == {"commits": 4, "syncs": 3, "compactions": 0}
