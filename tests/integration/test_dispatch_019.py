@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from corral.actors.dispatch import SessionRecord
 from corral.actors.dispatch._history import INTERRUPT_NOTE
@@ -483,6 +484,9 @@ async def test_i1_delete_interrupts_the_turn_drops_the_buffer_and_forgets_the_se
         assert json.loads((await gw.message(sid, "buffered")).body)["status"] == "buffered"
         reply = await gw.request("DELETE", f"/v1/sessions/{sid}")
         assert (reply.status, json.loads(reply.body)) == (200, _deleted(sid))
+        # The edge reached the stand-in's inbox before the answer; its collecting task, which
+        # the answer's arrival may have overtaken, reads it now.
+        await trio.testing.wait_all_tasks_blocked()
         assert gw.statuses(sid) == ["running", "idle"], "one terminal edge"
         assert (await gw.request("GET", f"/v1/sessions/{sid}")).status == 404
         again = await gw.request("DELETE", f"/v1/sessions/{sid}")
