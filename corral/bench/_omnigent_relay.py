@@ -282,35 +282,27 @@ class Client:
         """Post the session's ``turn``-th message (from 1); once the turn is over, the post's
         time and then each of its deltas' arrival at the server (``expected`` of them, else
         PeerError)."""
-        first = len(self.tap.deltas)
         posted = time.perf_counter()
-        await self._post(sid)
-        if not await self.tap.wait_deltas(first + expected, timeout):
-            got = len(self.tap.deltas) - first
-            raise PeerError(f"session {sid}: {got} of {expected} deltas within {timeout:g}s")
-        await self._over(sid, 2 * turn, timeout)
-        deltas = self.tap.deltas[first:]
-        if len(deltas) != expected:
-            raise PeerError(f"session {sid}: {len(deltas)} deltas, {expected} expected")
-        return [posted, *deltas]
+        return [posted, *await self.turns([sid], turn, expected, timeout)]
 
-    async def turns(self, sids: list[str], turn: int, expected: int, timeout: float) -> None:
-        """The ``turn``-th message of every session of ``sids`` posted at once; returns once
-        every turn is over with ``expected`` deltas each (else PeerError)."""
+    async def turns(self, sids: list[str], turn: int, expected: int, timeout: float) -> list[float]:
+        """The ``turn``-th message of every session of ``sids`` posted at once; once every
+        turn is over with ``expected`` deltas each (else PeerError), their arrival times."""
         first = len(self.tap.deltas)
         async with trio.open_nursery() as nursery:
             for sid in sids:
                 nursery.start_soon(self._post, sid)
         total = expected * len(sids)
+        who = f"session {sids[0]}" if len(sids) == 1 else f"{len(sids)} sessions"
         if not await self.tap.wait_deltas(first + total, timeout):
             got = len(self.tap.deltas) - first
-            raise PeerError(f"{len(sids)} sessions: {got} of {total} deltas within {timeout:g}s")
+            raise PeerError(f"{who}: {got} of {total} deltas within {timeout:g}s")
         for sid in sids:
             await self._over(sid, 2 * turn, timeout)
-        if len(self.tap.deltas) - first != total:
-            raise PeerError(
-                f"{len(sids)} sessions: {len(self.tap.deltas) - first} deltas, {total} expected"
-            )
+        deltas = self.tap.deltas[first:]
+        if len(deltas) != total:
+            raise PeerError(f"{who}: {len(deltas)} deltas, {total} expected")
+        return deltas
 
     async def _post(self, sid: str) -> None:
         message = {"role": "user", "content": [{"type": "input_text", "text": "go"}]}

@@ -238,18 +238,19 @@ async def test_a_call_waits_for_room_in_a_full_socket(tmp_path: Path) -> None:
             for _ in range(1000):
                 peer.send_nowait("nobody", EchoPing(text="filler"))
         answers: list[object] = []
+        answered = trio.Event()
         async with trio.open_nursery() as nursery:
 
             async def ask() -> None:
                 answers.append(await peer.parked(timeout=10))
+                answered.set()
 
             nursery.start_soon(ask)
             await trio.testing.wait_all_tasks_blocked()
             assert answers == []
             await _start(nursery, tmp_path)
             with trio.fail_after(10):
-                while not answers:
-                    await trio.sleep(0.01)
+                await answered.wait()
             nursery.cancel_scope.cancel()
         assert answers == [[]]
 
