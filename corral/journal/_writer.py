@@ -3,8 +3,9 @@
 An fsync costs about as much for one record as for a hundred, and fsyncs of different files
 overlap in the filesystem's journal. So instead of one write+fsync per record, the writer
 collects every record submitted while the previous round was on disk, writes each touched
-file once, fsyncs those files in parallel worker threads, and only then releases the
-appenders waiting on that round: many records, one fsync round.
+file once, fsyncs those files in worker threads (in parallel past :data:`FILES_PER_THREAD`
+files), and only then releases the appenders waiting on that round: many records, one fsync
+round.
 
 Ordering: a record's seq is fixed when it is submitted, synchronously, in call order; rounds
 are committed one at a time and a round writes each run's records in seq order. So per-run
@@ -213,9 +214,17 @@ def _close_all(cursors: list[RunCursor]) -> int:
     return failures
 
 
+#: Files a round gives each worker thread before it takes another. Parallel fsyncs of a few
+#: files save less wall time than each handoff to a thread costs the event loop: at 20
+#: sessions streaming 10 deltas/s, rounds of ~4 files over four threads cost the journal 427
+#: µs of CPU per delta, over one 303-327 (docs/journal.md, *Group commit*).
+FILES_PER_THREAD = 4
+
+
 def _spread(items: list[Any], ways: int) -> list[list[Any]]:
-    # Deal items round-robin into at most ``ways`` shares, one worker thread each.
-    ways = max(1, min(ways, len(items)))
+    # Deal items round-robin into one share per FILES_PER_THREAD items (rounded up), at most
+    # ``ways`` shares, one worker thread each.
+    ways = max(1, min(ways, -(-len(items) // FILES_PER_THREAD)))
     return [items[index::ways] for index in range(ways)]
 
 
@@ -238,7 +247,8 @@ class JournalWriter:
         interval: seconds, for the ``interval`` policy; defaults to the journal's.
         window: extra seconds a round waits to gather more records (0: only the records that
             arrive while the previous round is on disk share it).
-        fsync_threads: worker threads a round's writes and fsyncs spread over.
+        fsync_threads: worker threads a round's writes and fsyncs spread over, at most (a
+            thread takes :data:`FILES_PER_THREAD` files before another is used).
         max_open_runs: idle run files kept open; finished runs are closed right away.
     """
 

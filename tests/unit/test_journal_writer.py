@@ -22,6 +22,7 @@ from corral.journal import (
     RunJournal,
     WriterAttachedError,
 )
+from corral.journal import _writer as writer_module
 from tests.unit._journal import observation
 
 
@@ -87,6 +88,36 @@ async def test_many_concurrent_runs_share_fsync_rounds_and_keep_per_run_order(
     # Group commit: each fsync round carried many appends (one per run waiting at the time).
     assert stats.fsync_rounds * 10 <= stats.appends
     assert stats.largest_round > 1
+
+
+@pytest.mark.parametrize(
+    ("runs", "shares"), [(1, [1]), (4, [4]), (6, [3, 3]), (16, [4] * 4), (50, [7] * 2 + [6] * 6)]
+)
+async def test_a_round_gives_each_worker_thread_four_files_before_it_takes_another(
+    journal: RunJournal, monkeypatch: pytest.MonkeyPatch, runs: int, shares: list[int]
+) -> None:
+    """A round of a few files is written and fsynced by one worker thread: each handoff to a
+    thread costs the event loop more than parallel fsyncs of a few files save. Past four
+    files a thread, the round spreads, up to ``fsync_threads``."""
+    seen: list[int] = []
+    real = writer_module._write_jobs
+
+    def recording(jobs: list[Any]) -> list[Any]:
+        seen.append(len(jobs))
+        return real(jobs)
+
+    monkeypatch.setattr(writer_module, "_write_jobs", recording)
+    async with JournalWriter(journal, fsync_threads=8) as writer:
+        # Opened first (each run's file opens in a round of its own), then one round.
+        for run in range(runs):
+            await writer.append("session-a", f"run-{run}", "token", {})
+        seen.clear()
+        pending = [writer.submit("session-a", f"run-{run}", "token", {}) for run in range(runs)]
+        for entry in pending:
+            await entry.wait()
+        stats = writer.statistics()
+    assert sorted(seen, reverse=True) == shares
+    assert stats.fsyncs == 2 * runs
 
 
 async def test_append_returns_only_once_its_record_is_fsynced(

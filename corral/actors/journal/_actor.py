@@ -91,7 +91,7 @@ class JournalOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     interval_s: Positive = 1.0
     #: Extra milliseconds a group-commit round waits to gather more appends.
     window_ms: NonNegative = 0.0
-    #: Worker threads a round's writes and fsyncs spread over.
+    #: Worker threads a round's writes and fsyncs spread over, at most (four files a thread).
     fsync_threads: PositiveInt = 8
     #: Idle run files kept open by the writer.
     max_open_runs: PositiveInt = 1024
