@@ -74,7 +74,7 @@ from ._omnigent import (
 from ._omnigent_tap import TunnelTap
 from ._progress import step
 from ._tunnel_peer import PeerError, lone_errors
-from .memory import cpu_s, memory_mb, process_tree, pss_by_title
+from .memory import cpu_s, cpu_s_by_role, memory_mb, process_tree, pss_by_title
 
 AGENT = "bench-relay"
 #: The agent whose provider streams at a model's pace.
@@ -361,6 +361,8 @@ class Round:
     #: The same over the paced turns.
     paced_cpu_us: float
     paced_server_cpu_us: float
+    #: The tree's by role (:func:`~.memory.role_of`): where a paced delta's CPU goes.
+    paced_cpu_us_by_role: dict[str, float]
 
 
 def _spent(root: int, server: int) -> tuple[float, float]:
@@ -409,7 +411,7 @@ async def measure_round(
                 rates.append((len(deltas) - 1) / max(deltas[-1] - deltas[0], 1e-9))
             after = _spent(root, server.proc.pid)
             cpu_us, server_cpu_us = _per_delta(before, after, sizes.deltas * sizes.warm_turns)
-            paced_cpu_us, paced_server_cpu_us = await _paced(
+            paced_cpu_us, paced_server_cpu_us, paced_by_role = await _paced(
                 client, runner_id, sizes, root, server.proc.pid
             )
     finally:
@@ -425,14 +427,15 @@ async def measure_round(
         server_cpu_us=server_cpu_us,
         paced_cpu_us=paced_cpu_us,
         paced_server_cpu_us=paced_server_cpu_us,
+        paced_cpu_us_by_role=paced_by_role,
     )
 
 
 async def _paced(
     client: Client, runner_id: str, sizes: AgainstSizes, root: int, server: int
-) -> tuple[float, float]:
+) -> tuple[float, float, dict[str, float]]:
     """CPU per delta of the runner's tree and of the server over the paced sessions' second
-    turns, all at once (the first turns start their harnesses)."""
+    turns, all at once (the first turns start their harnesses); the tree's by role."""
     sids: list[str] = []
 
     async def new_session() -> None:
@@ -444,9 +447,20 @@ async def _paced(
     # The provider's frames besides the deltas are paced too.
     timeout = 60 + (sizes.paced_deltas + 4) * sizes.paced_ms / 1000
     await client.turns(sids, 1, sizes.paced_deltas, timeout)
-    before = _spent(root, server)
+    deltas = sizes.paced_deltas * sizes.paced_sessions
+    # The tree's figure is its roles' sum: one reading of each process for both.
+    roles_before = cpu_s_by_role(process_tree(root))
+    before = sum(roles_before.values()), cpu_s(process_tree(server))
     await client.turns(sids, 2, sizes.paced_deltas, timeout)
-    return _per_delta(before, _spent(root, server), sizes.paced_deltas * sizes.paced_sessions)
+    roles = cpu_s_by_role(process_tree(root))
+    tree_us, server_us = _per_delta(
+        before, (sum(roles.values()), cpu_s(process_tree(server))), deltas
+    )
+    by_role = {
+        role: round((spent - roles_before.get(role, 0.0)) * 1e6 / deltas, 1)
+        for role, spent in sorted(roles.items())
+    }
+    return tree_us, server_us, by_role
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -577,6 +591,7 @@ def document(
                         "server_cpu_us_per_delta": round(r.server_cpu_us, 1),
                         "paced_cpu_us_per_delta": round(r.paced_cpu_us, 1),
                         "paced_server_cpu_us_per_delta": round(r.paced_server_cpu_us, 1),
+                        "paced_cpu_us_per_delta_by_process": r.paced_cpu_us_by_role,
                     }
                     for r in runs
                 ]

@@ -110,6 +110,30 @@ def cpu_s(pids: list[int]) -> float:
     return total / tick
 
 
+def role_of(title: str, *, root: bool) -> str:
+    """What a process of a measured tree does, from its title: a corral process's title
+    without what names one of its kind (``corral: worker <session>`` and ``corral: host
+    <state dir>`` are ``corral: worker`` and ``corral: host``); another runner's process is
+    ``runner`` (the tree's root) or ``runner's children``."""
+    if title.startswith("corral: "):
+        return " ".join(title.split()[:2])
+    return "runner" if root else "runner's children"
+
+
+def cpu_s_by_role(pids: list[int]) -> dict[str, float]:
+    """:func:`cpu_s` of a tree (``pids[0]`` its root) by :func:`role_of`, the processes of one
+    role summed: where a tree's CPU goes. A child reaped meanwhile counts with its parent."""
+    by_role: dict[str, float] = {}
+    for pid in pids:
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        role = role_of(title, root=pid == pids[0])
+        by_role[role] = by_role.get(role, 0.0) + cpu_s([pid])
+    return by_role
+
+
 def memory_mb(pids: list[int]) -> tuple[float, float]:
     """The summed (PSS, RSS) of ``pids`` in MB (a process gone meanwhile counts 0)."""
     pss_kb = rss_kb = 0

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from corral.bench.memory import cpu_s, memory_mb, process_tree
+from corral.bench.memory import cpu_s, cpu_s_by_role, memory_mb, process_tree, role_of
 
 
 def test_a_tree_is_its_root_and_every_process_below_it() -> None:
@@ -42,6 +42,34 @@ def test_a_trees_cpu_keeps_the_time_of_the_children_it_reaped() -> None:
     assert busy.returncode == 0
     assert cpu_s([os.getpid()]) - before >= 0.1
     assert cpu_s([os.getpid() + 10_000_000]) == 0, "a gone pid counts nothing"
+
+
+def test_a_process_role_is_its_title_without_what_names_one_of_its_kind() -> None:
+    assert role_of("corral: worker 3f2a9c", root=False) == "corral: worker"
+    assert role_of("corral: host /tmp/x/state", root=True) == "corral: host"
+    assert role_of("corral: dispatch", root=False) == "corral: dispatch"
+    assert role_of("/venv/bin/python", root=True) == "runner"
+    assert role_of("/venv/bin/python", root=False) == "runner's children"
+
+
+def test_a_trees_cpu_by_role_sums_to_the_trees() -> None:
+    """Where a tree's CPU goes: its root and its children apart, each counted once."""
+    child = "sum(range(20_000_000)); print('ready', flush=True); input()"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == "ready\n"
+        tree = process_tree(parent.pid)
+        by_role = cpu_s_by_role(tree)
+        assert set(by_role) == {"runner", "runner's children"}
+        assert by_role["runner's children"] >= 0.05, "the busy child's time is its own"
+        assert sum(by_role.values()) == pytest.approx(cpu_s(tree), abs=0.02)
+    finally:
+        assert parent.stdin is not None
+        parent.stdin.close()
+        parent.wait(10)
 
 
 @pytest.mark.chaos

@@ -52,6 +52,15 @@ def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> Non
     assert doc["params"]["against"] == against and doc["params"]["deltas_per_turn"] == 300
     # Sessions at a model's pace: what a delta costs each runner when nothing floods.
     assert corral_round["paced_cpu_us_per_delta"] > 0
+    # ... and where it goes: every actor, the workers as one role, summing to the tree's.
+    paced_by_process = corral_round["paced_cpu_us_per_delta_by_process"]
+    roles = {"corral: host", "corral: dispatch", "corral: gateway", "corral: worker"}
+    assert roles <= set(paced_by_process)
+    assert not any(role.startswith("corral: worker ") for role in paced_by_process)
+    total = sum(paced_by_process.values())
+    assert total == pytest.approx(corral_round["paced_cpu_us_per_delta"], rel=0.05, abs=1)
+    (other_round,) = rounds[against]
+    assert set(other_round["paced_cpu_us_per_delta_by_process"]) <= {"runner", "runner's children"}
     assert doc["figures"]["paced_cpu_per_delta_lighter"] > 0
     assert doc["params"]["paced_sessions"] == 3 and doc["params"]["paced_ms"] == 100
 
