@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,15 +120,21 @@ def role_of(title: str, *, root: bool) -> str:
     return "runner" if root else "runner's children"
 
 
+def _titled(pids: list[int]) -> Iterator[tuple[int, str]]:
+    """Each of ``pids`` still running with its title (the command line's first word: a
+    corral process sets it, ``corral: dispatch``)."""
+    for pid in pids:
+        try:
+            yield pid, Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+
+
 def cpu_s_by_role(pids: list[int]) -> dict[str, float]:
     """:func:`cpu_s` of a tree (``pids[0]`` its root) by :func:`role_of`, the processes of one
     role summed: where a tree's CPU goes. A child reaped meanwhile counts with its parent."""
     by_role: dict[str, float] = {}
-    for pid in pids:
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        except OSError:
-            continue
+    for pid, title in _titled(pids):
         role = role_of(title, root=pid == pids[0])
         by_role[role] = by_role.get(role, 0.0) + cpu_s([pid])
     return by_role
@@ -155,11 +161,7 @@ def pss_by_title(pids: list[int]) -> dict[str, float]:
     """The PSS of ``pids`` in MB by process title (``corral: dispatch``; the command line
     of a process that sets none), processes of one title summed: where a tree's memory is."""
     by_title: dict[str, float] = {}
-    for pid in pids:
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        except OSError:
-            continue
+    for pid, title in _titled(pids):
         pss, _ = memory_mb([pid])
         by_title[title] = round(by_title.get(title, 0.0) + pss, 1)
     return by_title

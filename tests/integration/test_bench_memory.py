@@ -2,36 +2,45 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 from corral.bench.memory import cpu_s, cpu_s_by_role, memory_mb, process_tree, role_of
 
 
-def test_a_tree_is_its_root_and_every_process_below_it() -> None:
-    """A child's own child is in the tree; the summed memory counts each process once."""
-    grandchild = "print('ready', flush=True); input()"
-    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+@contextlib.contextmanager
+def parent_of(child: str) -> Iterator[int]:
+    """A Python process whose one child runs ``child`` then waits; its pid once the child
+    printed ``ready``, both ended after the block."""
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
     parent = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert parent.stdout is not None and parent.stdout.readline() == "ready\n"
-        tree = process_tree(parent.pid)
-        assert tree[0] == parent.pid and len(tree) == 2
+        yield parent.pid
+    finally:
+        assert parent.stdin is not None
+        parent.stdin.close()
+        parent.wait(10)
+
+
+def test_a_tree_is_its_root_and_every_process_below_it() -> None:
+    """A child's own child is in the tree; the summed memory counts each process once."""
+    with parent_of("print('ready', flush=True); input()") as pid:
+        tree = process_tree(pid)
+        assert tree[0] == pid and len(tree) == 2
         pss, rss = memory_mb(tree)
         alone_pss, alone_rss = memory_mb(tree[:1])
         assert 0 < alone_pss < pss and 0 < alone_rss < rss
         assert memory_mb([*tree, *tree]) == (2 * pss, 2 * rss)
         assert memory_mb([os.getpid() + 10_000_000]) == (0, 0), "a gone pid counts nothing"
-    finally:
-        assert parent.stdin is not None
-        parent.stdin.close()
-        parent.wait(10)
 
 
 def test_a_trees_cpu_keeps_the_time_of_the_children_it_reaped() -> None:
@@ -54,22 +63,12 @@ def test_a_process_role_is_its_title_without_what_names_one_of_its_kind() -> Non
 
 def test_a_trees_cpu_by_role_sums_to_the_trees() -> None:
     """Where a tree's CPU goes: its root and its children apart, each counted once."""
-    child = "sum(range(20_000_000)); print('ready', flush=True); input()"
-    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
-    parent = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert parent.stdout is not None and parent.stdout.readline() == "ready\n"
-        tree = process_tree(parent.pid)
+    with parent_of("sum(range(20_000_000)); print('ready', flush=True); input()") as pid:
+        tree = process_tree(pid)
         by_role = cpu_s_by_role(tree)
         assert set(by_role) == {"runner", "runner's children"}
         assert by_role["runner's children"] >= 0.05, "the busy child's time is its own"
         assert sum(by_role.values()) == pytest.approx(cpu_s(tree), abs=0.02)
-    finally:
-        assert parent.stdin is not None
-        parent.stdin.close()
-        parent.wait(10)
 
 
 @pytest.mark.chaos
