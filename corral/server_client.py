@@ -60,6 +60,7 @@ from ._exceptions import (
 )
 from ._jsonlines import JsonObject
 from ._server_answers import clip, detail, read_capped, rejected, retry_after_s
+from ._tls import default_context
 from .spec import MAX_BUNDLE_BYTES, AgentSpec, load_bundle
 
 __all__ = [
@@ -198,6 +199,8 @@ class ServerClient:
             timeout=self._timeout,
             transport=transport,
             follow_redirects=False,
+            # The process's context, built by its zygote: not a CA bundle per client.
+            verify=default_context(),
         )
         self._rpc_ids = itertools.count(1)
         self._counters = _Counters()

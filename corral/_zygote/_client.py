@@ -63,8 +63,9 @@ ANSWER_TIMEOUT_S = 1.0
 #: owner adds them to its preload: httpx imports httpcore (and with it h2, hpack, anyio and
 #: certifi, ~55 modules and ~0.2 s) at its first client's first request, and a host name's
 #: first encoding imports ``encodings.idna``. Imported after a fork, they are the child's
-#: own pages; imported before, they are shared.
-HTTP_CLIENT_MODULES = ("httpcore", "encodings.idna")
+#: own pages; imported before, they are shared. So is the TLS context every client of a
+#: process uses (:mod:`corral._tls`), built here once instead of once per client.
+HTTP_CLIENT_MODULES = ("httpcore", "encodings.idna", "corral._tls:DEFAULT_CONTEXT")
 
 #: The exec spawn: ``spawn(argv, env=..., cwd=...)``.
 Spawn = Callable[..., Any]

@@ -29,6 +29,7 @@ import trio
 
 from .._child_env import actor_env
 from .._exceptions import SupervisionError
+from .._tls import default_context
 from ..config import Config, RunnerSettings, actor_plan, role_of
 from ..instance import Instance
 from ._changes import Changes
@@ -220,7 +221,7 @@ class EmbeddedControlPlane:
         a hung one."""
         children = self._children
         last_ok = next_probe = time.monotonic()
-        async with httpx.AsyncClient(timeout=5.0) as http:
+        async with httpx.AsyncClient(timeout=5.0, verify=default_context()) as http:
             while not self._stop.is_set():
                 child = children.children.get(SERVER_CHILD)
                 if child is None or child.state.over:

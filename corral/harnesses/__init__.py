@@ -35,10 +35,6 @@ _BUILTIN_REQUIRES = {
     "open-responses": ("httpx",),
 }
 
-#: What a zygote of workers builds for all of them besides importing their kinds
-#: (``MODULE:NAME`` items, looked up: :func:`corral._zygote._template.preload`).
-PRELOAD = ("corral.harnesses.openai._tls:DEFAULT_CONTEXT",)
-
 HARNESSES: dict[str, str] = dict(_BUILTIN)
 #: Per harness name: the Python modules its worker needs (checked by :func:`availability`).
 REQUIRES: dict[str, tuple[str, ...]] = dict(_BUILTIN_REQUIRES)

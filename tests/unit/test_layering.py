@@ -33,6 +33,7 @@ FLOOR = frozenset(
         "_lifeline",
         "_logfile",
         "_proctitle",
+        "_tls",
         "_zygote",
         "agent_files",
         "bus",

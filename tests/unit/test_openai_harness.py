@@ -504,11 +504,11 @@ def test_the_workers_zygote_builds_the_tls_context_that_every_workers_client_use
     """Loading the CA bundle costs ~17 ms of CPU: the harness actor's zygote does it once
     (a preload item) for every worker it forks, whose client then builds none; a worker
     whose environment names other CA files builds its own."""
+    from corral import _tls
     from corral._zygote._template import preload
     from corral.actors.harness._base import _preload
-    from corral.harnesses.openai import _tls
 
-    item = "corral.harnesses.openai._tls:DEFAULT_CONTEXT"
+    item = "corral._tls:DEFAULT_CONTEXT"
     assert item in _preload()
     real, built = httpx.create_ssl_context, []
     monkeypatch.setattr(httpx, "create_ssl_context", lambda: built.append(1) or real())

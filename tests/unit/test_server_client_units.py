@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -10,6 +11,39 @@ import pytest
 from corral import __version__
 from corral._server_answers import detail as _detail
 from corral.server_client import ServerClient
+
+
+def test_the_actors_zygote_builds_the_tls_context_every_server_client_uses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """#20: loading the CA bundle costs ~17 ms of CPU and ~1.5 MB a client; the host's
+    zygote builds the context once (a preload item every actor shares) and the server clients
+    of dispatch, policy and tools build none. An environment naming other CA files gets its
+    own."""
+    from corral import _tls
+    from corral._zygote._template import preload
+    from corral.actors._actor_specs import actor_preload
+    from corral.config import parse_config
+
+    item = "corral._tls:DEFAULT_CONTEXT"
+    assert item in actor_preload(parse_config({}))
+    real, built = httpx.create_ssl_context, []
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda: built.append(1) or real())
+    monkeypatch.setattr(_tls, "_contexts", {})
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+    preload(item)  # in the zygote, before any actor is forked
+    assert len(built) == 1
+    clients = [ServerClient("https://omnigent.example", token="t") for _ in range(3)]
+    assert len(built) == 1
+    # Each client's connection pool holds the one context (httpx keeps it there).
+    contexts = {id(client._http._transport._pool._ssl_context) for client in clients}
+    assert contexts == {id(_tls.default_context())}
+
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
+    ServerClient("https://omnigent.example", token="t")
+    assert len(built) == 2
 
 
 async def test_every_call_says_it_is_corral_and_held_evaluations_wait_a_day() -> None:

@@ -118,7 +118,7 @@ def _preload() -> tuple[str, ...]:
     then imports nothing of its own kind either; and what the kinds build once per process
     (an ``openai`` worker's TLS context)."""
     kinds = sorted(set(harnesses.HARNESSES.values()))
-    return (WORKER_MODULE, *kinds, *HTTP_CLIENT_MODULES, *harnesses.PRELOAD)
+    return (WORKER_MODULE, *kinds, *HTTP_CLIENT_MODULES)
 
 
 def places_of(base: HarnessBase, msg: TurnStart) -> TurnStart:

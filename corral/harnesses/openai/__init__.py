@@ -23,7 +23,7 @@ hangs and a user never sees the same text twice:
 
 Interrupts arrive as trio cancellation, which closes the model call's connection. The worker
 keeps one HTTP client for all its turns (a connection goes back to it only once its call's
-body was read to the end), and its TLS context comes built from the zygote (``_tls``).
+body was read to the end), and its TLS context comes built from the zygote (:mod:`corral._tls`).
 The api key only travels in the ``Authorization`` header: it is never logged and is
 scrubbed from provider messages before they become errors.
 
@@ -32,8 +32,7 @@ Configuration (spec first, then worker options, then environment) is documented 
 
 Modules: ``_settings`` (where settings come from), ``_harness`` (:class:`OpenAIHarness`),
 ``_loop`` (the agent loop and its retries), ``_streams`` (SSE and the two APIs' events),
-``_step`` (what one model call produced), ``_conversations`` (each call's request), ``_tls``
-(the process's TLS context).
+``_step`` (what one model call produced), ``_conversations`` (each call's request).
 """
 
 from ._harness import OpenAIHarness as OpenAIHarness

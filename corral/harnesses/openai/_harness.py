@@ -11,13 +11,13 @@ import httpx
 import trio
 
 from ..._jsonlines import JsonObject
+from ..._tls import default_context
 from .._llm_request import LlmRequestData, llm_request
 from .._turn import TurnFailed
 from ..spawn_env import env_prefix
 from ._conversations import _history
 from ._loop import _AgentLoop
 from ._settings import DEFAULT_BASE_URL, Settings, resolve_settings
-from ._tls import default_context
 
 if TYPE_CHECKING:
     from .._turn import TurnContext
@@ -41,7 +41,7 @@ class OpenAIHarness:
     def client(self) -> httpx.AsyncClient:
         """The worker's one HTTP client, made at its first turn: every later turn reuses its
         open connections to the provider, as an SDK client kept by a long-lived process does
-        (its TLS setup is the process's, :mod:`._tls`). An interrupted or failed call's
+        (its TLS setup is the process's, :mod:`corral._tls`). An interrupted or failed call's
         connection is closed, never reused."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=None, verify=default_context())

@@ -1,11 +1,15 @@
-"""The TLS setup of an ``openai`` worker's HTTP client, built once per process.
+"""The verifying TLS context of every HTTP client corral makes, built once per process.
 
 httpx builds a verifying context for every client it makes, loading the whole CA bundle:
-~17 ms of CPU, which a cold session's first model call would wait for. The harness actor's
-zygote looks :data:`DEFAULT_CONTEXT` up among its preloads (``MODULE:NAME``,
-:func:`corral._zygote._template.preload`), so every worker it forks starts with the context
-built. A context is built for the CA settings httpx reads from the environment
-(``SSL_CERT_FILE``, ``SSL_CERT_DIR``): a worker whose environment names others builds its own.
+~17 ms of CPU, which a cold session's first model call would wait for, and ~1.5 MB of memory
+each. Both zygotes look :data:`DEFAULT_CONTEXT` up among their preloads (``MODULE:NAME``,
+:func:`corral._zygote._template.preload`, through
+:data:`corral._zygote.HTTP_CLIENT_MODULES`): every worker and every actor they fork starts
+with the context built, its CA store in pages it shares with the zygote, and hands it to its
+clients (an ``openai`` worker's model client, the :class:`~corral.server_client.ServerClient`
+of dispatch, policy and tools). A context is built for the CA settings httpx reads from the
+environment (``SSL_CERT_FILE``, ``SSL_CERT_DIR``): a process whose environment names others
+builds its own.
 """
 
 from __future__ import annotations
