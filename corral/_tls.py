@@ -1,7 +1,7 @@
 """The verifying TLS context of every HTTP client corral makes, built once per process.
 
 httpx builds a verifying context for every client it makes, loading the whole CA bundle:
-~17 ms of CPU, which a cold session's first model call would wait for, and ~1.5 MB of memory
+~17 ms of CPU, which a cold session's first model call would wait for, and ~1 MB of memory
 each. Both zygotes look :data:`DEFAULT_CONTEXT` up among their preloads (``MODULE:NAME``,
 :func:`corral._zygote._template.preload`, through
 :data:`corral._zygote.HTTP_CLIENT_MODULES`): every worker and every actor they fork starts

@@ -115,8 +115,8 @@ class HarnessBase(Actor):
 def _preload() -> tuple[str, ...]:
     """What the zygote imports: the worker runtime, the built-in harness kinds and what an
     HTTP client imports on its first request (an ``openai`` worker makes them): a worker
-    then imports nothing of its own kind either; and what the kinds build once per process
-    (an ``openai`` worker's TLS context)."""
+    then imports nothing of its own kind either. The last includes the TLS context every
+    client of a process shares (:mod:`corral._tls`)."""
     kinds = sorted(set(harnesses.HARNESSES.values()))
     return (WORKER_MODULE, *kinds, *HTTP_CLIENT_MODULES)
 
