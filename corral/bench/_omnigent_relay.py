@@ -365,16 +365,26 @@ class Round:
     paced_cpu_us_by_role: dict[str, float]
 
 
-def _spent(root: int, server: int) -> tuple[float, float]:
-    """CPU seconds the runner's tree and the server's have spent so far."""
-    return cpu_s(process_tree(root)), cpu_s(process_tree(server))
+#: A reading: CPU seconds the runner's tree has spent so far by role, and the server's.
+_Spent = tuple[dict[str, float], float]
 
 
-def _per_delta(
-    before: tuple[float, float], after: tuple[float, float], deltas: int
-) -> tuple[float, float]:
-    """µs of CPU per delta of the runner's tree and of the server between two readings."""
-    return (after[0] - before[0]) * 1e6 / deltas, (after[1] - before[1]) * 1e6 / deltas
+def _spent(root: int, server: int) -> _Spent:
+    """CPU seconds the runner's tree (by :func:`~.memory.role_of`) and the server's tree have
+    spent so far."""
+    return cpu_s_by_role(process_tree(root)), cpu_s(process_tree(server))
+
+
+def _per_delta(before: _Spent, after: _Spent, deltas: int) -> tuple[float, float, dict[str, float]]:
+    """µs of CPU per delta of the runner's tree and of the server between two readings, and
+    the tree's by role (its sum: one reading of each process serves both)."""
+    (roles_before, server_before), (roles, server) = before, after
+    by_role = {
+        role: round((spent - roles_before.get(role, 0.0)) * 1e6 / deltas, 1)
+        for role, spent in sorted(roles.items())
+    }
+    tree_us = (sum(roles.values()) - sum(roles_before.values())) * 1e6 / deltas
+    return tree_us, (server - server_before) * 1e6 / deltas, by_role
 
 
 async def measure_round(
@@ -410,7 +420,7 @@ async def measure_round(
                 _, *deltas = await client.turn(sessions[0], turn, sizes.deltas, timeout)
                 rates.append((len(deltas) - 1) / max(deltas[-1] - deltas[0], 1e-9))
             after = _spent(root, server.proc.pid)
-            cpu_us, server_cpu_us = _per_delta(before, after, sizes.deltas * sizes.warm_turns)
+            cpu_us, server_cpu_us, _ = _per_delta(before, after, sizes.deltas * sizes.warm_turns)
             paced_cpu_us, paced_server_cpu_us, paced_by_role = await _paced(
                 client, runner_id, sizes, root, server.proc.pid
             )
@@ -447,20 +457,9 @@ async def _paced(
     # The provider's frames besides the deltas are paced too.
     timeout = 60 + (sizes.paced_deltas + 4) * sizes.paced_ms / 1000
     await client.turns(sids, 1, sizes.paced_deltas, timeout)
-    deltas = sizes.paced_deltas * sizes.paced_sessions
-    # The tree's figure is its roles' sum: one reading of each process for both.
-    roles_before = cpu_s_by_role(process_tree(root))
-    before = sum(roles_before.values()), cpu_s(process_tree(server))
+    before = _spent(root, server)
     await client.turns(sids, 2, sizes.paced_deltas, timeout)
-    roles = cpu_s_by_role(process_tree(root))
-    tree_us, server_us = _per_delta(
-        before, (sum(roles.values()), cpu_s(process_tree(server))), deltas
-    )
-    by_role = {
-        role: round((spent - roles_before.get(role, 0.0)) * 1e6 / deltas, 1)
-        for role, spent in sorted(roles.items())
-    }
-    return tree_us, server_us, by_role
+    return _per_delta(before, _spent(root, server), sizes.paced_deltas * sizes.paced_sessions)
 
 
 # --- the run -----------------------------------------------------------------------------------
