@@ -1,5 +1,5 @@
-"""``python -m corral`` runs the CLI."""
+"""``python -m corral`` runs the ``corral`` command."""
 
-from corral.cli import main
+from corral._launch import main
 
 main()

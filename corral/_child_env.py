@@ -70,6 +70,9 @@ _ACTOR_ALLOWED = (
     "CORRAL_OS_ENV_ROOT",
     "OMNIGENT_RUNNER_OS_ENV_ROOT",
     "OMNIGENT_CONFIG_HOME",
+    # Which of its inherited fds is the seed socket (corral._zygote._seed): no secret, and
+    # only a process forked with the socket open holds it.
+    "CORRAL_SEED",
 )
 
 #: What an actor that makes HTTP requests needs to reach its servers (a proxy URL may hold a
@@ -91,6 +94,20 @@ NETWORK_VARS = (
 HIDDEN_ENV = "CORRAL_HIDDEN_ENV"
 #: In a child's environ: the memfd its hidden variables are in.
 HIDDEN_ENV_FD = "CORRAL_HIDDEN_ENV_FD"
+
+
+#: In a zygote's environ: blank room each child forked from it overwrites with its own
+#: environment (:func:`corral._zygote._template.show_environ`).
+RESERVE_ENV = "CORRAL_ZYGOTE_RESERVE"
+#: How much room (bytes): a worker's environment is a few kB.
+RESERVE_BYTES = 64 * 1024
+#: In a ``corral up`` exec'd again by :func:`reexec_clean`: its pid (an exec keeps it), so
+#: that a child that inherits the variable is not taken for one.
+CLEAN_ENV = "CORRAL_UP_CLEAN"
+#: What the environ block of the clean exec keeps besides the actors' allow-list: the state
+#: dir and config the host itself keeps there, and what sets up the interpreter and its loader.
+_CLEAN_KEPT = ("CORRAL_STATE_DIR", "CORRAL_CONFIG")
+_CLEAN_KEPT_PREFIXES = ("PYTHON", "LD_")
 
 
 def base_env(host_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -138,6 +155,40 @@ def hand_over(hidden: Mapping[str, str]) -> int:
     os.lseek(fd, 0, os.SEEK_SET)
     os.set_inheritable(fd, True)
     return fd
+
+
+def clean_env(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``environ`` split as :func:`reexec_clean` execs: (the environ block, the variables
+    handed over hidden). The block holds no secret: the actors' allow-list, the state dir
+    and config, and the interpreter's and loader's settings (``PYTHON*``, ``LD_*``)."""
+    names = {*actor_env(environ), *_CLEAN_KEPT}
+    shown = {k: v for k, v in environ.items() if k in names or k.startswith(_CLEAN_KEPT_PREFIXES)}
+    hidden = {k: v for k, v in environ.items() if k not in shown and k != CLEAN_ENV}
+    return shown, hidden
+
+
+def reexec_clean() -> None:
+    """Exec this process (``corral up``) again with its secrets out of the new process's
+    memory until it takes them (:func:`take_hidden_env`, after it forked the seed,
+    :func:`corral._zygote.fork_seed`): every variable :func:`clean_env` does not show goes to
+    a memfd. Does nothing in the process it exec'd; returns when the exec fails (the host
+    then runs without a seed)."""
+    if os.environ.get(CLEAN_ENV) == str(os.getpid()):
+        return
+    shown, hidden = clean_env(os.environ)
+    fd = hand_over(hidden)
+    env = {
+        **shown,
+        HIDDEN_ENV_FD: str(fd),
+        CLEAN_ENV: str(os.getpid()),
+        # Room a worker forked from the seed's line overwrites with its own environment.
+        RESERVE_ENV: "x" * RESERVE_BYTES,
+    }
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    except OSError as exc:
+        os.close(fd)
+        print(f"corral up: could not exec itself clean (no seed): {exc}", file=sys.stderr)
 
 
 def take_hidden_env() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -44,6 +45,7 @@ from ._messages import (
     decode_report,
     encode,
 )
+from ._seed import sprout
 from ._template import RESERVE_BYTES, RESERVE_ENV, SETUP_ENV, fork_template
 
 log = logging.getLogger("corral.zygote")
@@ -58,6 +60,8 @@ PERIOD_S = 60.0
 #: child exec'd). The owner's trio thread waits that long, so it stays well inside the 3 s
 #: in which the host counts a silent actor dead (a fork takes about a millisecond).
 ANSWER_TIMEOUT_S = 1.0
+#: How long a zygote asked of the seed has to say Ready (it imports next to nothing).
+SEED_READY_S = 5.0
 
 #: What a child that makes HTTP requests imports only when it first does, so a zygote's
 #: owner adds them to its preload: httpx imports httpcore (and with it h2, hpack, anyio and
@@ -165,6 +169,43 @@ class _ForkedZygote:
             self.returncode = os.waitstatus_to_exitcode(status)
 
 
+class _SeededZygote:
+    """A zygote the seed forked (:mod:`._seed`), held like the :class:`subprocess.Popen` of an
+    exec'd one through a pidfd: the seed, its parent, reaps it, so its code is unknown."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._pidfd = None
+            self.returncode = UNKNOWN_EXIT
+
+    def poll(self) -> int | None:
+        pidfd = self._pidfd
+        if self.returncode is None and pidfd is not None and select.select([pidfd], [], [], 0)[0]:
+            self._settle()
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None and self._pidfd is not None:
+            select.select([self._pidfd], [], [])
+            self._settle()
+        return UNKNOWN_EXIT
+
+    def kill(self) -> None:
+        if self.returncode is None and self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def _settle(self) -> None:
+        self.returncode = UNKNOWN_EXIT
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
 class Zygote:
     """One zygote process, kept running for its owner (:meth:`run`), and the spawn that
     forks from it (:meth:`spawn`).
@@ -177,21 +218,44 @@ class Zygote:
         env: the zygote's environment (never a secret: every child's environ block is a
             copy of its memory until overwritten).
         fallback: the exec spawn, for everything the zygote does not fork.
+        seed: the seed socket (:func:`._seed.seed_fd`): each zygote is forked by the seed
+            while it gives one, and exec'd otherwise.
+        keep: file descriptors a zygote this process forks (:meth:`prefork`) keeps open for
+            its children (the host's: the seed socket, for the harness actor).
     """
 
-    def __init__(self, preload: tuple[str, ...], env: Mapping[str, str], fallback: Spawn) -> None:
+    def __init__(
+        self,
+        preload: tuple[str, ...],
+        env: Mapping[str, str],
+        fallback: Spawn,
+        *,
+        seed: int | None = None,
+        keep: tuple[int, ...] = (),
+    ) -> None:
         self.preload = preload
         self.env = dict(env)
         self.fallback = fallback
-        self.proc: subprocess.Popen[bytes] | _ForkedZygote | None = None
+        self.proc: subprocess.Popen[bytes] | _ForkedZygote | _SeededZygote | None = None
         #: The first zygote, forked by :meth:`prefork` and not yet taken by :meth:`run`.
         self._preforked: tuple[int, socket.socket, socket.socket] | None = None
+        #: The seed socket each zygote is asked of first (:mod:`._seed`); None once the seed
+        #: failed to give one.
+        self.seed = seed
+        self._seeded = False
+        self.keep = keep
         self._requests: socket.socket | None = None
         self._ready = trio.Event()
         self._children: dict[int, Forked] = {}
         self._deaths: list[float] = []
         self.gave_up = False
-        self.stats = {"forked": 0, "exec": 0, "zygote_starts": 0, "zygotes_forked": 0}
+        self.stats = {
+            "forked": 0,
+            "exec": 0,
+            "zygote_starts": 0,
+            "zygotes_forked": 0,
+            "zygotes_seeded": 0,
+        }
 
     def prefork(self) -> bool:
         """Fork the first zygote from this process, before :meth:`run` (which takes it), so
@@ -200,7 +264,7 @@ class Zygote:
         later zygote, after a death, is exec'd. Whether one was forked (not with a second
         thread here, or when the fork fails: :meth:`run` then execs the first one too)."""
         try:
-            self._preforked = fork_template(self.preload)
+            self._preforked = fork_template(self.preload, self.keep)
         except OSError as exc:
             log.warning("could not fork the zygote (it is exec'd): %s", exc)
         return self._preforked is not None
@@ -303,19 +367,37 @@ class Zygote:
         return self.fallback(argv, env=env, cwd=cwd)
 
     def _start(self) -> trio.socket.SocketType:
-        """Take the zygote :meth:`prefork` made, else exec one; the reports socket it is
-        ready on."""
+        """Take the zygote :meth:`prefork` made, else ask the seed for one, else exec one;
+        the reports socket it is ready on."""
+        self._seeded = False
         if self._preforked is not None:
             pid, requests, reports = self._preforked
             self._preforked = None
             self.proc = _ForkedZygote(pid)
             self.stats["zygotes_forked"] += 1
+        elif (sprouted := self._sprout()) is not None:
+            requests, reports = sprouted
         else:
             requests, reports = self._exec_zygote()
         requests.settimeout(ANSWER_TIMEOUT_S)
         self._requests = requests
         self.stats["zygote_starts"] += 1
         return trio.socket.from_stdlib_socket(reports)
+
+    def _sprout(self) -> tuple[socket.socket, socket.socket] | None:
+        """Ask the seed for a zygote (its pid comes with its Ready); None without a seed."""
+        if self.seed is None:
+            return None
+        try:
+            sprouted = sprout(self.seed, self.preload)
+        except OSError as exc:
+            log.warning("the seed is gone (the zygote is exec'd): %s", exc)
+            self.seed = None
+            return None
+        self.proc = None
+        self._seeded = True
+        self.stats["zygotes_seeded"] += 1
+        return sprouted
 
     def _exec_zygote(self) -> tuple[socket.socket, socket.socket]:
         """Exec a zygote: its requests and reports sockets."""
@@ -353,14 +435,21 @@ class Zygote:
         """Take the zygote's reports until it is gone."""
         with reports:
             while True:
-                try:
+                # A zygote the seed was asked for and that never says Ready (the seed is
+                # stopped, say) is given up on, as one that exited would be.
+                first = self._seeded and not self._ready.is_set()
+                data = b""
+                with (
+                    trio.move_on_after(SEED_READY_S if first else math.inf),
+                    contextlib.suppress(OSError),
+                ):
                     data = await reports.recv(MAX_DATAGRAM)
-                except OSError:
-                    data = b""
                 if not data:
                     return
                 report = decode_report(data)
                 if isinstance(report, Ready):
+                    if self.proc is None:  # the seed forked it: not this process's child
+                        self.proc = _SeededZygote(report.pid)
                     self._ready.set()
                 elif isinstance(report, Died):
                     child = self._children.pop(report.pid, None)
@@ -387,6 +476,10 @@ class Zygote:
             self._kill()
             code = self.proc.wait()
         log.warning("the zygote exited (%s)", code if was_ready else f"{code}, before it was ready")
+        if self._seeded and not was_ready:
+            log.warning("the seed gave no zygote: the next one is exec'd")
+            self.seed = None
+            return False
         now = time.monotonic()
         self._deaths = [now, *(t for t in self._deaths if t > now - PERIOD_S)]
         if len(self._deaths) > INTENSITY or not was_ready:

@@ -52,6 +52,13 @@ class Died(_Message, tag="died", frozen=True):
     code: int
 
 
+class Sprout(_Message, tag="sprout", frozen=True):
+    """To the seed (:mod:`._seed`): fork a zygote that imports ``items`` and serves the two
+    sockets that came with this datagram (requests, then reports)."""
+
+    items: list[str]
+
+
 Request = Fork
 Answer = Born | Refused
 Report = Ready | Died
@@ -63,3 +70,4 @@ encode = msgspec.msgpack.Encoder().encode
 decode_request = msgspec.msgpack.Decoder(Request).decode
 decode_answer = msgspec.msgpack.Decoder(Answer).decode
 decode_report = msgspec.msgpack.Decoder(Report).decode
+decode_sprout = msgspec.msgpack.Decoder(Sprout).decode

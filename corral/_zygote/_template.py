@@ -64,6 +64,8 @@ import traceback
 from collections.abc import Sequence
 
 from .. import logs
+from .._child_env import RESERVE_BYTES as RESERVE_BYTES
+from .._child_env import RESERVE_ENV as RESERVE_ENV
 from .._lifeline import die_with_parent
 from .._proctitle import set_title
 from ._messages import (
@@ -81,10 +83,6 @@ log = logging.getLogger("corral.zygote")
 
 #: In the zygote's environ: how its owner set it up (JSON: the two socket fds, the owner's pid).
 SETUP_ENV = "CORRAL_ZYGOTE"
-#: In the zygote's environ: blank room each child overwrites with its own environment.
-RESERVE_ENV = "CORRAL_ZYGOTE_RESERVE"
-#: How much room (bytes): a worker's environment is a few kB.
-RESERVE_BYTES = 64 * 1024
 #: How a forked child's title begins until its entry sets its own: then its entry module.
 FORKED_TITLE_PREFIX = "corral: forked "
 #: Exit code of a forked child its owner did not take (it ran nothing).
@@ -231,7 +229,7 @@ def preload(item: str) -> None:
         getattr(imported, name)
 
 
-def _preload_all(items: Sequence[str]) -> None:
+def preload_all(items: Sequence[str]) -> None:
     for item in items:
         try:
             preload(item)
@@ -249,11 +247,13 @@ def main() -> None:
     reports = socket.socket(fileno=int(setup["reports"]))
     set_title("corral: zygote")
     logs.setup("zygote")
-    _preload_all(sys.argv[1:])
-    _serve(requests, reports)
+    preload_all(sys.argv[1:])
+    serve(requests, reports)
 
 
-def fork_template(items: tuple[str, ...]) -> tuple[int, socket.socket, socket.socket] | None:
+def fork_template(
+    items: tuple[str, ...], keep: tuple[int, ...] = ()
+) -> tuple[int, socket.socket, socket.socket] | None:
     """Make this process's first zygote by forking it, after importing ``items`` here: the
     zygote, and every child it forks, then share this process's pages too (the interpreter
     and the modules both import), where an exec'd zygote holds a copy of its own. The
@@ -269,7 +269,7 @@ def fork_template(items: tuple[str, ...]) -> tuple[int, socket.socket, socket.so
     forked from it shows what of its own environment fits there (:func:`show_environ`)."""
     if len(os.listdir("/proc/self/task")) > 1:
         return None
-    _preload_all(items)
+    preload_all(items)
     # Collected, then frozen on both sides: a collection in the owner would write to every
     # object it visits and so copy, into the owner, the pages the zygote shares with it.
     gc.collect()
@@ -283,7 +283,7 @@ def fork_template(items: tuple[str, ...]) -> tuple[int, socket.socket, socket.so
         try:
             requests.close()
             reports.close()
-            _become_template(owner, theirs_requests, theirs_reports)
+            _become_template(owner, theirs_requests, theirs_reports, keep)
             code = 0
         except BaseException:
             traceback.print_exc()
@@ -294,13 +294,26 @@ def fork_template(items: tuple[str, ...]) -> tuple[int, socket.socket, socket.so
     return pid, requests, reports
 
 
-def _become_template(owner: int, requests: socket.socket, reports: socket.socket) -> None:
-    """In a zygote forked from its owner: shed what was the owner's, then serve."""
+def _become_template(
+    owner: int, requests: socket.socket, reports: socket.socket, keep: tuple[int, ...]
+) -> None:
+    """In a zygote forked from its owner: shed what was the owner's but ``keep`` (which its
+    children inherit), then serve."""
+    shed({requests.fileno(), reports.fileno(), *keep})
+    die_with_parent(owner)
+    set_title("corral: zygote")
+    logs.setup("zygote")
+    serve(requests, reports)
+
+
+def shed(keep: set[int]) -> None:
+    """In a process just forked from a host: close the host's log handlers and every file
+    descriptor but ``keep`` and the standard ones (stdin reopened on ``/dev/null``), restore
+    default signal handling and lead a session of its own."""
     root = logging.getLogger()
     for handler in root.handlers:  # this copy's file descriptors, closed before the rest
         handler.close()
     root.handlers.clear()
-    keep = {requests.fileno(), reports.fileno()}
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 2 and fd not in keep:
@@ -318,13 +331,9 @@ def _become_template(owner: int, requests: socket.socket, reports: socket.socket
                 else:
                     signal.signal(signum, signal.SIG_DFL)
     os.setsid()
-    die_with_parent(owner)
-    set_title("corral: zygote")
-    logs.setup("zygote")
-    _serve(requests, reports)
 
 
-def _serve(requests: socket.socket, reports: socket.socket) -> None:
+def serve(requests: socket.socket, reports: socket.socket) -> None:
     """Say Ready, then fork on request until the owner closes the requests socket."""
     # What the zygote holds stays out of its children's collections: a collection writes to
     # every object it visits, and the pages it writes to are copied, no longer shared.

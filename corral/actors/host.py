@@ -38,7 +38,7 @@ from .. import _heap as heap
 from .._child_env import actor_env, blank_environ_block, non_dumpable
 from .._exceptions import ConfigError, CorralError, HostAlreadyRunning, RestartIntensityExceeded
 from .._lifeline import become_subreaper
-from .._zygote import Zygote
+from .._zygote import Zygote, seed_fd, seed_status
 from ..bus import Broker, DrainRequest, InspectRequest, open_peer
 from ..config import (
     BUILTIN,
@@ -198,7 +198,9 @@ class Host:
             raise self._failure
 
     def _new_zygote(self) -> Zygote:
-        return Zygote(actor_preload(self.config), actor_env(), fallback=spawn)
+        seed = seed_fd()  # kept open for the harness actor, which asks it for its zygotes
+        keep = () if seed is None else (seed,)
+        return Zygote(actor_preload(self.config), actor_env(), fallback=spawn, keep=keep)
 
     def _claim(self) -> None:
         inst = self.instance
@@ -594,6 +596,7 @@ class Host:
                 "changes": self.changes.version,
                 "metrics": self.metrics_url,
                 "zygote": None if self.zygote is None else self.zygote.statistics(),
+                "seed": seed_status(),
                 "heap_releases": heap.stats["releases"],
                 "bus": None if self.broker is None else self.broker.stats,
             },

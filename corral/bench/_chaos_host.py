@@ -242,13 +242,16 @@ class ChaosHost:
 
     def targets(self, kind: str) -> list[int]:
         """Live pids of one kind: an actor's name, :data:`WORKER`, :data:`CONTROL_PLANE` or
-        :data:`ZYGOTE` (the harness actor's, which forks the workers, or the host's, which
-        forks the actors)."""
+        :data:`ZYGOTE` (the harness actor's, which forks the workers, the host's, which
+        forks the actors, or the seed, which forks the harness actor's)."""
         status = self.status()
         if kind == ZYGOTE:
             state = request(self.inst.control_path, "inspect", timeout=10, actor="harness")
             zygotes = [state["state"].get("zygote"), status["host"].get("zygote")]
-            return [z["pid"] for z in zygotes if z and z.get("pid")]
+            seed = status["host"].get("seed") or {}
+            return [z["pid"] for z in zygotes if z and z.get("pid")] + (
+                [seed["pid"]] if seed.get("alive") else []
+            )
         if kind == WORKER:
             return [w["pid"] for w in status["workers"] if w.get("pid")]
         if kind == CONTROL_PLANE:

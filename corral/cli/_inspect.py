@@ -93,6 +93,9 @@ def _show_status(data: dict[str, Any]) -> None:
             f"  exec'd {zygote['exec']}"
             + ("  (given up: children are exec'd)" if zygote["gave_up"] else "")
         )
+    seed = host.get("seed")
+    if seed:
+        console.print(f"seed pid {seed['pid']}" + ("" if seed["alive"] else " (gone)"))
     table = Table("actor", "state", "pid", "restarts", "uptime", "last exit")
     for a in data["actors"]:
         last = a["last_exit"]

@@ -39,7 +39,10 @@ def test_a_tree_is_its_root_and_every_process_below_it() -> None:
         pss, rss = memory_mb(tree)
         alone_pss, alone_rss = memory_mb(tree[:1])
         assert 0 < alone_pss < pss and 0 < alone_rss < rss
-        assert memory_mb([*tree, *tree]) == (2 * pss, 2 * rss)
+        # PSS moves with what else maps the same pages (another process of the machine
+        # starting or ending between two reads); RSS does not.
+        twice_pss, twice_rss = memory_mb([*tree, *tree])
+        assert twice_pss == pytest.approx(2 * pss, rel=0.02) and twice_rss == 2 * rss
         assert memory_mb([os.getpid() + 10_000_000]) == (0, 0), "a gone pid counts nothing"
 
 

@@ -78,7 +78,12 @@ RULES: dict[str, tuple[frozenset[str], str]] = {
     ),
     "bench": (EVERYTHING - {"cli"}, "benchmarks drive real hosts and actors; the CLI runs them"),
     "cli": (EVERYTHING, "the CLI starts and talks to a host: it may import everything below"),
-    "__main__": (frozenset({"cli"}), "python -m corral is the CLI"),
+    "_launch": (
+        EVERYTHING - {"__main__"},
+        "the corral command: it makes the seed (corral/_zygote/_seed.py) from what the actors "
+        "and workers import, then runs the CLI",
+    ),
+    "__main__": (frozenset({"_launch"}), "python -m corral is the corral command"),
 }
 
 #: The supervision runtime (``corral.actors`` minus the actors themselves) and what it may

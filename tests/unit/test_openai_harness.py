@@ -506,10 +506,10 @@ def test_the_workers_zygote_builds_the_tls_context_that_every_workers_client_use
     whose environment names other CA files builds its own."""
     from corral import _tls
     from corral._zygote._template import preload
-    from corral.actors.harness._base import _preload
+    from corral.actors.harness._base import worker_preload
 
     item = "corral._tls:DEFAULT_CONTEXT"
-    assert item in _preload()
+    assert item in worker_preload()
     real, built = httpx.create_ssl_context, []
     monkeypatch.setattr(httpx, "create_ssl_context", lambda: built.append(1) or real())
     monkeypatch.setattr(_tls, "_contexts", {})

@@ -4,6 +4,7 @@ The actor and what it handles are described in :mod:`corral.actors.harness._acto
 """
 
 from ._actor import HarnessActor as HarnessActor
+from ._base import worker_preload as worker_preload
 from ._options import HarnessOptions as HarnessOptions
 from ._records import OwnedTurn as OwnedTurn
 from ._records import ParkedElicitation as ParkedElicitation

@@ -23,7 +23,7 @@ import msgspec
 
 from ... import harnesses, logs
 from ..._child_env import base_env
-from ..._zygote import HTTP_CLIENT_MODULES, Zygote
+from ..._zygote import HTTP_CLIENT_MODULES, Zygote, seed_fd
 from ...bus import Dedup, Message
 from ...harnesses.protocol import ElicitationParked, Holdings, ResponseFailed, TurnStart
 from ...instance import Instance
@@ -69,7 +69,12 @@ class HarnessBase(Actor):
         self.started_turns = Dedup(ctx.data_dir / "started-turns")
         #: Where workers are forked from (None: each is exec'd).
         self.zygote = (
-            Zygote(_preload(), {**base_env(), **logs.child_env()}, fallback=spawn)
+            Zygote(
+                worker_preload(),
+                {**base_env(), **logs.child_env()},
+                fallback=spawn,
+                seed=seed_fd(),
+            )
             if opts.zygote
             else None
         )
@@ -112,7 +117,7 @@ class HarnessBase(Actor):
             log.exception("could not deliver %s to %s", type(event).__name__, to)
 
 
-def _preload() -> tuple[str, ...]:
+def worker_preload() -> tuple[str, ...]:
     """What the zygote imports: the worker runtime, the built-in harness kinds and what an
     HTTP client imports on its first request (an ``openai`` worker makes them): a worker
     then imports nothing of its own kind either. The last includes the TLS context every
