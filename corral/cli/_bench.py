@@ -117,6 +117,7 @@ def bench_command(
     chaos exits 1 when one of its invariants failed (its result's "ok" is false).
     """
     from ..bench._common import NotRunnable
+    from ..bench._tunnel_peer import PeerError
 
     module = importlib.import_module(BENCHMARKS[name])
     params: dict[str, object] = {"quick": quick}
@@ -146,6 +147,8 @@ def bench_command(
             result = module.run(params)
     except NotRunnable as exc:  # a missing CLI: the reason, not a traceback
         raise CliError(str(exc), code="not_runnable", document={"benchmark": name}) from exc
+    except PeerError as exc:  # the host or a server answered what no run can go on from
+        raise CliError(str(exc), code="bench_failed", document={"benchmark": name}) from exc
     failed = result.get("ok") is False
     if as_json:
         emit_json(result)
