@@ -18,7 +18,7 @@ import trio
 
 from corral._child_env import CLEAN_ENV, HIDDEN_ENV_FD, clean_env
 from corral._zygote._seed import SEED_ENV, seed_fd
-from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
+from tests.conftest import FAST_LIVENESS, HostProcess, corral, wait_until
 from tests.integration._dispatch import fake_dispatch, scripted
 
 SECRETS = {"CORRAL_TEST_SECRET_TOKEN": "tok-do-not-leak", "SOME_API_KEY": "key-do-not-leak"}
@@ -105,9 +105,14 @@ async def test_d13_the_seed_its_zygote_and_their_workers_never_held_a_secret_of_
     assert _memory_holds(host.actor("harness")["pid"], needles) == set(needles)
     # Its pages are the host's: an exec'd zygote shared none with anyone but its workers.
     assert _shared_dirty_kb(seed) > 8 * 1024
-    # Nor does the seed's environ block show a secret (it is the clean exec's).
+    # Nor does the seed's environ block show a secret: it is the clean exec's, the host's
+    # (which the host blanks further, of all but the allow-list).
     block = Path(f"/proc/{seed}/environ").read_bytes()
     assert not any(n in block for n in needles) and CLEAN_ENV.encode() in block
+    assert not any(n in Path(f"/proc/{host.proc.pid}/environ").read_bytes() for n in needles)
+    # An operator sees it: `corral status` names the seed.
+    shown = corral("status", "--state-dir", str(host.state_dir))
+    assert shown.returncode == 0 and f"seed pid {seed}" in shown.stdout, shown.stdout
     host.stop()
 
 
@@ -233,3 +238,27 @@ def test_a_seed_socket_is_trusted_only_where_it_is_the_same_socket(tmp_path: Pat
         assert seed_fd({SEED_ENV: f"{other.fileno()}:{ino}"}) is None
         assert seed_fd({SEED_ENV: f"{b.fileno()}:{ino}"}) is None
         assert seed_fd({SEED_ENV: "999:1"}) is None and seed_fd({}) is None
+
+
+def test_a_corral_up_that_cannot_exec_itself_runs_on_without_a_seed() -> None:
+    """The second exec failing (here: no interpreter where ``sys.executable`` says) is told on
+    stderr and costs the seed only: the process goes on with its environment whole, and
+    ``fork_seed`` forks nothing in a process that was not exec'd clean."""
+    script = (
+        "import os, sys\n"
+        "sys.executable = '/nonexistent/python'\n"
+        "from corral._child_env import reexec_clean\n"
+        "from corral._zygote import fork_seed\n"
+        "reexec_clean()\n"
+        "print(os.environ['SOME_API_KEY'], fork_seed(('json',)), flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **SECRETS},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["key-do-not-leak", "None"]
+    assert "could not exec itself clean (no seed)" in out.stderr
