@@ -389,7 +389,7 @@ class Zygote:
         if self.seed is None:
             return None
         try:
-            sprouted = sprout(self.seed, self.preload)
+            sprouted = sprout(self.seed, self.preload, self.env)
         except OSError as exc:
             log.warning("the seed is gone (the zygote is exec'd): %s", exc)
             self.seed = None

@@ -57,6 +57,9 @@ class Sprout(_Message, tag="sprout", frozen=True):
     sockets that came with this datagram (requests, then reports)."""
 
     items: list[str]
+    #: Its environment, as an exec'd zygote's would be (never a secret: the allow-list and
+    #: the log settings), so that it logs where its owner's processes do.
+    env: dict[str, str] = {}
 
 
 Request = Fork

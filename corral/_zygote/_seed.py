@@ -50,7 +50,7 @@ from .._child_env import CLEAN_ENV, RESERVE_ENV
 from .._lifeline import die_with_parent
 from .._proctitle import set_title
 from ._messages import MAX_DATAGRAM, Sprout, decode_sprout, encode
-from ._template import preload_all, serve, shed
+from ._template import preload_all, serve, shed, show_environ
 
 log = logging.getLogger("corral.zygote")
 
@@ -125,9 +125,11 @@ def seed_fd(environ: Mapping[str, str] | None = None) -> int | None:
     return fd if stat.S_ISSOCK(info.st_mode) and info.st_ino == ino else None
 
 
-def sprout(fd: int, items: Sequence[str]) -> tuple[socket.socket, socket.socket]:
-    """Ask the seed on ``fd`` for a zygote that imports ``items``: the (requests, reports)
-    sockets it will serve. It says Ready on the second, or closes it.
+def sprout(
+    fd: int, items: Sequence[str], env: Mapping[str, str]
+) -> tuple[socket.socket, socket.socket]:
+    """Ask the seed on ``fd`` for a zygote that imports ``items``, its environment ``env``:
+    the (requests, reports) sockets it will serve. It says Ready on the second, or closes it.
 
     Raises:
         OSError: the seed is gone (or its socket full).
@@ -139,7 +141,7 @@ def sprout(fd: int, items: Sequence[str]) -> tuple[socket.socket, socket.socket]
         seed.setblocking(False)
         socket.send_fds(
             seed,
-            [encode(Sprout(items=list(items)))],
+            [encode(Sprout(items=list(items), env=dict(env)))],
             [theirs_requests.fileno(), theirs_reports.fileno()],
         )
     except OSError:
@@ -189,6 +191,9 @@ def _sprout(sock: socket.socket, request: Sprout, fds: list[int]) -> None:
         reports = socket.socket(fileno=os.dup(fds[1]))
         for fd in fds:
             os.close(fd)
+        os.environ.clear()
+        os.environ.update(request.env)
+        show_environ(request.env)
         set_title("corral: zygote")
         logs.setup("zygote")
         preload_all(request.items)

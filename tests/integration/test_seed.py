@@ -163,10 +163,16 @@ seed = socket.socket(fileno=os.dup(fd))
 seed.send(b"not a request")                      # no sockets, and no Sprout
 r, w = os.pipe()
 socket.send_fds(seed, [encode(Sprout(items=[]))], [r])  # one file, not two sockets
-requests, reports = sprout(fd, ["json"])
+requests, reports = sprout(fd, ["json"], {"CORRAL_LOG_LEVEL": "debug"})
 ready = decode_report(reports.recv(MAX_DATAGRAM))
 print(json.dumps({"zygote": ready.pid}), flush=True)
-sys.stdin.readline()
+seed_pid = int(sys.stdin.readline())
+os.kill(seed_pid, 9)
+os.waitpid(seed_pid, 0)
+try:
+    sprout(fd, ["json"], {})
+except OSError as exc:
+    print("refused:", type(exc).__name__, flush=True)
 """
 
 
@@ -187,8 +193,12 @@ def test_the_seed_refuses_a_malformed_request_and_forks_the_next(tmp_path: Path)
         said = json.loads(proc.stdout.readline())
         seed = _ppid(said["zygote"])
         assert _ppid(seed) == proc.pid and _title(seed) == "corral: seed"
-        proc.stdin.write("\n")
+        # The zygote's environment is the one asked for, shown as an exec'd zygote's is.
+        environ = Path(f"/proc/{said['zygote']}/environ").read_bytes()
+        assert b"CORRAL_LOG_LEVEL=debug\0" in environ
+        proc.stdin.write(f"{seed}\n")
         proc.stdin.flush()
+        assert proc.stdout.readline().startswith("refused: ")
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
