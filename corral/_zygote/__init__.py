@@ -12,6 +12,7 @@ a spawn that forks when it can and execs when it cannot.
 from ._client import HTTP_CLIENT_MODULES as HTTP_CLIENT_MODULES
 from ._client import Forked as Forked
 from ._client import Zygote as Zygote
+from ._seed import drop_seed as drop_seed
 from ._seed import fork_seed as fork_seed
 from ._seed import seed_fd as seed_fd
 from ._seed import seed_status as seed_status

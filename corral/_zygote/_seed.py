@@ -32,6 +32,7 @@ adopt, as the workers of an exec'd zygote do.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -101,6 +102,22 @@ def fork_seed(items: Sequence[str]) -> int | None:
     fd = ours.detach()  # open for the host's life: the actors' zygote keeps it for its actors
     os.environ[SEED_ENV] = f"{fd}:{os.fstat(fd).st_ino}"
     return fd
+
+
+def drop_seed() -> None:
+    """Stop the seed this process forked, and close its seed socket: no process of this host
+    will ask it for a zygote (the seed's pages, unshared, would cost memory for nothing)."""
+    global _forked
+    fd = seed_fd()
+    os.environ.pop(SEED_ENV, None)
+    if fd is not None:
+        os.close(fd)
+    if _forked is not None:
+        _, pidfd = _forked
+        _forked = None
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        os.close(pidfd)  # the host reaps it with its other orphans
 
 
 def seed_status() -> dict[str, Any] | None:

@@ -126,8 +126,9 @@ class ActorSpecs:
         }
 
 
-def check_actor_options(config: Config) -> None:
-    """Decode the options of every built-in actor the host will run with its options Struct.
+def check_actor_options(config: Config) -> dict[str, Any]:
+    """Decode the options of every built-in actor the host will run with its options Struct;
+    each one decoded, by actor.
 
     The host does it before it starts anything, so that a typo in ``[actors.<name>.options]``
     stops ``corral up`` with the key named instead of crash-looping the actor. An actor whose
@@ -137,6 +138,7 @@ def check_actor_options(config: Config) -> None:
     Raises:
         ConfigError: naming the first bad key (``actors.dispatch.options.turn_timout_s``).
     """
+    decoded: dict[str, Any] = {}
     for name, target, settings in actor_plan(config):
         where = BUILTIN_OPTIONS.get(name)
         if where is None or target != BUILTIN_ACTORS[name]:
@@ -147,4 +149,14 @@ def check_actor_options(config: Config) -> None:
         except Exception as exc:
             log.warning("cannot import %s in the host: %s", where, exc)
             continue
-        check_options(name, settings.options, schema)
+        decoded[name] = check_options(name, settings.options, schema)
+    return decoded
+
+
+def forks_from_zygotes(config: Config) -> bool:
+    """Whether an actor of the host forks its children from a zygote of its own (a built-in
+    actor whose options say ``zygote = true``: the harness actor's workers, by default), in
+    an actor forked from the host's zygote (which hands it the seed socket)."""
+    if not config.supervisor.zygote:
+        return False
+    return any(getattr(o, "zygote", False) for o in check_actor_options(config).values())

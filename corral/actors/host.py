@@ -38,7 +38,7 @@ from .. import _heap as heap
 from .._child_env import actor_env, blank_environ_block, non_dumpable
 from .._exceptions import ConfigError, CorralError, HostAlreadyRunning, RestartIntensityExceeded
 from .._lifeline import become_subreaper
-from .._zygote import Zygote, seed_fd, seed_status
+from .._zygote import Zygote, drop_seed, seed_fd, seed_status
 from ..bus import Broker, DrainRequest, InspectRequest, open_peer
 from ..config import (
     BUILTIN,
@@ -51,7 +51,7 @@ from ..config import (
 )
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
-from ._actor_specs import ActorSpecs, actor_preload, check_actor_options
+from ._actor_specs import ActorSpecs, actor_preload, check_actor_options, forks_from_zygotes
 from ._changes import Changes
 from ._child_state import ChildState
 from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
@@ -155,6 +155,8 @@ class Host:
         The host's environ block is blanked first (:meth:`run` blanks it again, harmlessly),
         since the zygote shows it until a child overwrites its own. Without this call
         :meth:`run` execs the zygote."""
+        if not forks_from_zygotes(self.config):
+            drop_seed()  # no actor would ask it for a zygote
         if not self.config.supervisor.zygote or self.zygote is not None:
             return False
         _blank_environ()

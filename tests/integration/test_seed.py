@@ -272,3 +272,26 @@ def test_a_corral_up_that_cannot_exec_itself_runs_on_without_a_seed() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["key-do-not-leak", "None"]
     assert "could not exec itself clean (no seed)" in out.stderr
+
+
+def _children_titled(parent: int, title: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and _ppid(int(entry.name)) == parent:
+                found += [int(entry.name)] if _title(int(entry.name)) == title else []
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def test_a_host_whose_actors_fork_nothing_keeps_no_seed(host_factory) -> None:
+    """With the harness actor's workers exec'd (``zygote = false``), no actor would ask the
+    seed for a zygote: ``corral up`` stops it once it has read its config, and ``corral
+    status`` shows none."""
+    host = host_factory(FAST_LIVENESS + "[actors.harness.options]\nzygote = false\n").start()
+    assert host.proc is not None
+    pid = host.proc.pid
+    assert host.status()["host"]["seed"] is None
+    wait_until(lambda: not _children_titled(pid, "corral: seed"), 10, "the seed gone, reaped")
+    host.stop()
