@@ -316,7 +316,8 @@ async def test_handshake_headers_hello_ping_and_runner_ids(host_factory, tunnels
             assert re.fullmatch(r"[0-9a-f]{32}", t.hello["connection_id"])
             # Every kind built in runs on this host (§L): all of them are advertised.
             assert t.hello["harnesses"] == ["open-responses", "openai", "openai-agents", "scripted"]
-            assert t.event_ready
+            # The fake sends event.ready after it takes the tunnel as live: wait, not assume.
+            await tunnels.until(lambda t=t: t.event_ready, what="the server's event.ready")
             status = tunnel_of(state, t.runner_id)
             assert status["connection_id"] == t.hello["connection_id"]
             assert f"(connection {t.hello['connection_id']})" in host.log()
