@@ -40,7 +40,6 @@ import select
 import signal
 import socket
 import stat
-import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,7 +50,7 @@ from .._child_env import CLEAN_ENV, RESERVE_ENV
 from .._lifeline import die_with_parent
 from .._proctitle import set_title
 from ._messages import MAX_DATAGRAM, Sprout, decode_sprout, encode
-from ._template import preload_all, serve, shed, show_environ
+from ._template import in_child, preload_all, serve, shed, show_environ
 
 log = logging.getLogger("corral.zygote")
 
@@ -86,15 +85,12 @@ def fork_seed(items: Sequence[str]) -> int | None:
         theirs.close()
         return None
     if pid == 0:
-        code = 1
-        try:
+
+        def become() -> None:
             ours.close()
             _become_seed(host, theirs)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+
+        in_child(become)
     theirs.close()
     os.environ.pop(RESERVE_ENV, None)
     global _forked
@@ -200,23 +196,22 @@ def _sprout(sock: socket.socket, request: Sprout, fds: list[int]) -> None:
     """Fork the zygote ``request`` asks for, serving ``fds`` (requests, reports)."""
     if os.fork():
         return
-    code = 1
-    try:
-        sock.close()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a zygote reaps its children itself
-        requests = socket.socket(fileno=os.dup(fds[0]))
-        reports = socket.socket(fileno=os.dup(fds[1]))
-        for fd in fds:
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update(request.env)
-        show_environ(request.env)
-        set_title("corral: zygote")
-        logs.setup("zygote")
-        preload_all(request.items)
-        serve(requests, reports)
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
+    in_child(lambda: _become_zygote(sock, request, fds))
+
+
+def _become_zygote(sock: socket.socket, request: Sprout, fds: list[int]) -> None:
+    """In a zygote the seed forked: drop the seed's socket, take the owner's two, then
+    serve as an exec'd zygote would."""
+    sock.close()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a zygote reaps its children itself
+    requests = socket.socket(fileno=os.dup(fds[0]))
+    reports = socket.socket(fileno=os.dup(fds[1]))
+    for fd in fds:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    show_environ(request.env)
+    set_title("corral: zygote")
+    logs.setup("zygote")
+    preload_all(request.items)
+    serve(requests, reports)

@@ -61,7 +61,8 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from .. import logs
 from .._child_env import RESERVE_BYTES as RESERVE_BYTES
@@ -279,19 +280,29 @@ def fork_template(
     owner = os.getpid()
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
+
+        def become() -> None:
             requests.close()
             reports.close()
             _become_template(owner, theirs_requests, theirs_reports, keep)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+
+        in_child(become)
     theirs_requests.close()
     theirs_reports.close()
     return pid, requests, reports
+
+
+def in_child(run: Callable[[], object]) -> NoReturn:
+    """In a process just forked: ``run()``, then exit without returning into the caller's
+    copy of the parent's stack (0; 1 with the traceback on stderr if it raised)."""
+    code = 1
+    try:
+        run()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def _become_template(
