@@ -211,17 +211,18 @@ class HostProcess:
     def status(self) -> dict[str, Any]:
         return self.ask("status")
 
-    def elicitations(self, listed: str, timeout: float = 10) -> list[dict[str, Any]]:
-        """``corral elicitations``' rows once elicitation ``listed`` is among them: the
-        worker announces an elicitation once the broker holds its park, which the harness
-        actor then records (a moment later) as the listing's row."""
+    def elicitations(self, *listed: str, timeout: float = 10) -> list[dict[str, Any]]:
+        """``corral elicitations``' rows once every elicitation in ``listed`` is among them:
+        the worker announces an elicitation once the broker holds its park, which the
+        harness actor then records (a moment later, and in no order across sessions) as the
+        listing's row."""
         rows: list[dict[str, Any]] = []
 
         def shown() -> bool:
             rows[:] = self.ask("elicitations")["elicitations"]
-            return any(r["elicitation_id"] == listed for r in rows)
+            return set(listed) <= {r["elicitation_id"] for r in rows}
 
-        wait_until(shown, timeout, f"elicitation {listed} listed")
+        wait_until(shown, timeout, f"elicitations {', '.join(listed)} listed")
         return rows
 
     def actor(self, name: str) -> dict[str, Any]:

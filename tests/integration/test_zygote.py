@@ -391,9 +391,10 @@ async def test_e01_forked_workers_park_their_elicitations_apart_and_each_verdict
             await d.wait_type("response.elicitation_request", turn_id=turn, timeout=30)
             for turn in turns
         ]
-        rows = await trio.to_thread.run_sync(host.elicitations, requests[-1].elicitation_id, 30)
+        listed = [r.elicitation_id for r in requests]
+        rows = await trio.to_thread.run_sync(lambda: host.elicitations(*listed, timeout=30))
         parked = {r["elicitation_id"] for r in rows if r["state"] == "parked"}
-        assert parked == {r.elicitation_id for r in requests}
+        assert parked == set(listed)
         for session, req in zip(sessions, requests, strict=True):
             reply = await d.send(
                 Approval(session_id=session, elicitation_id=req.elicitation_id, action="accept"),
