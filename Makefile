@@ -10,7 +10,10 @@
 # so CI) runs it so too, then the chaos and interop tests one at a time: they time crashes (a
 # 0.6 s heartbeat window) and the real server, which a second worker's load would distort
 # (docs/testing.md). Both parts always run; either failing fails the target.
-PYTHON ?= python3
+# The interpreter a new venv is made with: .ci/find-python prefers 3.12 (what the container
+# image ships, and where corral is lightest: docs/benchmarks.md, "Which CPython"), then any
+# other >= 3.11. Evaluated only when the venv does not exist yet.
+PYTHON ?= $(shell ./.ci/find-python 2>/dev/null || echo python3)
 JOBS   ?= auto
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -20,7 +23,7 @@ STAMP  := $(VENV)/.installed
 FAST   := -m "not interop and not chaos" -n $(JOBS) --dist loadfile
 SERIAL := -m "interop or chaos"
 
-.PHONY: run test test-fast lint bench clean
+.PHONY: run test test-fast test-unit lint bench clean
 
 $(RUN_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +57,11 @@ test-fast: $(STAMP)
 	@command -v bwrap >/dev/null 2>&1 || ./.ci/install-bwrap
 	@./.ci/install-clis $(BIN)/python >/dev/null || [ $$? -eq 3 ]
 	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS)
+
+# The unit tests alone. CI runs them a second time on a 3.11 venv of their own (the floor of
+# requires-python) when make test's venv has a newer Python: see .ci/run.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit -n $(JOBS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
