@@ -11,7 +11,7 @@
 # 0.6 s heartbeat window) and the real server, which a second worker's load would distort
 # (docs/testing.md). Both parts always run; either failing fails the target.
 # The interpreter a new venv is made with: .ci/find-python prefers 3.12 (what the container
-# image ships, and where corral is lightest: docs/benchmarks.md, "Which CPython"), then any
+# image ships and the oldest omnigent runs on: docs/benchmarks.md, "Which CPython"), then any
 # other >= 3.11. Evaluated only when the venv does not exist yet.
 PYTHON ?= $(shell ./.ci/find-python 2>/dev/null || echo python3)
 JOBS   ?= auto
