@@ -101,6 +101,9 @@ HIDDEN_ENV_FD = "CORRAL_HIDDEN_ENV_FD"
 RESERVE_ENV = "CORRAL_ZYGOTE_RESERVE"
 #: How much room (bytes): a worker's environment is a few kB.
 RESERVE_BYTES = 64 * 1024
+#: The reserve, as it goes into the environment of an exec'd zygote or of the clean exec of
+#: ``corral up`` (whose pages the seed's line shares).
+RESERVE: Mapping[str, str] = {RESERVE_ENV: "x" * RESERVE_BYTES}
 #: In a ``corral up`` exec'd again by :func:`reexec_clean`: its pid (an exec keeps it), so
 #: that a child that inherits the variable is not taken for one.
 CLEAN_ENV = "CORRAL_UP_CLEAN"
@@ -181,8 +184,7 @@ def reexec_clean() -> None:
         **shown,
         HIDDEN_ENV_FD: str(fd),
         CLEAN_ENV: str(os.getpid()),
-        # Room a worker forked from the seed's line overwrites with its own environment.
-        RESERVE_ENV: "x" * RESERVE_BYTES,
+        **RESERVE,  # room a worker forked from the seed's line overwrites with its own
     }
     try:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 import trio
 
-from .._child_env import split_hidden
+from .._child_env import RESERVE, split_hidden
 from ._messages import (
     MAX_DATAGRAM,
     Born,
@@ -46,7 +46,7 @@ from ._messages import (
     encode,
 )
 from ._seed import sprout
-from ._template import RESERVE_BYTES, RESERVE_ENV, SETUP_ENV, fork_template
+from ._template import SETUP_ENV, fork_template
 
 log = logging.getLogger("corral.zygote")
 
@@ -411,7 +411,7 @@ class Zygote:
         env = {
             **self.env,
             SETUP_ENV: json.dumps(setup),
-            RESERVE_ENV: "x" * RESERVE_BYTES,
+            **RESERVE,
         }
         try:
             self.proc = subprocess.Popen(

@@ -65,8 +65,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from .. import logs
-from .._child_env import RESERVE_BYTES as RESERVE_BYTES
-from .._child_env import RESERVE_ENV as RESERVE_ENV
+from .._child_env import RESERVE_ENV
 from .._lifeline import die_with_parent
 from .._proctitle import set_title
 from ._messages import (

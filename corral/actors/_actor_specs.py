@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,10 +154,11 @@ def check_actor_options(config: Config) -> dict[str, Any]:
     return decoded
 
 
-def forks_from_zygotes(config: Config) -> bool:
+def forks_from_zygotes(config: Config, options: Mapping[str, Any]) -> bool:
     """Whether an actor of the host forks its children from a zygote of its own (a built-in
-    actor whose options say ``zygote = true``: the harness actor's workers, by default), in
-    an actor forked from the host's zygote (which hands it the seed socket)."""
+    actor whose decoded ``options`` (:func:`check_actor_options`) say ``zygote = true``: the
+    harness actor's workers, by default), in an actor forked from the host's zygote (which
+    hands it the seed socket)."""
     if not config.supervisor.zygote:
         return False
-    return any(getattr(o, "zygote", False) for o in check_actor_options(config).values())
+    return any(getattr(o, "zygote", False) for o in options.values())

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import trio
 
-from corral._child_env import HIDDEN_ENV, base_env, hide
+from corral._child_env import HIDDEN_ENV, RESERVE_ENV, base_env, hide
 from corral._zygote import FORKED_TITLE_PREFIX, HTTP_CLIENT_MODULES, Forked, Zygote
 from corral._zygote._client import ANSWER_TIMEOUT_S, UNKNOWN_EXIT
 from corral._zygote._messages import MAX_DATAGRAM, Born, Fork, decode_answer, encode
-from corral._zygote._template import RESERVE_ENV, SETUP_ENV
+from corral._zygote._template import SETUP_ENV
 from corral.actors._process import spawn
 from corral.actors.harness._adopt import WORKER_MODULE, _unrecorded_workers
 from corral.harnesses.protocol import Approval, InputAccepted, OutputTextDelta
