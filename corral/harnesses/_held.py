@@ -9,9 +9,13 @@ again, oldest first. The events keep their ``sequence_number``, from which dispa
 them, so a copy is recognised downstream.
 
 What is held is the turn's unconfirmed tail: dispatch confirms every 64 events, so under a
-hundred in a healthy run, at most :data:`HELD_MAX` events if it confirms nothing. A turn's
-events are forgotten at the next turn's first event: dispatch saves a turn's end only once
-its whole stream is accepted, so an ended turn never needs them again.
+hundred in a healthy run. It is also the worker's flow control: a turn that outruns dispatch
+(a flood of deltas faster than dispatch publishes them) waits once :data:`HELD_MAX` events are
+unconfirmed, and its harness with it, until dispatch confirms some (:meth:`HeldEvents.room`);
+only a dispatch that confirms nothing for :data:`ROOM_WAIT_S` (down, or wedged) lets the turn
+go on, the oldest held events dropped. A turn's events are forgotten at the next turn's first
+event: dispatch saves a turn's end only once its whole stream is accepted, so an ended turn
+never needs them again.
 """
 
 from __future__ import annotations
@@ -19,13 +23,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+import trio
+
 from .protocol import Confirmed, Output, Resending
 
 log = logging.getLogger("corral.harnesses.worker")
 
-#: The most unconfirmed events a worker holds (the oldest go first past it, logged): only a
-#: dispatch down for long leaves this many.
+#: The most unconfirmed events a worker holds: a turn that reaches it waits for dispatch.
 HELD_MAX = 65536
+#: How long a turn with :data:`HELD_MAX` unconfirmed events waits for dispatch to confirm
+#: one before it goes on and the oldest are dropped (logged). A restarted dispatch asks for
+#: what it missed within a second or two.
+ROOM_WAIT_S = 30.0
 
 
 class HeldEvents:
@@ -38,6 +47,20 @@ class HeldEvents:
         self.last = -1
         #: Unconfirmed events of the turn dropped past :data:`HELD_MAX`.
         self.dropped = 0
+        self._confirmed = trio.Event()
+
+    def full(self) -> bool:
+        """Whether the next event would go past :data:`HELD_MAX`."""
+        return len(self.events) >= HELD_MAX
+
+    async def room(self, wait_s: float = ROOM_WAIT_S) -> None:
+        """Return once the held events are under :data:`HELD_MAX`, or after ``wait_s``
+        with nothing confirmed (the next :meth:`hold` drops the oldest then)."""
+        while self.full():
+            with trio.move_on_after(wait_s) as waited:
+                await self._confirmed.wait()
+            if waited.cancelled_caught:
+                return
 
     def hold(self, to: str, event: Output) -> None:
         """Keep ``event`` (sent to ``to``) until it is confirmed; a new turn starts afresh."""
@@ -51,9 +74,10 @@ class HeldEvents:
             self.dropped += 1
             if self.dropped == 1:
                 log.warning(
-                    "turn %s: dispatch confirms nothing; the oldest unconfirmed events are "
-                    "dropped (at most %d are held)",
+                    "turn %s: dispatch confirmed nothing for %.0f s; the oldest unconfirmed "
+                    "events are dropped (at most %d are held)",
                     event.turn_id,
+                    ROOM_WAIT_S,
                     HELD_MAX,
                 )
 
@@ -63,6 +87,8 @@ class HeldEvents:
             return
         while self.events and self.events[0][1].sequence_number <= msg.upto:
             self.events.popleft()
+        self._confirmed.set()
+        self._confirmed = trio.Event()
 
     def again(self, turn_id: str) -> tuple[Resending, list[tuple[str, Output]]]:
         """The answer to dispatch's ``Resend`` of ``turn_id`` and the events to send again:

@@ -100,12 +100,18 @@ class Worker:
         when the turn next yields (a delta per send would cap a worker near 8k/s). Anything
         durable first flushes what is queued, so order holds. Terminal events go to the
         harness actor, which forwards them: it is the one place that ends a turn, so a turn
-        never gets two terminal events (or none) whatever dies.
+        never gets two terminal events (or none) whatever dies. A turn that outruns dispatch
+        waits here once :data:`~._held.HELD_MAX` of its events are unconfirmed.
         """
         if isinstance(event, Output):
             if is_terminal(event):
                 to = HARNESS_ACTOR
             else:
+                if self.held.full():
+                    # Flow control: dispatch confirms what it has; what is queued here
+                    # must reach it first.
+                    await self.outbox.flush()
+                    await self.held.room()
                 self.held.hold(to, event)
         if not durable:
             await self.outbox.put(to, event, session_id=self.session_id)

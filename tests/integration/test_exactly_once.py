@@ -24,6 +24,7 @@ import trio.testing
 
 from corral.actors.dispatch._fanout import Fanout
 from corral.actors.dispatch._session import SessionRecord
+from corral.config import BusSettings
 from corral.journal import RunJournal
 from tests.conftest import FAST_LIVENESS, HostProcess, wait_until
 from tests.fake_server import FakeOmnigentServer, assistant_message, user_message
@@ -245,6 +246,8 @@ async def test_d08_a_message_posted_twice_is_one_turn(
 
 class _Subscriber:
     """Stands in for the peer under the fan-out: what reached the broker, as (session, seq)."""
+
+    bus = BusSettings()
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, int]] = []

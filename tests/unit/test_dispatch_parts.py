@@ -18,6 +18,7 @@ import trio
 from corral.actors.dispatch import DispatchActor
 from corral.actors.dispatch import messages as messages_module
 from corral.actors.dispatch._fanout import event_batches
+from corral.actors.dispatch._journal_feed import batch_budget
 from corral.actors.dispatch._options import DispatchOptions
 from corral.actors.dispatch._routes import ROUTES, match
 from corral.actors.dispatch._session import Session, SessionRecord
@@ -26,6 +27,7 @@ from corral.actors.dispatch._store import SessionStore
 from corral.actors.dispatch._turns import TurnFlow
 from corral.actors.gateway.messages import SessionEvent
 from corral.bus import members
+from corral.config import BusSettings
 from corral.server_client import ServerClient
 from tests.fake_server import FakeOmnigentServer
 
@@ -96,11 +98,17 @@ def test_event_batches_cut_by_count_and_bytes() -> None:
     def ev(seq: int, size: int) -> SessionEvent:
         return SessionEvent(session_id="s", seq=seq, event=b"x" * size)
 
+    budget = batch_budget(BusSettings().max_message_bytes)
     small = [ev(i, 10) for i in range(1100)]
-    assert [len(b.events) for b in event_batches(small)] == [512, 512, 76]
+    assert [len(b.events) for b in event_batches(small, budget)] == [512, 512, 76]
     big = [ev(0, 600 * 1024), ev(1, 600 * 1024), ev(2, 2 * 1024 * 1024), ev(3, 10)]
-    assert [[e.seq for e in b.events] for b in event_batches(big)] == [[0], [1], [2], [3]]
-    assert event_batches([]) == []
+    assert [[e.seq for e in b.events] for b in event_batches(big, budget)] == [[0], [1], [2], [3]]
+    assert event_batches([], budget) == []
+    # A bus with a small message limit gets smaller messages: every one fits under it.
+    limit = 64 * 1024
+    cut = event_batches([ev(i, 300) for i in range(500)], batch_budget(limit))
+    assert len(cut) > 1 and [e.seq for b in cut for e in b.events] == list(range(500))
+    assert all(len(msgspec.msgpack.encode(b)) < limit for b in cut)
 
 
 def _table() -> dict[str, str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from corral.actors.dispatch._journal_feed import BATCH_BYTES, JournalFeed
+from corral.actors.dispatch._journal_feed import BATCH_BYTES, JournalFeed, batch_budget
 from corral.actors.dispatch._receipts import Receipts
 from corral.actors.journal import JournalAppends, JournalEvent
 
@@ -85,6 +85,41 @@ async def test_a_round_past_the_byte_budget_goes_in_several_messages() -> None:
         ["run-small"],
     ]
     assert kw["session_ids"] == ["s-big"] * 4
+
+
+async def test_one_runs_events_past_the_budget_go_on_in_the_next_message() -> None:
+    """A flood's round: one run's events, far more than a message holds, as consecutive
+    appends of that run, each message under the budget, every event once and in order, the
+    terminal one last. Sent as one append, a 200,000-delta turn's rounds were 7 to 32 MB, over
+    the bus's 4 MiB limit: refused, and most of the run never reached the journal."""
+    peer = _Peer()
+    receipts = Receipts()
+    confirmed: dict[str, int] = {}
+    receipts.on_sent = confirmed.__setitem__
+    budget = 4096
+    feed = JournalFeed(peer, "journal", receipts, budget=budget)  # type: ignore[arg-type]
+    feed.add("s-0", "run-a", _event(1), terminal=False)
+    for seq in range(1, 501):
+        receipts.expect(("s-1", seq), 1, track=False, k=seq)
+        feed.add("s-1", "run-flood", _event(seq, 40), terminal=seq == 500)
+    await _round(feed, peer)
+    (msgs, kw) = peer.sent[0]
+    assert len(msgs) > 10
+    sizes = [
+        sum(len(e.payload_json or b"") + 64 for a in m.appends for e in a.events) for m in msgs
+    ]
+    assert max(sizes) <= budget
+    flood = [a for m in msgs for a in m.appends if a.run_id == "run-flood"]
+    assert {(a.session_id, a.run_id) for a in flood} == {("s-1", "run-flood")}
+    assert [e.session_seq for a in flood for e in a.events] == list(range(1, 501))
+    assert msgs[0].appends[0].run_id == "run-a"
+    assert kw["session_ids"][1:] == ["s-1"] * (len(msgs) - 1)
+    assert confirmed == {"s-1": 500}
+
+
+def test_the_budget_follows_the_bus_message_limit() -> None:
+    assert batch_budget(4 * 1024 * 1024) == BATCH_BYTES
+    assert batch_budget(64 * 1024) == 16 * 1024
 
 
 async def test_a_round_that_fails_confirms_nothing_of_its_sessions() -> None:

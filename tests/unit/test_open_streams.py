@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 
 from corral.actors.gateway import StreamBuffer, TunnelDown
-from corral.actors.gateway._open_streams import OpenStreams
+from corral.actors.gateway._open_streams import STALLED_S, OpenStreams
 from corral.actors.gateway._options import GatewayOptions
 from corral.actors.gateway._sse import DONE, HEARTBEAT
 
@@ -31,12 +32,16 @@ HEARTBEAT_S = 10.0
 class Responder:
     """What a stream's response would have sent: its head, then each body piece."""
 
-    def __init__(self, request_id: str, fail_on: str | None = None) -> None:
+    def __init__(
+        self, request_id: str, fail_on: str | None = None, gate: trio.Event | None = None
+    ) -> None:
         self.id = request_id
         self.head_status: int | None = None
         self.texts: list[str] = []
         self.ended = False
         self.fail_on = fail_on
+        #: A server slow to read: body pieces wait for it, and are read (confirmed) after it.
+        self.gate = gate
 
     async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
         self.head_status = status
@@ -51,9 +56,13 @@ class Responder:
         await trio.lowlevel.checkpoint()
         if self.fail_on is not None and self.fail_on in text:
             raise RuntimeError("the response broke")
+        if self.gate is not None and text != HEARTBEAT:
+            await self.gate.wait()
         self.texts.append(text)
         if on_sent is not None:
             on_sent()
+        if self.gate is not None and on_read is not None:
+            on_read()
 
     async def end(self) -> None:
         self.ended = True
@@ -115,8 +124,8 @@ class Streams:
 
 
 @asynccontextmanager
-async def streams_on(tmp_path: Path) -> AsyncIterator[Streams]:
-    buffer = StreamBuffer(tmp_path / "streams.log", max_events=1000, compact_bytes=1 << 20)
+async def streams_on(tmp_path: Path, max_events: int = 1000) -> AsyncIterator[Streams]:
+    buffer = StreamBuffer(tmp_path / "streams.log", max_events=max_events, compact_bytes=1 << 20)
     buffer.load()
     options = msgspec.convert({"heartbeat_s": HEARTBEAT_S}, GatewayOptions)
     streams = OpenStreams(buffer, options, inbox=[])
@@ -216,3 +225,79 @@ async def test_a_stream_that_fails_ends_alone(tmp_path: Path, caplog: Any) -> No
         assert [e["delta"] for e in fine.events()] == ["ok"] and not fine.ended
         # What it failed to send is still pending: the server's next stream gets it.
         assert s.buffer.pending_in("broken") == 1
+
+
+# --- flow control (OpenStreams.room) -----------------------------------------------------------
+
+
+async def _room_returned(s: Streams, session_id: str) -> trio.Event:
+    """Call ``room`` in a task of its own; the event is set when it returns."""
+    returned = trio.Event()
+
+    async def wait() -> None:
+        await s.streams.room(session_id)
+        returned.set()
+
+    s.tunnel.start_soon(wait)
+    await settle()
+    return returned
+
+
+async def test_a_full_session_waits_until_its_stream_moves(tmp_path: Path) -> None:
+    """A session at its bound with an open stream waits while the server is slow to read,
+    and goes on once the stream sends and the server confirms: nothing is dropped."""
+    async with streams_on(tmp_path, max_events=4) as s:
+        gate = trio.Event()
+        slow = await s.open("slow", gate=gate)
+        s.publish("slow", "a", "b", "c", "d")
+        assert s.buffer.full("slow")
+        returned = await _room_returned(s, "slow")
+        assert not returned.is_set()
+        gate.set()
+        await returned.wait()
+        assert not s.buffer.full("slow")
+        s.publish("slow", "e")
+        await settle()
+        assert [e["delta"] for e in slow.events()] == ["a", "b", "c", "d", "e"]
+        assert s.buffer.stats["dropped"] == 0
+
+
+async def test_a_stalled_stream_is_waited_for_once_then_the_bound_drops(
+    tmp_path: Path, autojump_clock: Any, caplog: Any
+) -> None:
+    """A stream that moves nothing for STALLED_S stops holding the gateway: the wait ends,
+    the warning says so, and the session's next events do not wait again until its stream
+    moves; once it has, a full session waits again."""
+    async with streams_on(tmp_path, max_events=2) as s:
+        gate = trio.Event()
+        stuck = await s.open("stuck", gate=gate)
+        s.publish("stuck", "a", "b")
+        start = trio.current_time()
+        await s.streams.room("stuck")
+        assert trio.current_time() - start == pytest.approx(STALLED_S)
+        assert "sent and confirmed nothing for 10 s" in caplog.text
+        s.publish("stuck", "c")
+        assert s.buffer.stats["dropped"] == 1  # the bound, as before flow control
+        again = trio.current_time()
+        await s.streams.room("stuck")
+        assert trio.current_time() == again  # stalled: not waited for again
+        gate.set()
+        await settle()
+        # "a" was dropped from the buffer, but the frame in flight already held it.
+        assert [e["delta"] for e in stuck.events()] == ["a", "b", "c"]
+        # It moved: the next time it is full and stuck, the session waits again.
+        stuck.gate = trio.Event()
+        s.publish("stuck", "d", "e")
+        start = trio.current_time()
+        await s.streams.room("stuck")
+        assert trio.current_time() - start == pytest.approx(STALLED_S)
+
+
+async def test_a_full_session_without_a_stream_does_not_wait(tmp_path: Path) -> None:
+    """No stream open (the tunnel down, the server not listening): the bound drops the
+    oldest at once, as it always did; waiting would hold every other session up."""
+    async with streams_on(tmp_path, max_events=2) as s:
+        s.publish("nobody", "a", "b")
+        assert s.buffer.full("nobody")
+        with trio.fail_after(1):
+            await s.streams.room("nobody")

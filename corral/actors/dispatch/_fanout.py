@@ -38,16 +38,15 @@ from ...harnesses.protocol import Output
 from ...routes import HttpChunk, sse_frame
 from ..gateway.messages import SessionEvent, SessionEvents
 from ..journal import JournalEvent
-from ._journal_feed import JournalFeed
+from ._journal_feed import JournalFeed, batch_budget
 from ._receipts import Receipts
 from ._session import PendingEvent, SessionRecord
 
 log = logging.getLogger("corral.actors.dispatch")
 
 #: Session events per durable :class:`~corral.actors.gateway.messages.SessionEvents`
-#: message, and about how many bytes of them (well under the bus's default 4 MiB message limit).
+#: message (and about :func:`~._journal_feed.batch_budget` bytes of them at most).
 _EVENT_BATCH = 512
-_EVENT_BATCH_BYTES = 1024 * 1024
 
 
 @dataclass(slots=True, kw_only=True)
@@ -76,7 +75,10 @@ class Fanout:
         self.subscribers = subscribers
         self.journal = journal
         self.receipts = Receipts()
-        self._journal = JournalFeed(peer, journal, self.receipts) if journal else None
+        self._budget = batch_budget(peer.bus.max_message_bytes)
+        self._journal = (
+            JournalFeed(peer, journal, self.receipts, budget=self._budget) if journal else None
+        )
         self._events: dict[str, list[SessionEvent]] = {}
         self._events_ready = trio.Event()
         #: Holds per session (:meth:`held`), and the events published while held.
@@ -250,7 +252,9 @@ class Fanout:
             failed: set[str] = set()
             for name, events in pending.items():
                 try:
-                    await self.peer.cast_many(name, event_batches(events), durable=True, timeout=60)
+                    await self.peer.cast_many(
+                        name, event_batches(events, self._budget), durable=True, timeout=60
+                    )
                 except Exception as exc:
                     # A tracked event stays undelivered: its record keeps it, and the next
                     # incarnation sends it again; this one stops counting it.
@@ -287,18 +291,18 @@ class Fanout:
             await self._journal.aclose()
         for name, events in self._events.items():
             with contextlib.suppress(Exception):
-                await self.peer.cast_many(name, event_batches(events), durable=True, timeout=2)
+                await self.peer.cast_many(
+                    name, event_batches(events, self._budget), durable=True, timeout=2
+                )
 
 
-def event_batches(events: list[SessionEvent]) -> list[SessionEvents]:
+def event_batches(events: list[SessionEvent], budget: int) -> list[SessionEvents]:
     """Publish-ordered events cut into messages of at most ``_EVENT_BATCH`` events and about
-    ``_EVENT_BATCH_BYTES`` (an event larger than that travels alone)."""
+    ``budget`` bytes (an event larger than that travels alone)."""
     batches: list[SessionEvents] = []
     start = size = 0
     for i, event in enumerate(events):
-        if i > start and (
-            i - start >= _EVENT_BATCH or size + len(event.event) > _EVENT_BATCH_BYTES
-        ):
+        if i > start and (i - start >= _EVENT_BATCH or size + len(event.event) > budget):
             batches.append(SessionEvents(events=events[start:i]))
             start, size = i, 0
         size += len(event.event)

@@ -1,10 +1,10 @@
 """The run journal's feed from dispatch: one run per turn, appended in rounds.
 
 Events gather for :data:`WINDOW_S` and go as one append per run, a round's appends together in
-one durable :class:`~corral.actors.journal.JournalAppends` message (or a few, past
-:data:`BATCH_BYTES`); each round goes once the broker has the one before, so a run's appends
-stay in order. A run's last append (its terminal edge) ends the window early, as does
-:meth:`JournalFeed.sent`.
+one durable :class:`~corral.actors.journal.JournalAppends` message (or a few, past the byte
+budget: a run's events past it go as consecutive appends of that run in the next message);
+each round goes once the broker has the one before, so a run's appends stay in order. A run's
+last append (its terminal edge) ends the window early, as does :meth:`JournalFeed.sent`.
 
 Appends are durable. A worker forgets the events dispatch tells it are confirmed, and the
 journal is one of the receivers it waits for (:class:`~._receipts.Receipts`): a stream append
@@ -30,8 +30,8 @@ log = logging.getLogger("corral.actors.dispatch")
 #: How long journal events gather before they go out as one append per run: a flood of
 #: deltas otherwise costs one append (a bus message, a journal write) per delta.
 WINDOW_S = 0.02
-#: Payload bytes per :class:`~corral.actors.journal.JournalAppends` message, about (well
-#: under the bus's default 4 MiB message limit).
+#: Payload bytes per :class:`~corral.actors.journal.JournalAppends` message, about, at most
+#: (:func:`batch_budget` lowers it for a bus whose message limit is small).
 BATCH_BYTES = 1024 * 1024
 #: What an event adds to a message besides its payload, about (its name, seq, framing).
 _EVENT_OVERHEAD = 64
@@ -40,10 +40,13 @@ _EVENT_OVERHEAD = 64
 class JournalFeed:
     """Journal events per run, waiting for their round."""
 
-    def __init__(self, peer: Peer, journal: str, receipts: Receipts) -> None:
+    def __init__(
+        self, peer: Peer, journal: str, receipts: Receipts, *, budget: int = BATCH_BYTES
+    ) -> None:
         self.peer = peer
         self.journal = journal
         self.receipts = receipts
+        self.budget = budget
         self._pending: dict[tuple[str, str], list[JournalEvent]] = {}
         #: Runs' last appends, oldest first.
         self._final: list[JournalAppend] = []
@@ -130,7 +133,7 @@ class JournalFeed:
         self.receipts.tell_sent()
 
     async def _cast(self, appends: list[JournalAppend], *, timeout: float) -> None:
-        batches = _batches(appends)
+        batches = _batches(appends, self.budget)
         await self.peer.cast_many(
             self.journal,
             [JournalAppends(appends=batch) for batch in batches],
@@ -140,20 +143,46 @@ class JournalFeed:
         )
 
 
-def _batches(appends: list[JournalAppend]) -> list[list[JournalAppend]]:
-    """A round's appends in messages of about :data:`BATCH_BYTES` of payload at most (an
-    append larger than that travels alone)."""
+def batch_budget(max_message_bytes: int) -> int:
+    """Payload bytes per message, about, for a bus whose limit is ``max_message_bytes``: a
+    quarter of it leaves room for the envelope, each event's framing and an estimate off."""
+    return min(BATCH_BYTES, max_message_bytes // 4)
+
+
+def _batches(appends: list[JournalAppend], budget: int) -> list[list[JournalAppend]]:
+    """A round's appends in messages of about ``budget`` bytes of payload at most.
+
+    A run whose events do not fit goes on in the next message, as another append of the
+    same run: in a flood, a round gathers while the one before waits for the broker, and
+    one run's append alone outgrew the bus's message limit, which lost it from the journal.
+    Only an event larger than the budget travels alone."""
     batches: list[list[JournalAppend]] = []
+    batch: list[JournalAppend] = []
     size = 0
     for append in appends:
-        n = sum(len(event.payload_json or b"") + _EVENT_OVERHEAD for event in append.events)
-        if batches and size + n <= BATCH_BYTES:
-            batches[-1].append(append)
+        events: list[JournalEvent] = []
+        for event in append.events:
+            n = len(event.payload_json or b"") + _EVENT_OVERHEAD
+            if size + n > budget and (batch or events):
+                if events:
+                    batch.append(_part(append, events))
+                    events = []
+                batches.append(batch)
+                batch, size = [], 0
+            events.append(event)
             size += n
-        else:
-            batches.append([append])
-            size = n
+        if events:
+            batch.append(_part(append, events))
+    if batch:
+        batches.append(batch)
     return batches
+
+
+def _part(append: JournalAppend, events: list[JournalEvent]) -> JournalAppend:
+    """``append`` itself if ``events`` are all of it, else an append of these of its run."""
+    if len(events) == len(append.events):
+        return append
+    return JournalAppend(session_id=append.session_id, run_id=append.run_id, events=events)
 
 
 def _session_of(batch: list[JournalAppend]) -> str | None:

@@ -265,6 +265,8 @@ class GatewayActor(Actor):
                 if self.buffer.skip(session_id, event.seq):
                     self._off_stream(kind)
                 continue
+            if self.buffer.full(session_id):
+                await self.streams.room(session_id)
             if self.buffer.add(session_id, event.seq, event.event):
                 touched.add(session_id)
                 if kind == "response.output_text.delta":

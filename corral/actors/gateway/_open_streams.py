@@ -31,6 +31,9 @@ log = logging.getLogger("corral.actors.gateway")
 
 #: How long a session's deletion waits for its streams to send their [DONE].
 END_WAIT_S = 5.0
+#: How long a full session waits for its open stream to send or confirm something before the
+#: bound drops its oldest events (:meth:`OpenStreams.room`).
+STALLED_S = 10.0
 
 
 class OpenStream:
@@ -90,6 +93,8 @@ class OpenStreams:
         #: One per session with a stream open: a new stream's rewind waits for any frame an
         #: older one of the session has in flight.
         self._locks: dict[str, trio.Lock] = {}
+        #: Full sessions whose stream stalled, with their progress mark then (:meth:`room`).
+        self._stalled: dict[str, int] = {}
 
     def sessions_held(self) -> int:
         """Sessions any stream state is kept for: those with a stream open, no more."""
@@ -132,9 +137,41 @@ class OpenStreams:
         if me is not None:
             self._kick(me)
 
+    async def room(self, session_id: str) -> None:
+        """Flow control: a session holding ``max_buffered_events`` events not yet confirmed
+        while the server holds its stream open waits for that stream to send or confirm
+        some, and every message after it waits in the inbox (then in the broker's durable
+        mailbox): a turn that outruns the server is slowed, not cut. The bound drops the
+        oldest only for a session the server holds no stream of (the tunnel down, say), or
+        whose stream has moved nothing for :data:`STALLED_S` — and then without waiting
+        again until it moves something, so that one stalled stream does not hold up every
+        other session."""
+        moves = self.buffer.moves(session_id)
+        if self._stalled.get(session_id) == moves:
+            return
+        self._stalled.pop(session_id, None)
+        self.notify(session_id)
+        deadline = trio.current_time() + STALLED_S
+        while self.buffer.full(session_id) and session_id in self.newest:
+            with trio.move_on_at(deadline):
+                await self.buffer.progress()
+            if self.buffer.moves(session_id) != moves:
+                moves, deadline = self.buffer.moves(session_id), trio.current_time() + STALLED_S
+            elif trio.current_time() >= deadline:
+                self._stalled[session_id] = moves
+                log.warning(
+                    "session %s: its stream sent and confirmed nothing for %.0f s with %d "
+                    "events unsent; past the bound the oldest are dropped",
+                    session_id,
+                    STALLED_S,
+                    self.buffer.pending_in(session_id),
+                )
+                return
+
     async def finish(self, session_id: str) -> int:
         """The session was deleted: end each of its streams with ``[DONE]``, waiting up to
         :data:`END_WAIT_S` for them; how many there were."""
+        self._stalled.pop(session_id, None)
         streams = list(self.open.get(session_id, ()))
         for me in streams:
             me.finish = True

@@ -34,7 +34,8 @@ class GatewayOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     #: Coalescing: at most this many events / bytes in one ``response.body`` of a stream.
     sse_batch_events: PositiveInt = 64
     sse_batch_bytes: PositiveInt = 256 * 1024
-    #: Undelivered events kept per session; past it the oldest are dropped (and logged).
+    #: Unconfirmed events kept per session: a full session with an open stream waits for it
+    #: (flow control, :meth:`OpenStreams.room`); past it the oldest are dropped (and logged).
     max_buffered_events: PositiveInt = 100_000
     #: On a stream opened with ``Last-Event-ID``, this many events the server's process read
     #: stay in the buffer until a cursor confirms them: it may die before storing them.

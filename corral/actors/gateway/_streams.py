@@ -56,7 +56,7 @@ def _record(kind: int, session_id: str, seq: int, data: bytes = b"") -> bytes:
 
 
 class _Session:
-    __slots__ = ("done", "events", "last", "marked", "sent")
+    __slots__ = ("done", "events", "last", "marked", "moves", "sent")
 
     def __init__(self) -> None:
         #: Unsent events, oldest first: (seq, JSON bytes).
@@ -69,6 +69,9 @@ class _Session:
         #: The highest seq the file says is no longer pending (at least ``done``): a stream
         #: without a cursor marks what it wrote at once (see :meth:`StreamBuffer.sent`).
         self.marked = 0
+        #: How often its events were written on a stream or confirmed (a progress mark,
+        #: :meth:`StreamBuffer.moves`).
+        self.moves = 0
 
     def __len__(self) -> int:
         return len(self.events) + len(self.sent)
@@ -114,6 +117,8 @@ class StreamBuffer:
         self._to_ack: list[Deferred] = []
         self._wanted = trio.Event()
         self._warned: dict[str, float] = {}
+        #: Set (and replaced) whenever events are written on a stream or confirmed.
+        self._progress = trio.Event()
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -255,6 +260,21 @@ class StreamBuffer:
         s = self.sessions.get(session_id)
         return len(s.events) if s else 0
 
+    def full(self, session_id: str) -> bool:
+        """Whether the session holds ``max_events`` events not yet confirmed (unsent, or
+        written and not proven read): one more drops the oldest."""
+        s = self.sessions.get(session_id)
+        return s is not None and len(s) >= self.max_events
+
+    def moves(self, session_id: str) -> int:
+        """How often the session's events were written on a stream or confirmed so far."""
+        s = self.sessions.get(session_id)
+        return s.moves if s else 0
+
+    async def progress(self) -> None:
+        """Return once some session's events are next written on a stream or confirmed."""
+        await self._progress.wait()
+
     def take(self, session_id: str, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """The oldest unsent events of a session (they stay unsent until :meth:`sent`)."""
         s = self.sessions.get(session_id)
@@ -284,6 +304,7 @@ class StreamBuffer:
             return
         while s.events and s.events[0][0] <= seq:
             s.sent.append(s.events.popleft())
+        self._moved(s)
         if mark and seq > s.marked:
             s.marked = seq
             self._write(_record(_DONE, session_id, seq))
@@ -350,6 +371,12 @@ class StreamBuffer:
         for queue in (s.sent, s.events):
             while queue and queue[0][0] <= s.done:
                 self._live -= len(queue.popleft()[1]) + _OVERHEAD
+        self._moved(s)
+
+    def _moved(self, s: _Session) -> None:
+        s.moves += 1
+        self._progress.set()
+        self._progress = trio.Event()
 
     def _warn_dropped(self, session_id: str) -> None:
         now = time.monotonic()

@@ -1,0 +1,80 @@
+"""A turn that outruns the server arrives whole: flow control, not bounds that drop.
+
+A worker can produce deltas faster than dispatch, the gateway and the server take them. Each
+hop had a bound that dropped the oldest past it, meant for a peer that is down: the gateway's
+buffer of undelivered events per session (``max_buffered_events``), the worker's unconfirmed
+events (``HELD_MAX``). With every peer up and merely slower, a 200,000-delta turn through
+``corral bench relay``'s host lost 6 to 20 % of its deltas at the server, and the journal's
+rounds of one run grew past the bus's message limit (7 to 32 MB against 4 MiB) and lost
+most of the run (21,840 of 200,005 events stored). A slower peer now slows the turn.
+
+The host here is a real ``corral up`` behind the benchmark's tunnel peer (the server's end of
+the runner tunnel), with its bounds made small so that a short flood goes far past them: the
+gateway keeps 2,000 undelivered events per session, the bus carries 128 KiB a message.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+import trio
+
+from corral.actors._control import request
+from corral.bench import relay
+
+DELTAS = 60_000
+BOUND = 2_000
+EXTRA = f"""
+[bus]
+max_message_bytes = 131072
+
+[actors.gateway.options]
+max_buffered_events = {BOUND}
+"""
+
+
+def _journal(state_dir: str, *args: str) -> Any:
+    out = subprocess.run(
+        [sys.executable, "-m", "corral", "journal", *args, "--state-dir", state_dir, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out)
+
+
+@pytest.mark.timeout(180)
+async def test_j32_a_flood_past_every_bound_reaches_the_server_and_the_journal_whole() -> None:
+    """J-32 under a flood: the server gets every delta once and in order, the journal every
+    event of the run, and nothing is dropped on the way (the gateway's ``buffer.dropped``).
+    The turn is slowed instead: the gateway's buffer filled to its bound and waited."""
+    turns = [relay.WARM_TURN, [{"text": "y", "repeat": DELTAS}]]
+    async with relay.relay_host(turns, extra=EXTRA) as host:
+        sid = uuid.uuid4().hex
+        await relay.bind_all(host.peer, [sid])
+        await relay.run_turn(host.peer, [sid], relay.WARM_DELTAS, 60)
+        # check_turn inside: every delta once, in order, or PeerError.
+        flooded = await relay.run_turn(host.peer, [sid], DELTAS, 150)
+        assert len(flooded[sid]) == DELTAS
+        gateway = await trio.to_thread.run_sync(
+            lambda: request(host.inst.control_path, "inspect", actor="gateway")
+        )
+        state = gateway.get("state", gateway)
+        assert state["buffer"]["dropped"] == 0
+        assert state["buffer"]["events"] > BOUND  # the flood did go past the bound
+        state_dir = str(host.inst.state_dir)
+        runs = await trio.to_thread.run_sync(_journal, state_dir, "ls", sid)
+        counts = []
+        for run in runs["runs"]:
+            summary = await trio.to_thread.run_sync(
+                _journal, state_dir, "summary", sid, run["run_id"]
+            )
+            assert summary["terminal"] is True
+            counts.append(summary["event_count"])
+        # The flood's run: every delta, and the few events around them (created, the item...).
+        assert max(counts) >= DELTAS and max(counts) - DELTAS < 20
