@@ -41,6 +41,7 @@ counting — the ceiling of the transport alone.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import sys
@@ -473,6 +474,9 @@ def run(params: Mapping[str, object]) -> Document:
     if params.get("against") is not None:
         return _omnigent_relay.run(str(params["against"]), quick=bool(params.get("quick")))
     sizes = Sizes.quick() if params.get("quick") else Sizes.full()
+    deltas = params.get("deltas")
+    if isinstance(deltas, int):
+        sizes = dataclasses.replace(sizes, one_session_deltas=deltas)
     with step("relaying turns through a tunnel"):
         return trio.run(measure, sizes)
 

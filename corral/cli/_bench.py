@@ -98,6 +98,11 @@ HARNESS_KINDS = ["claude-sdk", "codex", "pi"]
         "omnigent venv, see docs/benchmarks.md)."
     ),
 )
+@click.option(
+    "--deltas",
+    type=click.IntRange(min=1),
+    help="relay: deltas in the one session's flood (100,000; quick 20,000).",
+)
 @json_option
 def bench_command(
     name: str,
@@ -110,6 +115,7 @@ def bench_command(
     seed: int | None,
     turn_timeout_s: float | None,
     against: str | None,
+    deltas: int | None,
     as_json: bool,
 ) -> None:
     """Run a benchmark and print its figures against its baseline.
@@ -131,6 +137,10 @@ def bench_command(
         if name != "relay":
             raise click.UsageError("--against is an option of relay only")
         params["against"] = against
+    if deltas is not None:
+        if name != "relay" or against is not None:
+            raise click.UsageError("--deltas is an option of relay only (without --against)")
+        params["deltas"] = deltas
     if name == "chaos":
         params |= {
             "sessions": sessions,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -120,6 +121,27 @@ def test_against_without_omnigent_fails_with_a_typed_error(tmp_path: Path) -> No
 def test_against_is_an_option_of_relay_only() -> None:
     out = corral("bench", "bus", "--against", "omnigent", "--json")
     assert out.returncode == 2 and "--against is an option of relay only" in out.stderr
+
+
+def test_deltas_is_an_option_of_relay_alone() -> None:
+    for args in (["bus"], ["relay", "--against", "omnigent"]):
+        out = corral("bench", *args, "--deltas", "5", "--json")
+        assert out.returncode == 2, args
+        assert "--deltas is an option of relay only (without --against)" in out.stderr
+
+
+def test_deltas_sizes_the_one_sessions_flood(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[relay.Sizes] = []
+
+    async def measure(sizes: relay.Sizes) -> dict[str, object]:
+        seen.append(sizes)
+        return {}
+
+    monkeypatch.setattr(relay, "measure", measure)
+    relay.run({"quick": True, "deltas": 1_000_000})
+    relay.run({"quick": True})
+    assert [s.one_session_deltas for s in seen] == [1_000_000, 20_000]
+    assert seen[0] == dataclasses.replace(seen[1], one_session_deltas=1_000_000)
 
 
 def test_the_other_runner_gets_omnigents_runner_environment(tmp_path: Path) -> None:

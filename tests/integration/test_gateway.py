@@ -14,13 +14,16 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 
 from corral import ConfigError, __version__
+from corral.actors._actor import ActorContext
 from corral.actors.gateway import (
+    GatewayActor,
     Responder,
     ResponseBodyFrame,
     StreamBuffer,
@@ -796,3 +799,16 @@ async def test_kill9_gateway_mid_stream_every_event_once(host_factory, tunnels, 
 def _first_difference(a: str, b: str) -> str:
     i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return f"char {i}: got {a[i - 12 : i + 12]!r}, want {b[i - 12 : i + 12]!r}"
+
+
+def test_a_buffer_bound_at_or_below_the_replay_window_is_refused(tmp_path: Path) -> None:
+    """Flow control waits for a full session's stream to confirm events; a stream keeps
+    ``replay_window_events`` read ones for its server's cursor, so a bound at or below that
+    would never clear: refused at the start, the key named."""
+    options = {"runners": [], "max_buffered_events": 1024, "replay_window_events": 1024}
+    with pytest.raises(ConfigError, match="above replay_window_events") as info:
+        GatewayActor(ActorContext("gateway", tmp_path, options), peer=None)
+    assert info.value.key == "actors.gateway.options.max_buffered_events"
+    options["max_buffered_events"] = 1025
+    actor = GatewayActor(ActorContext("gateway", tmp_path, options), peer=SimpleNamespace(inbox=[]))
+    assert actor.buffer.max_events == 1025

@@ -301,3 +301,16 @@ async def test_a_full_session_without_a_stream_does_not_wait(tmp_path: Path) -> 
         assert s.buffer.full("nobody")
         with trio.fail_after(1):
             await s.streams.room("nobody")
+
+
+async def test_a_full_session_stops_waiting_when_its_stream_closes(tmp_path: Path) -> None:
+    """The connection went while a full session waited for its stream: the wait ends at
+    once (no stream, the bound applies), not after STALLED_S."""
+    async with streams_on(tmp_path, max_events=2) as s:
+        stuck = await s.open("gone", gate=trio.Event())
+        s.publish("gone", "a", "b")
+        returned = await _room_returned(s, "gone")
+        assert not returned.is_set()
+        s.tunnel.detached.pop(stuck.id)()  # the server cancelled the request
+        with trio.fail_after(1):
+            await returned.wait()

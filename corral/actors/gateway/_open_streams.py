@@ -211,6 +211,7 @@ class OpenStreams:
                 self._locks.pop(session_id, None)
         if self.newest.get(session_id) is me:
             del self.newest[session_id]
+            self.buffer.nudge()  # a full session waiting for this stream (:meth:`room`)
         me.tunnel.forget(me.responder.id)
 
     # --- sending --------------------------------------------------------------------------

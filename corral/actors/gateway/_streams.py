@@ -272,8 +272,15 @@ class StreamBuffer:
         return s.moves if s else 0
 
     async def progress(self) -> None:
-        """Return once some session's events are next written on a stream or confirmed."""
+        """Return once some session's events are next written on a stream or confirmed, or
+        :meth:`nudge` is called."""
         await self._progress.wait()
+
+    def nudge(self) -> None:
+        """Wake whoever waits in :meth:`progress`: a stream closed, and what it waited for
+        may never come."""
+        self._progress.set()
+        self._progress = trio.Event()
 
     def take(self, session_id: str, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """The oldest unsent events of a session (they stay unsent until :meth:`sent`)."""
@@ -375,8 +382,7 @@ class StreamBuffer:
 
     def _moved(self, s: _Session) -> None:
         s.moves += 1
-        self._progress.set()
-        self._progress = trio.Event()
+        self.nudge()
 
     def _warn_dropped(self, session_id: str) -> None:
         now = time.monotonic()
