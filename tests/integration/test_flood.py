@@ -9,13 +9,17 @@ rounds of one run grew past the bus's message limit (7 to 32 MB against 4 MiB) a
 most of the run (21,840 of 200,005 events stored). A slower peer now slows the turn.
 
 The host here is a real ``corral up`` behind the benchmark's tunnel peer (the server's end of
-the runner tunnel), with its bounds made small so that a short flood goes far past them: the
-gateway keeps 2,000 undelivered events per session, the bus carries 128 KiB a message.
+the runner tunnel). The first test makes its bounds small, so that a short flood goes far past
+them: the gateway keeps 2,000 undelivered events per session, the bus carries 128 KiB a
+message. The second kills dispatch mid-flood, so that the worker's unconfirmed events pass
+HELD_MAX while no dispatch confirms them.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -26,6 +30,7 @@ import trio
 
 from corral.actors._control import request
 from corral.bench import relay
+from tests.conftest import wait_for
 
 DELTAS = 60_000
 BOUND = 2_000
@@ -78,3 +83,40 @@ async def test_j32_a_flood_past_every_bound_reaches_the_server_and_the_journal_w
             counts.append(summary["event_count"])
         # The flood's run: every delta, and the few events around them (created, the item...).
         assert max(counts) >= DELTAS and max(counts) - DELTAS < 20
+
+
+@pytest.mark.timeout(240)
+async def test_d08_dispatch_killed_mid_flood_the_worker_waits_and_nothing_is_lost() -> None:
+    """kill -9 of dispatch while a worker floods: the worker's unconfirmed events pile up
+    while dispatch is gone, past HELD_MAX (65,536) at a flood's pace. It waits there for the
+    next dispatch's confirmations, and that dispatch asks it for what it missed: the server
+    gets every delta once and in order. Dropping the oldest past HELD_MAX, as the worker did,
+    left them out of that resend for good."""
+    deltas = 250_000
+    turns = [relay.WARM_TURN, [{"text": "z", "repeat": deltas}]]
+    async with relay.relay_host(turns) as host:
+        sid = uuid.uuid4().hex
+        await relay.bind_all(host.peer, [sid])
+        await relay.run_turn(host.peer, [sid], relay.WARM_DELTAS, 60)
+        stream = host.peer.streams[sid]
+        before = len(stream.deltas)
+
+        async def kill_dispatch_once_flooding() -> None:
+            await wait_for(
+                lambda: _arrived(stream, before + 20_000), "the flood under way", timeout=60
+            )
+            status = await trio.to_thread.run_sync(
+                lambda: request(host.inst.control_path, "status")
+            )
+            (dispatch,) = [a for a in status["actors"] if a["name"] == "dispatch"]
+            os.kill(dispatch["pid"], signal.SIGKILL)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_dispatch_once_flooding)
+            flooded = await relay.run_turn(host.peer, [sid], deltas, 180)
+        assert len(flooded[sid]) == deltas
+
+
+async def _arrived(stream: Any, n: int) -> bool:
+    await trio.lowlevel.checkpoint()
+    return len(stream.deltas) >= n
