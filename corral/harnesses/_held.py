@@ -48,6 +48,9 @@ class HeldEvents:
         #: Unconfirmed events of the turn dropped past :data:`HELD_MAX`.
         self.dropped = 0
         self._confirmed = trio.Event()
+        #: A wait in :meth:`room` ran out: the turn goes on without waiting until dispatch
+        #: confirms something again (a wait per event would stall it for good).
+        self._stalled = False
 
     def full(self) -> bool:
         """Whether the next event would go past :data:`HELD_MAX`."""
@@ -55,18 +58,20 @@ class HeldEvents:
 
     async def room(self, wait_s: float = ROOM_WAIT_S) -> None:
         """Return once the held events are under :data:`HELD_MAX`, or after ``wait_s``
-        with nothing confirmed (the next :meth:`hold` drops the oldest then)."""
-        while self.full():
+        with nothing confirmed (the next :meth:`hold` drops the oldest then; later events do
+        not wait until dispatch confirms one)."""
+        while self.full() and not self._stalled:
             with trio.move_on_after(wait_s) as waited:
                 await self._confirmed.wait()
             if waited.cancelled_caught:
-                return
+                self._stalled = True
 
     def hold(self, to: str, event: Output) -> None:
         """Keep ``event`` (sent to ``to``) until it is confirmed; a new turn starts afresh."""
         if event.turn_id != self.turn_id:
             self.turn_id, self.last, self.dropped = event.turn_id, -1, 0
             self.events.clear()
+            self._stalled = False
         self.events.append((to, event))
         self.last = event.sequence_number
         if len(self.events) > HELD_MAX:
@@ -87,6 +92,7 @@ class HeldEvents:
             return
         while self.events and self.events[0][1].sequence_number <= msg.upto:
             self.events.popleft()
+        self._stalled = False
         self._confirmed.set()
         self._confirmed = trio.Event()
 

@@ -67,9 +67,20 @@ async def test_a_dispatch_that_confirms_nothing_is_waited_for_then_the_oldest_go
     held.hold("dispatch", _delta(MAX))
     assert held.dropped == 1 and held.events[0][1].sequence_number == 1
     assert "confirmed nothing for 30 s" in caplog.text
+    # Once stalled, later events do not wait (one wait per event would stall the turn).
+    now = trio.current_time()
+    await held.room()
+    assert trio.current_time() == now
+    held.hold("dispatch", _delta(MAX + 1))
     # The turn's resend (a restarted dispatch asks) holds what is left, oldest first.
     answer, events = held.again("t")
-    assert (answer.first, answer.last) == (1, MAX) and len(events) == MAX
+    assert (answer.first, answer.last) == (2, MAX + 1) and len(events) == MAX
+    # A confirmation ends the stall: a full worker waits again.
+    held.confirmed(Confirmed(session_id="s", turn_id="t", upto=2))
+    held.hold("dispatch", _delta(MAX + 2))
+    start = trio.current_time()
+    await held.room()
+    assert trio.current_time() - start == pytest.approx(ROOM_WAIT_S)
 
 
 async def test_room_returns_at_once_below_the_bound() -> None:
