@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import trio
 
+from corral._exceptions import CallTimeout
 from corral.actors.dispatch import DispatchActor
 from corral.actors.dispatch import messages as messages_module
 from corral.actors.dispatch._fanout import event_batches
@@ -24,6 +25,7 @@ from corral.actors.dispatch._routes import ROUTES, match
 from corral.actors.dispatch._session import Session, SessionRecord
 from corral.actors.dispatch._start import TurnSetup
 from corral.actors.dispatch._store import SessionStore
+from corral.actors.dispatch._turn import Turn
 from corral.actors.dispatch._turns import TurnFlow
 from corral.actors.gateway.messages import SessionEvent
 from corral.bus import members
@@ -175,3 +177,58 @@ def test_every_part_says_what_it_holds_and_the_public_names_stay() -> None:
     for name in ("DispatchActor", "DispatchOptions", "SessionRecord", "Turn", "parse_event"):
         assert hasattr(package, name), name
     assert package.runner_tools({}) and package.BadEvent and package.MessageEvent
+
+
+async def test_a_turn_start_the_broker_is_slow_to_take_goes_again_and_is_not_failed() -> None:
+    """Under a flood the broker (the host's own process) took more than the bus's 10 s to
+    store a turn's start: dispatch failed the turn (``runner_error``), and the harness actor
+    ran it all the same once the broker had it, its output ignored. A timed-out start is now
+    sent again, marked ``again`` (the harness actor runs a turn once, whichever copy it
+    takes first), and the record keeps the messages until one is with the broker."""
+    casts: list[Any] = []
+
+    class Peer:
+        name = "dispatch"
+
+        async def cast(self, to: str, msg: Any, **kw: Any) -> str:
+            await trio.lowlevel.checkpoint()
+            casts.append(msg)
+            if len(casts) == 1:
+                raise CallTimeout("no reply from 'harness' to harness.turn within 10.0s")
+            return "id"
+
+    async def no_spec(session: Session, agent_id: str | None) -> dict[str, Any]:
+        return {}
+
+    async def no_history(session: Session, messages: list[Any]) -> list[Any]:
+        return []
+
+    async def failed(session: Session, turn: Turn, exc: Exception) -> None:
+        raise AssertionError(f"the turn was failed: {exc}")
+
+    jobs: list[Any] = []
+    actor = cast(
+        Any,
+        SimpleNamespace(
+            peer=Peer(),
+            options=DispatchOptions(),
+            _resolve_spec=no_spec,
+            _history=no_history,
+            _server=lambda _session: None,
+            _setup_failed=failed,
+            in_order=lambda _key, job: jobs.append(job),
+        ),
+    )
+    actor._launch = functools.partial(TurnFlow._launch, actor)
+    actor._restart = functools.partial(TurnFlow._restart, actor)
+    message = {"type": "message", "role": "user", "content": "hi"}
+    session = Session(SessionRecord(id="s"))
+    session.turn = turn = Turn(turn_id="turn_1")
+    session.record.starting = [message]
+    response = await TurnFlow._launch(actor, session, turn, [message], None, continuation=False)
+    assert response is not None and response.status == 202
+    assert session.record.starting == [message]  # not with the broker yet: kept
+    (job,) = jobs
+    await job()
+    assert [(c.turn_id, c.again) for c in casts] == [("turn_1", False), ("turn_1", True)]
+    assert session.record.starting is None

@@ -97,6 +97,15 @@ def accepted() -> HttpResponse:
     return json_response(202, {"status": "accepted", "detail": "Turn started."})
 
 
+def answer(status: str) -> HttpResponse:
+    """The 202 of a message that started a turn (``accepted``) or waits (``buffered``)."""
+    if status == "buffered":
+        return json_response(
+            202, {"status": "buffered", "detail": "Message buffered; active turn will process it."}
+        )
+    return accepted()
+
+
 def error(status: int, code: str, message: str) -> HttpResponse:
     """The 0.19 error body (PROTOCOL_0_19.md §H.2): the server reads ``error.message``."""
     return json_response(status, {"error": {"code": code, "message": message}})

@@ -16,7 +16,7 @@ import uuid
 
 import msgspec
 
-from ..._exceptions import MessageTooLarge
+from ..._exceptions import CallTimeout, MessageTooLarge
 from ..._jsonlines import JsonObject
 from ...harnesses.protocol import (
     HARNESS_ACTOR,
@@ -27,11 +27,11 @@ from ...harnesses.protocol import (
     ResponseFailed,
     TurnStart,
 )
-from ...routes import HttpRequest, HttpResponse, json_response
+from ...routes import HttpRequest, HttpResponse
 from ..policy.messages import TurnEnded
 from . import _history as history
 from ._events import MessageEvent
-from ._routes import GENERIC_DETAIL, accepted, error
+from ._routes import GENERIC_DETAIL, accepted, answer, error
 from ._session import Accepted, Session
 from ._start import TurnSetup, spec_harness, turn_message
 from ._turn import Next, Terminal, Turn, after_end, on_message, on_terminal
@@ -74,7 +74,7 @@ class TurnFlow(TurnSetup):
             record.accept(key, "buffered")
             await self._save(session)
             self.stats["buffered"] += 1
-            return _answer("buffered")
+            return answer("buffered")
         record.accept(key, "accepted")
         return await self._start_turn(session, [body], stream)
 
@@ -97,7 +97,7 @@ class TurnFlow(TurnSetup):
             session.record.stream_to = list(turn.stream_to)
             await self._save(session)
             return HttpResponse(status=200, headers=list(_STREAM_HEADERS), streaming=True)
-        return _answer(seen.status)
+        return answer(seen.status)
 
     async def _start_turn(
         self,
@@ -135,12 +135,12 @@ class TurnFlow(TurnSetup):
         self._crash_point("turn_sent")
         return response
 
-    async def _restart(self, session: Session) -> None:
-        """Start again a recovered turn whose start a crash may have cut off (seen: ignored)."""
+    async def _restart(self, session: Session, why: str = "after a restart") -> None:
+        """Start again a turn whose start a crash or a timeout may have cut off (seen: ignored)."""
         turn, messages = session.turn, session.record.starting
         if turn is None or messages is None:
             return
-        log.warning("session %s: starting turn %s again after a restart", session.id, turn.turn_id)
+        log.warning("session %s: starting turn %s again %s", session.id, turn.turn_id, why)
         await self._launch(session, turn, messages, None, continuation=True, again=True)
 
     async def _continue(self, session: Session) -> None:
@@ -234,6 +234,11 @@ class TurnFlow(TurnSetup):
                     continue
                 log.warning("could not start turn %s: %s", turn.turn_id, exc)
                 await self._setup_failed(session, turn, exc)
+            except CallTimeout as exc:
+                # Slow, not refused: the broker is this host. Failed here, the turn ran once it
+                # was stored, unheard; sent ``again``, it runs once (docs/dispatch.md).
+                log.warning("turn %s: its start is not with the broker yet (%s)", turn.turn_id, exc)
+                self.in_order(session.id, lambda: self._restart(session, "its start timed out"))
             except Exception as exc:
                 log.warning("could not start turn %s: %s", turn.turn_id, exc)
                 await self._setup_failed(session, turn, exc)
@@ -382,15 +387,6 @@ class TurnFlow(TurnSetup):
                 self._crash_point("end_saved")
             if after is not Next.EDGE:
                 self.in_order(session.id, lambda: self._continue(session))
-
-
-def _answer(status: str) -> HttpResponse:
-    """The 202 of a message that started a turn (``accepted``) or waits (``buffered``)."""
-    if status == "buffered":
-        return json_response(
-            202, {"status": "buffered", "detail": "Message buffered; active turn will process it."}
-        )
-    return accepted()
 
 
 def _terminal_kind(msg: Output) -> Terminal:
