@@ -29,8 +29,12 @@ from .protocol import Confirmed, Output, Resending
 
 log = logging.getLogger("corral.harnesses.worker")
 
-#: The most unconfirmed events a worker holds: a turn that reaches it waits for dispatch.
-HELD_MAX = 65536
+#: The most unconfirmed events a worker holds: a turn that reaches it waits for dispatch. It
+#: bounds what a worker has in flight too: at 65,536 the floods of 50 sessions at once
+#: filled dispatch's inbox and the broker's queues, and heartbeats and resends waited behind
+#: them (a worker killed as silent, events declared lost); 8,192 costs one session's flood
+#: nothing (docs/benchmarks.md, "A flood longer than the buffers").
+HELD_MAX = 8192
 #: How long a turn with :data:`HELD_MAX` unconfirmed events waits for dispatch to confirm
 #: one before it goes on and the oldest are dropped (logged). A restarted dispatch asks for
 #: what it missed within a second or two.

@@ -3,10 +3,10 @@
 A worker can produce deltas faster than dispatch, the gateway and the server take them. Each
 hop had a bound that dropped the oldest past it, meant for a peer that is down: the gateway's
 buffer of undelivered events per session (``max_buffered_events``), the worker's unconfirmed
-events (``HELD_MAX``). With every peer up and merely slower, a 200,000-delta turn through
-``corral bench relay``'s host lost 6 to 20 % of its deltas at the server, and the journal's
-rounds of one run grew past the bus's message limit (7 to 32 MB against 4 MiB) and lost
-most of the run (21,840 of 200,005 events stored). A slower peer now slows the turn.
+events (``HELD_MAX``, 65,536 then). With every peer up and merely slower, a 200,000-delta
+turn through ``corral bench relay``'s host lost 6 to 20 % of its deltas at the server, and
+the journal's rounds of one run grew past the bus's message limit (7 to 32 MB against 4 MiB)
+and lost most of the run (21,840 of 200,005 events stored). A slower peer now slows the turn.
 
 The host here is a real ``corral up`` behind the benchmark's tunnel peer (the server's end of
 the runner tunnel). The first test makes its bounds small, so that a short flood goes far past
@@ -88,7 +88,7 @@ async def test_j32_a_flood_past_every_bound_reaches_the_server_and_the_journal_w
 @pytest.mark.timeout(240)
 async def test_d08_dispatch_killed_mid_flood_the_worker_waits_and_nothing_is_lost() -> None:
     """kill -9 of dispatch while a worker floods: the worker's unconfirmed events pile up
-    while dispatch is gone, past HELD_MAX (65,536) at a flood's pace. It waits there for the
+    while dispatch is gone, past HELD_MAX (8,192) at a flood's pace. It waits there for the
     next dispatch's confirmations, and that dispatch asks it for what it missed: the server
     gets every delta once and in order. Dropping the oldest past HELD_MAX, as the worker did,
     left them out of that resend for good."""
