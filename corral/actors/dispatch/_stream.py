@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+from ..._exceptions import CallTimeout
 from ..._jsonlines import JsonObject
 from ...bus import Incoming
 from ...harnesses.protocol import (
@@ -282,7 +283,8 @@ class StreamOrder(ToolCalls):
     async def _resend(self, session: Session, turn: Turn) -> None:
         """Ask the turn's worker where it stands and to send again what is not confirmed
         (a resumed turn, or a gap); a worker that cannot answer leaves the gap to the
-        events that did come (logged: what it held is lost with it)."""
+        events that did come (logged: what it held is lost with it). One that answers late
+        is asked again at the next gap check."""
         if turn.resending:
             return
         turn.resending = True
@@ -295,6 +297,12 @@ class StreamOrder(ToolCalls):
                 timeout=RESEND_TIMEOUT_S,
                 session_id=session.id,
             )
+        except CallTimeout as exc:
+            # Late, not gone (a worker's exit fails the call at once): its answer and what it
+            # sends again come behind a flood. Skipping the gap now lost them as they came (50
+            # floods at once: 1,024 events of three turns); the next gap check asks again.
+            log.warning("turn %s: its worker has not answered a resend yet: %s", turn.turn_id, exc)
+            return
         except Exception as exc:
             log.warning("turn %s: its worker did not answer a resend: %s", turn.turn_id, exc)
         finally:
