@@ -158,5 +158,27 @@ def test_a_bad_option_value_names_its_key(tmp_path: Path) -> None:
     assert "Expected `float`, got `str` - at `$.actors.dispatch.options.turn_timeout_s`" in error
 
 
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ("max_buffered_events = 1024", "max_buffered_events"),
+        ("recycle_min_s = 5.0\nrecycle_max_s = 1.0", "recycle_min_s"),
+    ],
+)
+def test_gateway_options_at_odds_stop_corral_up_before_anything_starts(
+    tmp_path: Path, options: str, key: str
+) -> None:
+    """Two gateway options each valid alone, not together (the buffer's bound at or below
+    the replay window it must hold; a recycle range upside down): ``corral up`` names the key
+    and starts nothing, where the gateway used to crash-loop under a host that was up."""
+    cfg = tmp_path / "corral.toml"
+    cfg.write_text(f"[actors.gateway.options]\n{options}\n")
+    state = tmp_path / "s"
+    out = corral("up", "--config", str(cfg), "--state-dir", str(state))
+    assert out.returncode == 2, out.stderr
+    assert f"invalid gateway options: {key}" in " ".join(out.stderr.split())
+    assert not state.exists(), "nothing was started, not even the state dir"
+
+
 def test_control_socket_is_private(host: HostProcess) -> None:
     assert host.instance.control_path.stat().st_mode & 0o777 == 0o600

@@ -14,16 +14,13 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 
 from corral import ConfigError, __version__
-from corral.actors._actor import ActorContext
 from corral.actors.gateway import (
-    GatewayActor,
     Responder,
     ResponseBodyFrame,
     StreamBuffer,
@@ -31,7 +28,8 @@ from corral.actors.gateway import (
     body_encoding,
     tunnel_url,
 )
-from corral.config import parse_config
+from corral.actors.gateway._options import GatewayOptions
+from corral.config import check_options, parse_config
 from corral.routes import json_response
 from corral.server_client import runner_id_for_token
 from tests.conftest import FAST_LIVENESS, HostProcess
@@ -801,14 +799,14 @@ def _first_difference(a: str, b: str) -> str:
     return f"char {i}: got {a[i - 12 : i + 12]!r}, want {b[i - 12 : i + 12]!r}"
 
 
-def test_a_buffer_bound_at_or_below_the_replay_window_is_refused(tmp_path: Path) -> None:
+def test_a_buffer_bound_at_or_below_the_replay_window_is_refused() -> None:
     """Flow control waits for a full session's stream to confirm events; a stream keeps
     ``replay_window_events`` read ones for its server's cursor, so a bound at or below that
-    would never clear: refused at the start, the key named."""
-    options = {"runners": [], "max_buffered_events": 1024, "replay_window_events": 1024}
+    would never clear: refused as the options decode (as ``corral up`` decodes them), the key
+    named."""
+    options = {"max_buffered_events": 1024, "replay_window_events": 1024}
     with pytest.raises(ConfigError, match="above replay_window_events") as info:
-        GatewayActor(ActorContext("gateway", tmp_path, options), peer=None)
+        check_options("gateway", options, GatewayOptions)
     assert info.value.key == "actors.gateway.options.max_buffered_events"
     options["max_buffered_events"] = 1025
-    actor = GatewayActor(ActorContext("gateway", tmp_path, options), peer=SimpleNamespace(inbox=[]))
-    assert actor.buffer.max_events == 1025
+    assert check_options("gateway", options, GatewayOptions).max_buffered_events == 1025

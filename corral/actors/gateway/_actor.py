@@ -168,18 +168,6 @@ class GatewayActor(Actor):
                 f"invalid gateway options: {exc}", key="actors.gateway.options"
             ) from None
         check_runners(self.options.runners)
-        if self.options.recycle_min_s > self.options.recycle_max_s:
-            raise ConfigError(
-                "invalid gateway options: recycle_min_s is above recycle_max_s",
-                key="actors.gateway.options.recycle_min_s",
-            )
-        if self.options.max_buffered_events <= self.options.replay_window_events:
-            # A stream keeps that many read events for its server's cursor: a bound at or
-            # below it would be full for good, and flow control would wait on it forever.
-            raise ConfigError(
-                "invalid gateway options: max_buffered_events must be above replay_window_events",
-                key="actors.gateway.options.max_buffered_events",
-            )
         self.harnesses = _runnable(self.options.harnesses)
         self.buffer = StreamBuffer(
             ctx.data_dir / "streams.log",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from ..._exceptions import ConfigError
 from ...config import Positive, PositiveInt, RunnerSettings
 
 
@@ -47,3 +48,20 @@ class GatewayOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     #: Harness names announced in ``hello`` (default: every registered harness); either way
     #: only those this host can run (:func:`corral.harnesses.availability`).
     harnesses: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        # Checked as the options decode, so that ``corral up`` refuses them before anything
+        # starts (the host decodes every built-in actor's options), not the gateway crash-looping.
+        # A ConfigError passes through msgspec as it is, key and all.
+        if self.recycle_min_s > self.recycle_max_s:
+            raise ConfigError(
+                "invalid gateway options: recycle_min_s is above recycle_max_s",
+                key="actors.gateway.options.recycle_min_s",
+            )
+        if self.max_buffered_events <= self.replay_window_events:
+            # A stream keeps that many read events for its server's cursor: a bound at or
+            # below it would be full for good, and flow control would wait on it forever.
+            raise ConfigError(
+                "invalid gateway options: max_buffered_events must be above replay_window_events",
+                key="actors.gateway.options.max_buffered_events",
+            )
