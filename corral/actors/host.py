@@ -117,8 +117,6 @@ class Host:
         #: The embedded control plane, once the host wants one.
         self.control_plane: EmbeddedControlPlane | None = None
         self._plan: dict[str, tuple[str, ActorSettings]] = {}
-        #: Each built-in actor's options, decoded once (:meth:`_actor_options`).
-        self._options: dict[str, Any] | None = None
         #: Bumped on every change of what ``status`` shows of the host itself.
         self.changes = Changes()
         self._state = "starting"
@@ -160,9 +158,9 @@ class Host:
         own stops the seed here: nothing would ask it for one.
 
         Raises:
-            ConfigError: a built-in actor's options do not decode (:meth:`_actor_options`).
+            ConfigError: a built-in actor's options do not decode (:func:`check_actor_options`).
         """
-        if not forks_from_zygotes(self.config, self._actor_options()):
+        if not forks_from_zygotes(self.config, check_actor_options(self.config)):
             drop_seed()  # no actor would ask it for a zygote
         if not self.config.supervisor.zygote or self.zygote is not None:
             return False
@@ -181,7 +179,7 @@ class Host:
             ConfigError: a built-in actor's options do not decode (before anything starts),
                 or two runners resolved to the same id.
         """
-        self._actor_options()  # a bad key stops the host here, before anything starts
+        check_actor_options(self.config)  # a bad key stops the host here, before anything starts
         inst = self.instance
         inst.prepare()
         self._claim()
@@ -205,17 +203,6 @@ class Host:
             self.notifier.close()
         if self._failure is not None:
             raise self._failure
-
-    def _actor_options(self) -> dict[str, Any]:
-        """Each built-in actor's options, decoded (and so checked) once: ``corral up`` asks
-        before it forks the actors' zygote, :meth:`run` before it starts anything.
-
-        Raises:
-            ConfigError: naming the first bad key (:func:`check_actor_options`).
-        """
-        if self._options is None:
-            self._options = check_actor_options(self.config)
-        return self._options
 
     def _new_zygote(self) -> Zygote:
         seed = seed_fd()  # kept open for the harness actor, which asks it for its zygotes
