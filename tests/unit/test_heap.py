@@ -10,10 +10,11 @@ from corral import _heap as heap
 
 
 class Process:
-    """What ``release_when_quiet`` watches: a work count and a resident set."""
+    """What ``release_when_quiet`` watches: a work count, CPU seconds and a resident set."""
 
     def __init__(self) -> None:
         self.work = 0
+        self.cpu = 0.0
         self.resident = 100 << 20
         self.releases: list[float] = []
 
@@ -29,6 +30,7 @@ async def _watched(process: Process, body) -> None:
                 lambda: process.work,
                 on_release=process.release,
                 resident=lambda: process.resident,
+                cpu=lambda: process.cpu,
             )
         )
         await body()
@@ -91,3 +93,25 @@ async def test_work_that_did_not_grow_the_resident_set_releases_nothing(
         assert len(p.releases) == 1, "past MIN_GROWTH in all, the next quiet releases"
 
     await _watched(p, heartbeats)
+
+
+async def test_a_burst_of_few_large_messages_is_known_by_the_cpu_it_takes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The journal takes a flood in a few appends a second, a count that passes for quiet:
+    the core it keeps busy says it is in a burst, and it is trimmed once that is over."""
+    p = Process()
+
+    async def appends() -> None:
+        for _ in range(100):  # 10 s: two large appends every 0.1 s, each 80 ms of CPU
+            p.work += 2
+            p.cpu += 0.08
+            p.resident += 1 << 20
+            await trio.sleep(0.1)
+        ended = trio.current_time()
+        assert p.releases == [], "released in the middle of a burst"
+        await trio.sleep(10)
+        assert len(p.releases) == 1
+        assert ended < p.releases[0] <= ended + heap.IDLE_S + 2 * heap.QUIET_S
+
+    await _watched(p, appends)

@@ -392,3 +392,49 @@ async def test_a_run_that_cannot_be_opened_fails_its_appends(tmp_path: Path) -> 
             with pytest.raises(JournalIOError, match=r"^could not open run"):
                 await entry.wait()
         assert writer.statistics().pending == 0
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts the scheduler's task steps."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+
+
+async def test_wait_seqs_takes_a_batch_in_one_trip_through_the_scheduler(
+    journal: RunJournal,
+) -> None:
+    """The journal actor waits on every record of an append (5,000 deltas in a flood): one
+    checkpoint per record cost most of its time, so finished records cost none."""
+    async with JournalWriter(journal) as writer:
+        pending = [writer.submit("session-a", "run-a", "token", {"i": i}) for i in range(2000)]
+        await pending[-1].wait()
+        steps = _Steps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            seqs = await JournalWriter.wait_seqs([7, *pending])
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert seqs == [7, *range(1, 2001)]
+        assert steps.steps <= 3, "a scheduler trip per record"
+
+
+async def test_wait_seqs_waits_for_records_not_yet_written_and_raises_a_failed_ones_error(
+    journal: RunJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with JournalWriter(journal) as writer:
+        first = [writer.submit("session-a", "run-a", "token", {"i": i}) for i in range(3)]
+        assert not first[-1].done()
+        assert await JournalWriter.wait_seqs(first) == [1, 2, 3]
+        assert all(entry.done() for entry in first)
+
+        def failing(fd: int, data: bytes) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "write", failing)
+        broken = [writer.submit("session-a", "run-a", "token", {"i": i}) for i in range(2)]
+        with pytest.raises(JournalIOError, match="Input/output error"):
+            await JournalWriter.wait_seqs(broken)

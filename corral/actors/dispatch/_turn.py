@@ -26,10 +26,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-import trio
-
 from ..._exceptions import CorralError
 from ..._jsonlines import JsonObject
+from .._handoff import HandoffLock
 
 if TYPE_CHECKING:
     from ...harnesses.protocol import Output
@@ -229,7 +228,7 @@ class Turn:
     #: Its terminal event, waiting for the worker events before it, with its handle.
     ending: tuple[Output, Deferred | None] | None = None
     #: Taken while its events are ordered and taken (a resend's answer comes in a task).
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    lock: HandoffLock = field(default_factory=HandoffLock)
 
     @property
     def in_order(self) -> bool:

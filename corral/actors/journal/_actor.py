@@ -442,9 +442,7 @@ class JournalActor(Actor):
         submitted: int,
     ) -> None:
         try:
-            seqs = [
-                entry if isinstance(entry, int) else await entry.wait_seq() for entry in entries
-            ]
+            seqs = await JournalWriter.wait_seqs(entries)
         except JournalIOError as exc:
             self.stats["io_errors"] += 1
             if mid is not None or _numbered(msg):
