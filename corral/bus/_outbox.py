@@ -3,10 +3,13 @@
 A send per message costs a trip through the scheduler each; an :class:`Outbox` queues
 stream messages and a task of its own sends them with one ``cast_many`` per run of messages
 to the same recipient, preserving order. A durable send must call :meth:`Outbox.flush`
-first, so nothing queued before it arrives after it.
+first, so nothing queued before it arrives after it. Its owner may ``pack`` each run into
+fewer messages (a worker packs deltas, :func:`corral.harnesses.protocol.pack_deltas`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import trio
 
@@ -20,8 +23,12 @@ OUTBOX_MAX = 256
 class Outbox:
     """Order-preserving batched stream sends for one peer. Run :meth:`run` in a nursery."""
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(
+        self, peer: Peer, *, pack: Callable[[str, list[Message]], list[Message]] | None = None
+    ) -> None:
         self.peer = peer
+        #: ``pack(to, run)``: the messages that carry a run of messages to ``to``, in order.
+        self._pack = pack
         self._queue: list[tuple[str, Message, str | None]] = []
         self._ready = trio.Event()
         # One flusher at a time: a flush yields between runs of a batch, and a second
@@ -52,6 +59,8 @@ class Outbox:
                     if i == len(batch) or batch[i][0::2] != batch[start][0::2]:
                         to, _, session_id = batch[start]
                         msgs = [msg for _, msg, _ in batch[start:i]]
+                        if self._pack is not None:
+                            msgs = self._pack(to, msgs)
                         await self.peer.cast_many(to, msgs, session_id=session_id)
                         start = i
 

@@ -12,7 +12,8 @@ actor's next incarnation adopts its workers, and asks each what it holds with
 * :class:`ToolResult`, :class:`Approval`, :class:`PolicyVerdict` resolve what the turn
   waits for; :class:`Interrupt` cancels the turn.
 
-Deltas go to the turn's ``reply_to`` as stream messages, in batches; terminal events and
+Deltas go to the turn's ``reply_to`` as stream messages, in batches (packed in
+:class:`~.protocol.Deltas` for a ``reply_to`` that asked); terminal events and
 elicitation requests go durably, so a restarting dispatch still gets them. Lifecycle events
 are copied to the harness actor, which tracks in-flight turns (H-08) and worker liveness.
 
@@ -66,6 +67,7 @@ from .protocol import (
     WorkerAlive,
     WorkerInbound,
     is_terminal,
+    pack_deltas,
     worker_address,
 )
 
@@ -88,7 +90,9 @@ class Worker:
         self._turn_scope: trio.CancelScope | None = None
         self._turn_done = trio.Event()
         self._turn_done.set()
-        self.outbox = Outbox(peer)
+        self.outbox = Outbox(peer, pack=self._pack)
+        #: Who asked for its deltas packed (``TurnStart.batch``).
+        self._packs: set[str] = set()
         self.held = HeldEvents()
         #: The nursery of :meth:`serve` (``TurnContext.services``).
         self.services: trio.Nursery | None = None
@@ -118,6 +122,12 @@ class Worker:
             return
         await self.outbox.flush()
         await self.peer.cast(to, event, durable=True, session_id=self.session_id)
+
+    def _pack(self, to: str, msgs: list[Message]) -> list[Message]:
+        if to not in self._packs:
+            return msgs
+        # A pack's text at most an eighth of the bus's limit: room for UTF-8 and the fields.
+        return pack_deltas(msgs, self.peer.bus.max_message_bytes // 8)
 
     def _resend(self, msg: Resend) -> Resending:
         """Queue the held events of ``msg``'s turn again, oldest first; what is sent."""
@@ -178,6 +188,8 @@ class Worker:
                 return InputAccepted(status=409, error={"code": "turn_in_flight"})
             self.turn = TurnContext(self, msg)
             self.reply_to = msg.reply_to
+            if msg.batch:
+                self._packs.add(msg.reply_to)
             self._turn_done = trio.Event()
             # From the start: an interrupt that comes before the turn reaches its harness
             # stops it there (the harness actor stops a stale turn as soon as it starts).

@@ -18,7 +18,8 @@ This protocol stays in ``corral.harnesses`` (not beside the harness actor) becau
 import it and sit below the actors (STYLE.md's layering): a worker must not import an
 actor's package. The harness actor's own union is in :mod:`corral.actors.harness.messages`.
 
-Outputs (worker → the turn's ``reply_to``): :data:`AnyOutput`. The harness actor
+Outputs (worker → the turn's ``reply_to``): :data:`AnyOutput`, runs of deltas packed in
+:class:`Deltas` for a ``reply_to`` that asked (``TurnStart.batch``). The harness actor
 itself emits ``response.failed`` with code ``harness_crashed`` (or ``harness_restarted``) for
 a turn whose worker died, and ``response.elicitation_resolved`` for elicitations it had to
 cancel.
@@ -60,6 +61,9 @@ class TurnStart(Request["InputAccepted"], tag="harness.turn"):
     #: Sent again by a dispatch that could not tell whether its first start reached the
     #: harness actor (it crashed in between): a turn already seen is left as it is.
     again: bool = False
+    #: ``reply_to`` takes runs of deltas packed in :class:`Deltas` (dispatch does); any
+    #: other gets every event in a message of its own.
+    batch: bool = False
     #: Filled in by the harness actor for the worker: the session's tool working directory
     #: (where ``sys_os_*`` run), and a per-session directory of its own for a CLI's home.
     workdir: str | None = None
@@ -311,6 +315,50 @@ ProgressOutput = (
 )
 #: Every event a worker emits for a turn.
 AnyOutput = ProgressOutput | TerminalOutput
+
+
+#: Deltas per :class:`Deltas` message at most (a worker's outbox sends 256 at a time).
+DELTAS_MAX = 256
+
+
+class Deltas(Message, tag="harness.deltas"):
+    """Consecutive deltas of one turn in one stream message, each as it would go alone.
+
+    A flood of deltas one message each cost every process on their way (the worker, the
+    broker, dispatch) its per-message work per delta, the most of what they did. Only
+    deltas are packed: they are what a turn sends many of, and small."""
+
+    events: list[OutputTextDelta | ReasoningDelta]
+
+
+def pack_deltas(msgs: list[Message], max_chars: int) -> list[Message]:
+    """``msgs`` in order with each run of two or more deltas packed in :class:`Deltas` of
+    at most :data:`DELTAS_MAX` events and ``max_chars`` characters of text (a delta larger
+    than that goes alone)."""
+    out: list[Message] = []
+    run: list[OutputTextDelta | ReasoningDelta] = []
+    chars = 0
+
+    def close() -> None:
+        if len(run) > 1:
+            out.append(Deltas(events=run.copy()))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for msg in msgs:
+        if not isinstance(msg, OutputTextDelta | ReasoningDelta):
+            close()
+            out.append(msg)
+            continue
+        if run and (len(run) >= DELTAS_MAX or chars + len(msg.delta) > max_chars):
+            close()
+        if not run:
+            chars = 0
+        run.append(msg)
+        chars += len(msg.delta)
+    close()
+    return out
 
 
 def is_terminal(event: Output) -> bool:

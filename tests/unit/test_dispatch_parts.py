@@ -29,8 +29,9 @@ from corral.actors.dispatch._stream import StreamOrder
 from corral.actors.dispatch._turn import Turn
 from corral.actors.dispatch._turns import TurnFlow
 from corral.actors.gateway.messages import SessionEvent
-from corral.bus import members
+from corral.bus import Envelope, Incoming, members
 from corral.config import BusSettings
+from corral.harnesses.protocol import Deltas, OutputTextDelta
 from corral.server_client import ServerClient
 from tests.fake_server import FakeOmnigentServer
 
@@ -263,3 +264,35 @@ async def test_a_worker_that_answers_a_resend_late_keeps_its_gap() -> None:
     assert late.next_k == 100 and drained == []
     gone = await resend_failing(Unreachable("peer 'harness/s' has gone away"))
     assert gone.next_k == 120 and drained == [120]
+
+
+async def test_a_workers_deltas_are_each_taken_as_if_they_came_alone() -> None:
+    """A :class:`Deltas` pack: each of its deltas goes the way a delta sent alone goes, in
+    order; one of another turn (or of a session dispatch does not hold) is dropped."""
+    taken: list[tuple[str, int]] = []
+
+    async def worker_event(session: Session, turn: Turn, msg: Any, incoming: Any) -> None:
+        taken.append((turn.turn_id, msg.sequence_number))
+
+    session = Session(SessionRecord(id="s"))
+    session.turn = Turn(turn_id="t2")
+    actor = cast(Any, SimpleNamespace(sessions={"s": session}, _worker_event=worker_event))
+
+    def pack(session_id: str, *turns: str) -> tuple[Deltas, Incoming]:
+        events = [
+            OutputTextDelta(turn_id=t, sequence_number=k, delta="x") for k, t in enumerate(turns)
+        ]
+        env = Envelope(
+            id="m",
+            sender="harness/s",
+            recipient="dispatch",
+            type="harness.deltas",
+            body=msgspec.Raw(b""),
+            session_id=session_id,
+        )
+        return Deltas(events=events), Incoming(env, Deltas(events=events))
+
+    await DispatchActor.deltas(actor, *pack("s", "t2", "t1", "t2", "t2"))
+    assert taken == [("t2", 0), ("t2", 2), ("t2", 3)]
+    await DispatchActor.deltas(actor, *pack("gone", "t2"))
+    assert len(taken) == 3

@@ -57,7 +57,13 @@ import trio
 from ..._exceptions import BadInput
 from ..._input import check_session_id
 from ...bus import Incoming
-from ...harnesses.protocol import HARNESS_ACTOR, Output, ProgressOutput, TerminalOutput
+from ...harnesses.protocol import (
+    HARNESS_ACTOR,
+    Deltas,
+    Output,
+    ProgressOutput,
+    TerminalOutput,
+)
 from ...routes import HttpRequest, HttpResponse
 from .._actor import every, handles
 from .._deferred import Deferred
@@ -238,6 +244,16 @@ class DispatchActor(SubagentWork):
             await self._runner_event(session, turn, run, incoming)
             return
         await self._worker_event(session, turn, msg, incoming)
+
+    @handles(Deltas)
+    async def deltas(self, msg: Deltas, incoming: Incoming) -> None:
+        """A worker's run of deltas (``TurnStart.batch``), each taken as if it came alone."""
+        session = self.sessions.get(incoming.env.session_id or "")
+        for event in msg.events:
+            turn = session.turn if session is not None else None
+            if session is None or turn is None or turn.turn_id != event.turn_id:
+                continue
+            await self._worker_event(session, turn, event, incoming)
 
     @handles(PublishEvents)
     async def publish_events(self, msg: PublishEvents, incoming: Incoming) -> None:

@@ -226,6 +226,7 @@ class TurnFlow(TurnSetup):
                 harness_override=session.record.harness_override,
                 reply_to=self.peer.name,
                 again=again,
+                batch=True,
             )
             try:
                 await self.peer.cast(HARNESS_ACTOR, start, durable=True, session_id=session.id)

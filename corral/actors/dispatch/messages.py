@@ -12,6 +12,8 @@ Message → reply:
                                        the reply may come later
     ProgressOutput     → none          a ``response.*`` event of the session's active turn,
                                        from its worker; one of another turn is dropped
+    Deltas             → none          a run of them (deltas), packed by the worker: each
+                                       taken as if it came alone
     TerminalOutput     → none          (durable, from the harness actor) the active turn's
                                        one terminal event; one of another turn is dropped
     ToolOutcome        → none          (durable, from policy) a tool call's output → the
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 from ..._jsonlines import JsonObject
 from ...bus import Message, Request
-from ...harnesses.protocol import ProgressOutput, TerminalOutput
+from ...harnesses.protocol import Deltas, ProgressOutput, TerminalOutput
 from ...routes import HttpRequest
 from ..policy.messages import ToolOutcome
 
@@ -109,6 +111,7 @@ class SubagentDrained(Message, tag="dispatch.subagent_drained"):
 Inbound = (
     HttpRequest
     | ProgressOutput
+    | Deltas
     | TerminalOutput
     | ToolOutcome
     | PublishEvents
