@@ -53,7 +53,9 @@ from .protocol import (
     Interrupt,
     Inventory,
     Output,
+    OutputTextDelta,
     PolicyVerdict,
+    ReasoningDelta,
     Resend,
     Resending,
     ResponseCancelled,
@@ -64,6 +66,7 @@ from .protocol import (
     RuntimeModel,
     ToolResult,
     TurnStart,
+    Warning,
     WorkerAlive,
     WorkerInbound,
     is_terminal,
@@ -72,6 +75,9 @@ from .protocol import (
 )
 
 log = logging.getLogger("corral.harnesses.worker")
+
+#: Room an envelope takes around an event's body at most (ids, addresses, its type).
+ENVELOPE_ROOM = 4096
 
 
 class Worker:
@@ -107,10 +113,22 @@ class Worker:
         never gets two terminal events (or none) whatever dies. A turn that outruns dispatch
         waits here once :data:`~._held.HELD_MAX` of its events are unconfirmed.
         """
+        too_large = None
         if isinstance(event, Output):
             if is_terminal(event):
                 to = HARNESS_ACTOR
             else:
+                too_large = self._too_large(event)
+                if too_large is not None:
+                    # In its place, with its number (dispatch waits for every number): a
+                    # warning that says why the turn fails.
+                    log.warning("turn %s: %s", event.turn_id, too_large)
+                    event = Warning(
+                        turn_id=event.turn_id,
+                        sequence_number=event.sequence_number,
+                        kind="output_too_large",
+                        message=too_large,
+                    )
                 if self.held.full():
                     # Flow control: dispatch confirms what it has; what is queued here
                     # must reach it first.
@@ -119,9 +137,23 @@ class Worker:
                 self.held.hold(to, event)
         if not durable:
             await self.outbox.put(to, event, session_id=self.session_id)
-            return
-        await self.outbox.flush()
-        await self.peer.cast(to, event, durable=True, session_id=self.session_id)
+        else:
+            await self.outbox.flush()
+            await self.peer.cast(to, event, durable=True, session_id=self.session_id)
+        if too_large is not None:
+            raise TurnFailed("output_too_large", too_large)
+
+    def _too_large(self, event: Output) -> str | None:
+        """Why ``event`` cannot go over the bus (it is larger than a message may be), or
+        None. Sent, it would fail in the outbox's task and take the worker down with it."""
+        limit = self.peer.bus.max_message_bytes - ENVELOPE_ROOM
+        if isinstance(event, OutputTextDelta | ReasoningDelta) and 4 * len(event.delta) < limit:
+            return None  # UTF-8 takes 4 bytes a character at most: no encode per delta
+        size = len(msgspec.msgpack.encode(event))
+        if size <= limit:
+            return None
+        kind = event.__struct_config__.tag
+        return f"a {kind} event of {size} bytes is larger than a bus message may be ({limit})"
 
     def _pack(self, to: str, msgs: list[Message]) -> list[Message]:
         if to not in self._packs:
@@ -253,7 +285,10 @@ class Worker:
                 turn.drop_message()
             else:
                 # A failed turn keeps what it said, as the server keeps a failed turn's text.
-                await turn.end_message()
+                try:
+                    await turn.end_message()
+                except TurnFailed as exc:  # the message is larger than the bus carries
+                    failed = failed or (exc.code, exc.message)
             terminal: Output
             if cancelled:
                 terminal = ResponseCancelled(response=turn.response("cancelled"))

@@ -120,3 +120,36 @@ async def test_d08_dispatch_killed_mid_flood_the_worker_waits_and_nothing_is_los
 async def _arrived(stream: Any, n: int) -> bool:
     await trio.lowlevel.checkpoint()
     return len(stream.deltas) >= n
+
+
+@pytest.mark.timeout(120)
+async def test_an_assistant_message_larger_than_the_bus_carries_fails_its_turn_typed() -> None:
+    """A turn whose whole assistant message is larger than a bus message may be (128 KiB
+    here) ends ``failed`` with ``output_too_large``, its deltas all delivered first, and its
+    worker lives on to run the next turn. The item's send failed in the worker's outbox task
+    and took the worker down: the turn ended ``harness_crashed`` and the worker restarted."""
+    deltas = 40_000  # "abcd" each: 160,000 characters in the message
+    turns = [relay.WARM_TURN, [{"text": "abcd", "repeat": deltas}], relay.WARM_TURN]
+    async with relay.relay_host(turns, extra=EXTRA) as host:
+        sid = uuid.uuid4().hex
+        await relay.bind_all(host.peer, [sid])
+        await relay.run_turn(host.peer, [sid], relay.WARM_DELTAS, 60)
+        pids = await _worker_pids(host)
+        with pytest.raises(relay.PeerError, match="output_too_large") as failed:
+            await relay.run_turn(host.peer, [sid], deltas, 60)
+        assert "larger than a bus message may be" in str(failed.value)
+        stream = host.peer.streams[sid]
+        assert len(stream.deltas) == relay.WARM_DELTAS + deltas
+        # The next turn, on the same worker (wait_ends raises for the failed one before).
+        reply = await host.peer.send_message(sid, relay.AGENT_ID, "go")
+        await reply.wait(60)
+        with pytest.raises(relay.PeerError, match="output_too_large"):
+            await stream.wait_ends(3, 60)
+        assert [status for status, _ in stream.ends] == ["idle", "failed", "idle"]
+        assert len(stream.deltas) == 2 * relay.WARM_DELTAS + deltas
+        assert await _worker_pids(host) == pids
+
+
+async def _worker_pids(host: Any) -> list[int]:
+    status = await trio.to_thread.run_sync(lambda: request(host.inst.control_path, "status"))
+    return sorted(w["pid"] for w in status["workers"])

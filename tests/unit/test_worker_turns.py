@@ -8,7 +8,7 @@ import msgspec
 import trio
 
 from corral.bus import Envelope, Incoming, Message
-from corral.config import LivenessSettings
+from corral.config import BusSettings, LivenessSettings
 from corral.harnesses._turn import POLICY_HEARTBEAT_S, TurnContext, TurnFailed, final_usage
 from corral.harnesses._worker import Worker
 from corral.harnesses.protocol import (
@@ -18,8 +18,10 @@ from corral.harnesses.protocol import (
     PolicyEvaluationRequested,
     PolicyVerdict,
     ResponseCompleted,
+    ResponseFailed,
     ResponseHeartbeat,
     TurnStart,
+    Warning,
 )
 
 
@@ -28,6 +30,7 @@ class _SlowCommitPeer:
 
     name = "harness/s1"
     incarnation = "test"
+    bus = BusSettings()
 
     def __init__(self) -> None:
         self.commit = trio.Event()
@@ -256,3 +259,34 @@ async def test_a_failed_turn_keeps_its_partial_text_an_interrupted_one_does_not(
     interrupted = await _ended_turn(fail=False)
     assert interrupted[-1].__struct_config__.tag == "response.cancelled"
     assert not [m for m in interrupted if isinstance(m, OutputItemDone)]
+
+
+class _OneHugeDelta:
+    async def run_turn(self, turn: TurnContext) -> None:
+        await turn.text("x" * 100_000)
+
+
+async def test_an_event_larger_than_the_bus_carries_fails_the_turn_and_keeps_its_number() -> None:
+    """Sent, a delta or item over the bus's message limit failed in the outbox's task and took
+    the worker down (``harness_crashed``). It goes as a ``warning`` with its number instead
+    (dispatch waits for every number), and the turn fails ``output_too_large``."""
+    peer = _SlowCommitPeer()
+    peer.bus = BusSettings(max_message_bytes=64 * 1024)
+    peer.commit.set()
+    worker = Worker(peer, "s1", _OneHugeDelta(), LivenessSettings())  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.outbox.run)
+        await worker._on_input(_start("turn_1"), nursery)
+        with trio.fail_after(5):
+            await worker._turn_done.wait()
+        nursery.cancel_scope.cancel()
+    sent = [m for m in peer.sent if isinstance(m, Output)]
+    assert [m.sequence_number for m in sent] == list(range(len(sent))), "no number skipped"
+    warnings = [m for m in sent if isinstance(m, Warning)]
+    assert [w.kind for w in warnings] == ["output_too_large"] * 2  # the delta, then the item
+    assert "response.output_text.delta event of 100" in warnings[0].message
+    assert "response.output_item.done event of" in warnings[1].message
+    assert not any(isinstance(m, OutputTextDelta | OutputItemDone) for m in sent)
+    terminal = sent[-1]
+    assert isinstance(terminal, ResponseFailed)
+    assert terminal.error["code"] == "output_too_large"
