@@ -3,7 +3,8 @@
 ``trio.Lock`` registers its owner with its parking lot on every acquire (so that waiters
 are woken with an error if the owner's task exits holding it): a ``current_task()`` and two
 dict writes, then their undoing on release. Dispatch takes a turn's lock once per worker
-event, and in a flood that bookkeeping was ~14 % of its time (py-spy, docs/benchmarks.md).
+event: an uncontended acquire and release cost 0.77 µs with ``trio.Lock`` and 0.14 µs here
+(CPython 3.12.1), and py-spy put the lock at up to 14 % of dispatch's samples in a flood.
 Here a holder that exits without releasing leaves its waiters waiting, so hold it only in
 ``try``/``finally`` or ``async with``.
 """
