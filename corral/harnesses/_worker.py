@@ -222,6 +222,8 @@ class Worker:
             self.reply_to = msg.reply_to
             if msg.batch:
                 self._packs.add(msg.reply_to)
+            else:
+                self._packs.discard(msg.reply_to)
             self._turn_done = trio.Event()
             # From the start: an interrupt that comes before the turn reaches its harness
             # stops it there (the harness actor stops a stale turn as soon as it starts).

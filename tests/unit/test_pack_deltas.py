@@ -101,24 +101,35 @@ class _Floods:
             await turn.text("x")
 
 
-async def _turn_sent(batch: bool) -> list[Message]:
+async def _turns_sent(*batch: bool) -> list[list[Message]]:
+    """What one worker sent dispatch in each of its turns, one turn per ``batch`` flag."""
     peer = _Peer()
     worker = Worker(peer, "s1", _Floods(), LivenessSettings())  # type: ignore[arg-type]
-    start = TurnStart(session_id="s1", turn_id="t1", spec={}, message={}, batch=batch)
-    env = Envelope(
-        id="m1", sender="harness", recipient=peer.name, type="harness.turn", body=msgspec.Raw(b"")
-    )
+    sent: list[list[Message]] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.outbox.run)
-        await worker._on_input(Incoming(env, start), nursery)
-        with trio.fail_after(10):
-            await peer.completed.wait()
+        for i, asked in enumerate(batch):
+            start = TurnStart(session_id="s1", turn_id=f"t{i}", spec={}, message={}, batch=asked)
+            env = Envelope(
+                id=f"m{i}",
+                sender="harness",
+                recipient=peer.name,
+                type="harness.turn",
+                body=msgspec.Raw(b""),
+            )
+            peer.completed = trio.Event()
+            await worker._on_input(Incoming(env, start), nursery)
+            with trio.fail_after(10):
+                await peer.completed.wait()
+                await worker._turn_done.wait()
+            sent.append([m for to, m in peer.sent if to == "dispatch"])
+            peer.sent.clear()
         nursery.cancel_scope.cancel()
-    return [m for to, m in peer.sent if to == "dispatch"]
+    return sent
 
 
-async def test_a_worker_packs_deltas_only_for_a_reply_to_that_asked() -> None:
-    packed, single = await _turn_sent(batch=True), await _turn_sent(batch=False)
+async def test_a_worker_packs_deltas_only_for_a_turn_whose_reply_to_asked() -> None:
+    packed, single = await _turns_sent(True, False)
     assert not any(isinstance(m, Deltas) for m in single)
     assert sum(isinstance(m, OutputTextDelta) for m in single) == 1000
     deltas = [e for m in packed if isinstance(m, Deltas) for e in m.events]
