@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import inspect
+import itertools
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,11 +15,12 @@ from typing import Any, cast
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from corral._exceptions import CallTimeout, Unreachable
 from corral.actors.dispatch import DispatchActor
 from corral.actors.dispatch import messages as messages_module
-from corral.actors.dispatch._fanout import event_batches
+from corral.actors.dispatch._fanout import Fanout, event_batches
 from corral.actors.dispatch._journal_feed import batch_budget
 from corral.actors.dispatch._options import DispatchOptions
 from corral.actors.dispatch._routes import ROUTES, match
@@ -296,3 +298,51 @@ async def test_a_workers_deltas_are_each_taken_as_if_they_came_alone() -> None:
     assert taken == [("t2", 0), ("t2", 2), ("t2", 3)]
     await DispatchActor.deltas(actor, *pack("gone", "t2"))
     assert len(taken) == 3
+
+
+class _Rounds:
+    """Stands in for the peer under the fan-out: when each round reached the broker."""
+
+    bus = BusSettings()
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[float, int]] = []
+
+    async def cast_many(self, to: str, msgs: list[Any], **_: Any) -> list[str]:
+        self.rounds.append((trio.current_time(), sum(len(m.events) for m in msgs)))
+        await trio.lowlevel.checkpoint()
+        return []
+
+
+async def _rounds_of_a_paced_stream(gap_s: float) -> list[tuple[float, int]]:
+    """When each round went, counted from the first event, and how many events it held."""
+    peer = _Rounds()
+    fanout = Fanout(cast(Any, peer), subscribers=["gateway"], journal=None, gap_s=gap_s)
+    records = [SessionRecord(id=f"s{i}") for i in range(10)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fanout.run_events)
+        await trio.sleep(1)
+        first = trio.current_time()
+        for k in range(50):  # 10 sessions, an event every millisecond between them
+            fanout.publish(records[k % 10], {"type": "response.output_text.delta"})
+            await trio.sleep(0.001)
+        await fanout.sent()
+        nursery.cancel_scope.cancel()
+    return [(t - first, n) for t, n in peer.rounds]
+
+
+async def test_rounds_to_the_subscribers_keep_their_gap_and_a_lone_event_does_not_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Many sessions at a model's pace cost a durable round (a commit, an fsync, a gateway
+    write) per event; with ``publish_gap_ms`` a round starts at least that long after the
+    last, and the events published meanwhile share it. The first event after a quiet spell
+    goes at once."""
+    every = await _rounds_of_a_paced_stream(0.0)
+    assert len(every) == 50
+    gapped = await _rounds_of_a_paced_stream(0.005)
+    assert sum(n for _, n in gapped) == 50
+    assert len(gapped) <= 11
+    starts = [t for t, _ in gapped]
+    assert all(b - a >= 0.005 - 1e-9 for a, b in itertools.pairwise(starts))
+    assert starts[0] == 0, "the first event waited"

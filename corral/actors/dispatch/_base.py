@@ -58,7 +58,10 @@ class DispatchBase(Actor):
         self.work = WorkRegistry(ctx.data_dir)
         self._delivering: set[str] = set()
         self.fanout = Fanout(
-            peer, subscribers=self.options.subscribers, journal=self.options.journal
+            peer,
+            subscribers=self.options.subscribers,
+            journal=self.options.journal,
+            gap_s=self.options.publish_gap_ms / 1000,
         )
         self.server: ServerClient | None = None
         self.servers: dict[str, ServerClient] = {}

@@ -5,7 +5,9 @@ streaming caller, in publish order, without a handler ever waiting on a peer.
   batches, so events published while the gateway restarts wait in its mailbox. While one round
   waits for its group commit, what is published meanwhile gathers and goes next (one commit,
   ack and buffer write per message); a round's messages are all in flight at once (the broker
-  keeps their order), since one round trip per message would cap the rate.
+  keeps their order), since one round trip per message would cap the rate. A round starts at
+  least ``gap_s`` after the one before (dispatch's ``publish_gap_ms``): many sessions at a
+  model's pace otherwise cost a round, a commit and a gateway write per delta.
 * **The journal**: one run per turn, in rounds of durable appends
   (:class:`~._journal_feed.JournalFeed`).
 * **A ``?stream=true`` caller**: SSE :class:`~corral.routes.HttpChunk` frames through the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 
 import msgspec
@@ -68,8 +71,12 @@ class _Queued(msgspec.Struct, kw_only=True):
 class Fanout:
     """The publishing side of dispatch: queues per subscriber and per journal run."""
 
-    def __init__(self, peer: Peer, *, subscribers: list[str], journal: str | None) -> None:
+    def __init__(
+        self, peer: Peer, *, subscribers: list[str], journal: str | None, gap_s: float = 0.0
+    ) -> None:
         self.peer = peer
+        #: The shortest time between the starts of two rounds to the subscribers.
+        self.gap_s = gap_s
         self.outbox = Outbox(peer)
         self.subscribers = subscribers
         self.journal = journal
@@ -243,8 +250,14 @@ class Fanout:
 
     async def run_events(self) -> None:
         """Send published events to each subscriber, durably, in batches (see the module)."""
+        last = -math.inf
         while True:
             await self._events_ready.wait()
+            # A round soon after the last one waits out the gap, gathering what comes.
+            wait = last + self.gap_s - trio.current_time()
+            if wait > 0:
+                await trio.sleep(wait)
+            last = trio.current_time()
             self._events_ready = trio.Event()
             pending, self._events = self._events, {}
             upto = self._queued_n
