@@ -265,7 +265,23 @@ async def test_policy_ask_parks_until_accepted_then_runs(thost, server, tmp_path
             (ask["elicitation_id"], "accept")
         ]
         assert json.loads(outputs(gw, sid)[0])["created"] is True
-        # The verdict resolved the parked entry: an approval for it now finds nobody.
+        # The verdict resolved the parked entry: an approval for it now finds nobody. The
+        # policy actor lets go of it once the tool's outcome is durable, which can be after
+        # the turn's idle reached us (the broker hands a message on before its commit ends);
+        # till then a repeat of the verdict is answered 204, being acted on.
+        eid = ask["elicitation_id"]
+        await trio.to_thread.run_sync(
+            lambda: thost.wait_for(
+                lambda e: [
+                    r
+                    for r in e["elicitations"]
+                    if r["elicitation_id"] == eid and r["state"] == "resolved"
+                ],
+                10,
+                "the parked entry resolved",
+                op="elicitations",
+            )
+        )
         late = {
             "type": "approval",
             "data": {"elicitation_id": ask["elicitation_id"], "action": "accept"},
