@@ -27,12 +27,12 @@ from typing import Any
 import httpx
 import trio
 
+from .._changes import Changes
 from .._child_env import actor_env
 from .._exceptions import SupervisionError
 from .._tls import default_context
 from ..config import Config, RunnerSettings, actor_plan, role_of
 from ..instance import Instance
-from ._changes import Changes
 from ._child_state import ChildState
 from ._children import ChildSupervisor
 from ._specs import ChildSpec

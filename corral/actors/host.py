@@ -35,6 +35,7 @@ import zmq
 
 from .. import __version__
 from .. import _heap as heap
+from .._changes import Changes
 from .._child_env import actor_env, blank_environ_block, non_dumpable
 from .._exceptions import ConfigError, CorralError, HostAlreadyRunning, RestartIntensityExceeded
 from .._lifeline import become_subreaper
@@ -52,7 +53,6 @@ from ..config import (
 from ..instance import LAYOUT, Instance
 from ..runners import resolve_runner_ids
 from ._actor_specs import ActorSpecs, actor_preload, check_actor_options, forks_from_zygotes
-from ._changes import Changes
 from ._child_state import ChildState
 from ._children import ChildEvent, ChildSupervisor, Exited, GaveUp, Spawning
 from ._control import serve_control

@@ -23,8 +23,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-import trio
-
+from .._changes import Changes
 from .protocol import Confirmed, Output, Resending
 
 log = logging.getLogger("corral.harnesses.worker")
@@ -51,7 +50,8 @@ class HeldEvents:
         self.last = -1
         #: Unconfirmed events of the turn dropped past :data:`HELD_MAX`.
         self.dropped = 0
-        self._confirmed = trio.Event()
+        #: Bumped by each confirmation of the turn (what :meth:`room` waits on).
+        self._confirms = Changes()
         #: A wait in :meth:`room` ran out: the turn goes on without waiting until dispatch
         #: confirms something again (a wait per event would stall it for good).
         self._stalled = False
@@ -65,9 +65,8 @@ class HeldEvents:
         with nothing confirmed (the next :meth:`hold` drops the oldest then; later events do
         not wait until dispatch confirms one)."""
         while self.full() and not self._stalled:
-            with trio.move_on_after(wait_s) as waited:
-                await self._confirmed.wait()
-            if waited.cancelled_caught:
+            seen = self._confirms.version
+            if await self._confirms.wait_past(seen, wait_s) == seen:
                 self._stalled = True
 
     def hold(self, to: str, event: Output) -> None:
@@ -97,8 +96,7 @@ class HeldEvents:
         while self.events and self.events[0][1].sequence_number <= msg.upto:
             self.events.popleft()
         self._stalled = False
-        self._confirmed.set()
-        self._confirmed = trio.Event()
+        self._confirms.bump()
 
     def again(self, turn_id: str) -> tuple[Resending, list[tuple[str, Output]]]:
         """The answer to dispatch's ``Resend`` of ``turn_id`` and the events to send again:

@@ -23,6 +23,7 @@ FLOOR = frozenset(
     {
         "corral",  # the package itself: __version__
         "_bundle_files",
+        "_changes",
         "_child_env",
         "_exceptions",
         "_server_answers",

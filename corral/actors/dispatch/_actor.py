@@ -249,11 +249,12 @@ class DispatchActor(SubagentWork):
     async def deltas(self, msg: Deltas, incoming: Incoming) -> None:
         """A worker's run of deltas (``TurnStart.batch``), each taken as if it came alone."""
         session = self.sessions.get(incoming.env.session_id or "")
+        if session is None:
+            return
         for event in msg.events:
-            turn = session.turn if session is not None else None
-            if session is None or turn is None or turn.turn_id != event.turn_id:
-                continue
-            await self._worker_event(session, turn, event, incoming)
+            turn = session.turn
+            if turn is not None and turn.turn_id == event.turn_id:
+                await self._worker_event(session, turn, event, incoming)
 
     @handles(PublishEvents)
     async def publish_events(self, msg: PublishEvents, incoming: Incoming) -> None:

@@ -153,8 +153,8 @@ class OpenStreams:
         self.notify(session_id)
         deadline = trio.current_time() + STALLED_S
         while self.buffer.full(session_id) and session_id in self.newest:
-            with trio.move_on_at(deadline):
-                await self.buffer.progress()
+            seen = self.buffer.progress.version
+            await self.buffer.progress.wait_past(seen, max(0.0, deadline - trio.current_time()))
             if self.buffer.moves(session_id) != moves:
                 moves, deadline = self.buffer.moves(session_id), trio.current_time() + STALLED_S
             elif trio.current_time() >= deadline:

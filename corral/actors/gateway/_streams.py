@@ -35,6 +35,7 @@ from pathlib import Path
 import msgspec
 import trio
 
+from ..._changes import Changes
 from ..._jsonlines import write_atomically
 from .._deferred import Deferred
 
@@ -117,8 +118,8 @@ class StreamBuffer:
         self._to_ack: list[Deferred] = []
         self._wanted = trio.Event()
         self._warned: dict[str, float] = {}
-        #: Set (and replaced) whenever events are written on a stream or confirmed.
-        self._progress = trio.Event()
+        #: Bumped whenever events are written on a stream or confirmed, and by :meth:`nudge`.
+        self.progress = Changes()
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -271,16 +272,10 @@ class StreamBuffer:
         s = self.sessions.get(session_id)
         return s.moves if s else 0
 
-    async def progress(self) -> None:
-        """Return once some session's events are next written on a stream or confirmed, or
-        :meth:`nudge` is called."""
-        await self._progress.wait()
-
     def nudge(self) -> None:
-        """Wake whoever waits in :meth:`progress`: a stream closed, and what it waited for
+        """Wake whoever waits on :attr:`progress`: a stream closed, and what it waited for
         may never come."""
-        self._progress.set()
-        self._progress = trio.Event()
+        self.progress.bump()
 
     def take(self, session_id: str, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
         """The oldest unsent events of a session (they stay unsent until :meth:`sent`)."""

@@ -1,10 +1,11 @@
-"""A change counter that a waiter can wait past: how ``corral status --wait`` and the tests
-learn that the host's status changed without asking it every few milliseconds.
+"""A change counter that a waiter can wait past, with a deadline.
 
-The host bumps it on everything its own status shows: a child spawning, saying hello,
-exiting or failing for good, the host's state, the control plane's address. What actors keep
-themselves (workers, parked elicitations) is not host state and does not bump it; a waiter on
-that still has to ask.
+The host bumps one on everything its own status shows (a child spawning, saying hello,
+exiting or failing for good, the host's state, the control plane's address): that is how
+``corral status --wait`` and the tests learn that its status changed without asking it every
+few milliseconds. The gateway's stream buffer bumps one whenever a stream sends or confirms
+events, and a worker's held events whenever dispatch confirms some: what flow control waits
+on. A bump between reading the version and waiting past it is never missed.
 """
 
 from __future__ import annotations
