@@ -11,8 +11,6 @@ Here a holder that exits without releasing leaves its waiters waiting, so hold i
 
 from __future__ import annotations
 
-from types import TracebackType
-
 import trio
 
 
@@ -58,10 +56,5 @@ class HandoffLock:
     async def __aenter__(self) -> None:
         await self.acquire()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()  # whatever ended the block: the lock is never kept by a failure
