@@ -7,9 +7,12 @@
 #   make test-fast — the same set-up, then all but the interop and chaos tests
 # The fast part runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
 # module per worker at a time, so a module's shared host stays in one process. make test (and
-# so CI) runs it so too, then the chaos and interop tests one at a time: they time crashes (a
-# 0.6 s heartbeat window) and the real server, which a second worker's load would distort
-# (docs/testing.md). Both parts always run; either failing fails the target.
+# so CI) runs it so too, then the crash tests (marked chaos) and the interop suite on two
+# workers, one each (--dist loadgroup, groups set in tests/conftest.py): a crash test shares
+# the machine with the interop suite, which mostly waits on the real server, never with
+# another crash test. Last, the tests marked alone (loads, and 0.6 s heartbeat windows that a
+# second worker's load would distort) one at a time (docs/testing.md). Every part always
+# runs; any failing fails the target.
 # The interpreter a new venv is made with: .ci/find-python prefers 3.12 (what the container
 # image ships and the oldest omnigent runs on: docs/benchmarks.md, "Which CPython"), then any
 # other >= 3.11. Evaluated only when the venv does not exist yet.
@@ -21,7 +24,8 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 FAST   := -m "not interop and not chaos" -n $(JOBS) --dist loadfile
-SERIAL := -m "interop or chaos"
+PAIRED := -m "(interop or chaos) and not alone" -n 2 --dist loadgroup
+ALONE  := -m "alone"
 
 .PHONY: run test test-fast test-unit lint bench clean
 
@@ -49,7 +53,8 @@ test: $(STAMP)
 	@./.ci/install-clis $(BIN)/python >/dev/null || [ $$? -eq 3 ]
 	@status=0; \
 	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS) || status=$$?; \
-	$(BIN)/python -m pytest -q $(SERIAL) $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -q $(PAIRED) $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -q $(ALONE) $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
 test-fast: $(STAMP)
