@@ -41,26 +41,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     compileall.compile_dir(Path(__file__).resolve().parents[1] / "corral", quiet=1)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the interop suite and the crash tests in an xdist group each. ``make test`` runs
-    them on two workers with ``--dist loadgroup``: the interop suite mostly waits on the real
-    server, and a crash test then shares the machine with it but never with another crash
-    test, so a test that times a crash is not starved. The tests marked ``alone`` (loads and
-    0.6 s windows) run after, one at a time (docs/testing.md). Only ``--dist loadgroup``
-    reads the groups. Runs first: the interop conftest marks its tests later, so the suite
-    is told by its directory here."""
-    interop = Path(__file__).parent / "interop"
+    """``alone`` (a test that needs the machine to itself, docs/testing.md) is a kind of
+    ``chaos``: alone without chaos is a usage error, since ``make test-fast`` selects by chaos
+    and would run the test on a worker per core."""
     for item in items:
-        if item.get_closest_marker("alone"):
-            if not item.get_closest_marker("chaos"):
-                # Else make test-fast would run it on a worker per core.
-                raise pytest.UsageError(f"{item.nodeid} is marked alone but not chaos")
-            continue
-        if item.get_closest_marker("chaos"):
-            item.add_marker(pytest.mark.xdist_group("crash"))
-        elif interop in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("interop"))
+        if item.get_closest_marker("alone") and not item.get_closest_marker("chaos"):
+            raise pytest.UsageError(f"{item.nodeid} is marked alone but not chaos")
 
 
 def _all_running(status: dict[str, Any]) -> bool:
