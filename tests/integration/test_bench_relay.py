@@ -161,3 +161,11 @@ def test_the_other_runner_gets_omnigents_runner_environment(tmp_path: Path) -> N
     names = [c.name for c in _omnigent_relay.contenders("", tmp_path)]
     assert names == ["corral", "omnigent 0.19.1 runner"]
     assert [c.name for c in _omnigent_relay.contenders("./run.sh -v", tmp_path)][1] == "./run.sh -v"
+
+
+def test_against_needs_two_cold_sessions_for_its_per_session_memory() -> None:
+    """The PSS per added session is the growth from the first cold session to the last."""
+    assert _omnigent_relay.AgainstSizes.quick().cold_sessions >= 2
+    assert _omnigent_relay.AgainstSizes.full().cold_sessions >= 2
+    with pytest.raises(ValueError, match="two cold sessions"):
+        dataclasses.replace(_omnigent_relay.AgainstSizes.quick(), cold_sessions=1)

@@ -33,14 +33,15 @@ def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> Non
     }
     rows = {r["name"]: r for r in doc["results"]}
     paced = "runner tree CPU per delta, 3 sessions at 10 deltas/s"
-    for quantity in ("relay deltas/s", "cold session: message to first delta", paced):
+    per_session = "tree PSS per added session"
+    for quantity in ("relay deltas/s", "cold session: message to first delta", paced, per_session):
         for runner in ("corral", against):
             assert f"{quantity}, {runner}" in rows
     for row in doc["results"]:
         assert math.isfinite(row["value"]) and row["value"] > 0, row
         assert math.isfinite(row["ratio_to_baseline"]) and row["ratio_to_baseline"] > 0, row
     ratios = doc["figures"]["ratios"]
-    assert set(ratios) == {"deltas_per_s", "cold_first_delta_speedup", "tree_pss"}
+    assert set(ratios) == {"deltas_per_s", "cold_first_delta_speedup", "tree_pss", "session_pss"}
     assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in ratios.values())
     rounds = doc["figures"]["rounds"]
     assert set(rounds) == {"corral", against} and all(len(r) == 1 for r in rounds.values())
@@ -51,6 +52,9 @@ def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> Non
     assert {"corral: dispatch", "corral: gateway", "corral: zygote"} <= set(by_process)
     assert any(title.startswith("corral: worker ") for title in by_process)
     assert sum(by_process.values()) == pytest.approx(corral_round["pss_mb"], abs=1)
+    # The second cold session's worker: a forked process of a few MB of its own, not a whole
+    # interpreter's worth (#20: at most 15 MB a scripted session).
+    assert 1 < corral_round["pss_added_mb"] < 30
     assert doc["params"]["against"] == against and doc["params"]["deltas_per_turn"] == 300
     # Sessions at a model's pace: what a delta costs each runner when nothing floods.
     assert corral_round["paced_cpu_us_per_delta"] > 0
