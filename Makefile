@@ -7,12 +7,9 @@
 #   make test-fast — the same set-up, then all but the interop and chaos tests
 # The fast part runs on JOBS pytest workers (pytest-xdist; default: one per core), a test
 # module per worker at a time, so a module's shared host stays in one process. make test (and
-# so CI) runs it so too; then the crash tests (chaos) one at a time in one pytest and, beside
-# it, the interop suite in another (its output follows the crash tests'): the interop suite
-# mostly waits on the real server, so a crash test shares the machine with it but never with
-# another crash test; last, the tests marked alone (loads, and 0.6 s heartbeat windows that a
-# neighbour's load would distort) one at a time (docs/testing.md). Every part always runs;
-# any failing fails the target.
+# so CI) runs it so too, then the chaos and interop tests one at a time: they time crashes (a
+# 0.6 s heartbeat window) and the real server, which a second worker's load would distort
+# (docs/testing.md). Both parts always run; either failing fails the target.
 # The interpreter a new venv is made with: .ci/find-python prefers 3.12 (what the container
 # image ships and the oldest omnigent runs on: docs/benchmarks.md, "Which CPython"), then any
 # other >= 3.11. Evaluated only when the venv does not exist yet.
@@ -24,9 +21,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 FAST   := -m "not interop and not chaos" -n $(JOBS) --dist loadfile
-CRASH   := -m "chaos and not alone"
-INTEROP := -m "interop and not chaos"
-ALONE   := -m "alone"
+SERIAL := -m "interop or chaos"
 
 .PHONY: run test test-fast test-unit lint bench clean
 
@@ -54,12 +49,7 @@ test: $(STAMP)
 	@./.ci/install-clis $(BIN)/python >/dev/null || [ $$? -eq 3 ]
 	@status=0; \
 	$(BIN)/python -m pytest -q $(FAST) $(PYTEST_ARGS) || status=$$?; \
-	log=$$(mktemp); \
-	$(BIN)/python -m pytest -q $(INTEROP) $(PYTEST_ARGS) > $$log 2>&1 & interop=$$!; \
-	$(BIN)/python -m pytest -q $(CRASH) $(PYTEST_ARGS) || status=$$?; \
-	wait $$interop || status=$$?; \
-	echo "--- the interop suite, which ran beside the crash tests:"; cat $$log; rm -f $$log; \
-	$(BIN)/python -m pytest -q $(ALONE) $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -q $(SERIAL) $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
 test-fast: $(STAMP)

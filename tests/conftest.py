@@ -41,15 +41,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     compileall.compile_dir(Path(__file__).resolve().parents[1] / "corral", quiet=1)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``alone`` (a test that needs the machine to itself, docs/testing.md) is a kind of
-    ``chaos``: alone without chaos is a usage error, since ``make test-fast`` selects by chaos
-    and would run the test on a worker per core."""
-    for item in items:
-        if item.get_closest_marker("alone") and not item.get_closest_marker("chaos"):
-            raise pytest.UsageError(f"{item.nodeid} is marked alone but not chaos")
-
-
 def _all_running(status: dict[str, Any]) -> bool:
     # Actors start one after another: the host says when the last one has.
     return status["host"]["state"] == "running" and all(

@@ -20,7 +20,7 @@ import pytest
 from corral.bench.chaos import ChaosFigures, ChaosOptions, run_chaos
 from tests.conftest import corral
 
-pytestmark = [pytest.mark.chaos, pytest.mark.alone, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(240)]
 
 #: Small enough for CI (three sessions of three turns), long enough for ~10 kills a run.
 #: A turn that has not ended 20 s after its message (it takes ~2 s) is stuck, not slow.

@@ -44,7 +44,7 @@ from tests.integration.test_gateway import bind, host_config, message, running
 #: rather than copied (the fake tunnel server is the ``tunnels`` of tests/conftest.py).
 agents_dir = test_control_plane_bad_input.agents_dir
 
-pytestmark = [pytest.mark.chaos, pytest.mark.alone, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
 
 EXAMPLES = int(os.environ.get("CORRAL_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(

@@ -38,12 +38,7 @@ from tests.integration.test_e2e import _config, _start, _stop
 
 PARENTS = int(os.environ.get("CORRAL_CHAOS_PARENTS", "9"))
 #: A round of three parents takes 10-30 s under a killer and other test runs' load.
-pytestmark = [
-    pytest.mark.chaos,
-    pytest.mark.alone,
-    pytest.mark.slow,
-    pytest.mark.timeout(120 + 30 * PARENTS),
-]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(120 + 30 * PARENTS)]
 #: Parents whose round runs at once (each with three children: 4 workers a parent).
 WAVE = 3
 KINDS = ("dispatch", "gateway", "harness", "journal", "policy", "tools", "worker", "server")

@@ -12,7 +12,6 @@ from tests.conftest import corral
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 def test_claude_sdk_is_measured_against_claude_code_by_hand(cli_bin: Path) -> None:
     out = corral(
         "bench",
@@ -56,7 +55,6 @@ def test_a_kind_that_cannot_run_here_is_refused_with_the_reason(tmp_path: Path) 
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 def test_codex_is_measured_against_its_app_server_by_hand(cli_bin: Path) -> None:
     out = corral(
         "bench",

@@ -75,7 +75,6 @@ def test_a_trees_cpu_by_role_sums_to_the_trees() -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 @pytest.mark.timeout(300)
 def test_bench_memory_measures_forked_and_execd_sessions_against_the_interpreter_floor() -> None:
     done = subprocess.run(

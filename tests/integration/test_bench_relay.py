@@ -57,7 +57,6 @@ def test_the_host_config_gives_the_runner_to_the_gateway_only() -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 @pytest.mark.timeout(240)
 async def test_deltas_reach_the_server_complete_and_in_order() -> None:
     deltas = 300
@@ -75,7 +74,6 @@ async def test_deltas_reach_the_server_complete_and_in_order() -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 @pytest.mark.timeout(240)
 async def test_a_tiny_run_has_the_cli_result_shape() -> None:
     sizes = relay.Sizes(

@@ -32,7 +32,6 @@ def _gateway(inst: Instance) -> dict[str, Any]:
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 @pytest.mark.timeout(240)
 async def test_a_session_whose_stream_ended_leaves_no_stream_state_in_the_gateway() -> None:
     """H-08's counterpart for the gateway: once the server's streams of some sessions ended
@@ -52,7 +51,6 @@ async def test_a_session_whose_stream_ended_leaves_no_stream_state_in_the_gatewa
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 @pytest.mark.timeout(420)
 def test_bench_scale_quick_json_and_idle_sessions_hold_no_task() -> None:
     """``corral bench scale --quick --json``: the document, each step's figures against the

@@ -11,7 +11,6 @@ import pytest
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 def test_s14_bench_subagents_times_a_fan_out_against_independent_turns() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "corral", "bench", "subagents", "--quick", "--json"],

@@ -15,7 +15,6 @@ from corral.config import BUILTIN_ACTORS
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 def test_bench_up_times_real_hosts_against_an_actor_runtime_import() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "corral", "bench", "up", "--quick", "--json"],
@@ -39,7 +38,6 @@ def test_bench_up_times_real_hosts_against_an_actor_runtime_import() -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 def test_bench_shows_progress_bars_on_a_terminal_and_keeps_stdout_clean() -> None:
     """stderr on a pseudo-terminal, as a user runs it: the steps show while they run (rich
     redraws them, so they are read from the raw bytes); stdout holds the one document."""

@@ -552,7 +552,6 @@ async def test_flood_of_messages_to_one_session_keeps_order(dhost: HostProcess, 
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 async def test_200_sessions_at_once(host_factory, server) -> None:
     config = (
         FAST_LIVENESS.replace("interval_s = 0.2", "interval_s = 1.0")

@@ -159,10 +159,13 @@ async def test_d18_kill9_dispatch_while_it_prepares_a_tool_call_loses_nothing(
     dispatch killed while it prepares the call (here: fetching the agent's spec, which a
     restart forgot) gets the request again and the call runs once."""
     host = _host(host_factory, server)
+    # The model thinks 6 s before its call: the kill, the restart and the hang below must all
+    # come first. 2 s was too short beside the interop suite (a restart took longer; the
+    # call's spec fetch then went through before the hang was set, and it was never hit).
     agent_id, sid = agent(
         server,
         tmp_path,
-        ["{sleep_ms: 2000}", tool("sys_os_write", path="once.txt", content="x"), '{text: "ok"}'],
+        ["{sleep_ms: 6000}", tool("sys_os_write", path="once.txt", content="x"), '{text: "ok"}'],
     )
     async with fake_gateway(host.endpoint) as gw:
         await gw.init(sid, agent_id)
@@ -170,6 +173,7 @@ async def test_d18_kill9_dispatch_while_it_prepares_a_tool_call_loses_nothing(
         await _kill9_dispatch(host)
         # The restarted dispatch fetches the spec before the call: that request hangs.
         hang = server.fail("GET", r".*/agent/contents", mode="hang")
+        assert not (tmp_path / "once.txt").exists(), "the call ran before the hang was set"
         await trio.to_thread.run_sync(
             lambda: wait_until(lambda: hang.times == 0, 20, "the spec fetch")
         )

@@ -169,7 +169,6 @@ async def test_kill9_worker_while_parked_cancels_the_elicitation(host: HostProce
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 async def test_hung_worker_fails_the_turn_within_its_liveness_window(host_factory) -> None:
     host = host_factory(DETECT_LIVENESS).start()
     async with fake_dispatch(host.endpoint) as d:
@@ -291,7 +290,6 @@ async def test_kill9_worker_mid_tool_call_fails_the_turn_and_late_results_are_40
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 async def test_sigstopped_worker_is_killed_and_the_turn_fails_within_the_window(
     host_factory,
 ) -> None:

@@ -90,7 +90,6 @@ async def test_kill9_actor_with_durable_messages_in_flight_loses_nothing(host: H
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 async def test_hung_actor_is_replaced_within_its_liveness_window(host_factory) -> None:
     host = host_factory(DETECT_LIVENESS).start()
     pid = host.actor("echo")["pid"]

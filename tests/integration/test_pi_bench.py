@@ -12,7 +12,6 @@ from tests.conftest import corral
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 def test_pi_is_measured_against_its_rpc_mode_by_hand(cli_bin: Path) -> None:
     out = corral(
         "bench",

@@ -16,7 +16,6 @@ COUNT = 100_000
 
 
 @pytest.mark.chaos
-@pytest.mark.alone
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 async def test_100k_concurrent_send_and_receive_between_processes(
     tmp_path: Path, transport: str

@@ -16,8 +16,6 @@ from tests.conftest import corral
 
 
 @pytest.mark.interop
-@pytest.mark.chaos
-@pytest.mark.alone
 @pytest.mark.timeout(600)
 def test_corral_is_measured_against_omnigents_runner(omnigent_venv: Path) -> None:
     against = shlex.join(runner_command(omnigent_venv))
