@@ -159,24 +159,36 @@ async def test_d18_kill9_dispatch_while_it_prepares_a_tool_call_loses_nothing(
     dispatch killed while it prepares the call (here: fetching the agent's spec, which a
     restart forgot) gets the request again and the call runs once."""
     host = _host(host_factory, server)
-    # The model thinks 6 s before its call: the kill, the restart and the hang below must all
-    # come first. 2 s was too short beside the interop suite (a restart took longer; the
-    # call's spec fetch then went through before the hang was set, and it was never hit).
+    # The model waits on a human before its call, so the kill, the restart and the hang below
+    # all come first however long a restart takes (a 2 s think time raced it under load).
     agent_id, sid = agent(
         server,
         tmp_path,
-        ["{sleep_ms: 6000}", tool("sys_os_write", path="once.txt", content="x"), '{text: "ok"}'],
+        [
+            '{elicit: {message: "go on?"}}',
+            tool("sys_os_write", path="once.txt", content="x"),
+            '{text: "ok"}',
+        ],
     )
     async with fake_gateway(host.endpoint) as gw:
         await gw.init(sid, agent_id)
         await gw.message(sid, "go")
+        eid = (await _ask(gw, sid))["elicitation_id"]
         await _kill9_dispatch(host)
         # The restarted dispatch fetches the spec before the call: that request hangs.
         hang = server.fail("GET", r".*/agent/contents", mode="hang")
-        assert not (tmp_path / "once.txt").exists(), "the call ran before the hang was set"
+        await _verdict(gw, sid, eid, "accept")
         await trio.to_thread.run_sync(
             lambda: wait_until(lambda: hang.times == 0, 20, "the spec fetch")
         )
+        # What hangs is the call's preparation: the call is out, and nothing has run.
+        calls = lambda: [  # noqa: E731
+            e
+            for e in of_type(gw, sid, "response.output_item.done")
+            if e["item"]["type"] == "function_call"
+        ]
+        await gw.wait(calls, timeout=10)
+        assert outputs(gw, sid) == [] and not (tmp_path / "once.txt").exists()
         await _kill9_dispatch(host)
         assert await gw.until_status(sid, timeout=30) == ["running", "idle"]
         (wrote,) = (json.loads(o) for o in outputs(gw, sid))
